@@ -1,0 +1,203 @@
+/**
+ * Configuration: the only module that reads `process.env`.
+ *
+ * `parseConfig(env)` is pure: it validates the variables with zod and returns a frozen Config
+ * or throws ConfigError listing one line per bad variable. `loadConfig(env)` adds the one piece
+ * of I/O configuration needs: the embedded database's generated SECRET_KEY in DATA_DIR.
+ */
+import { randomBytes } from 'node:crypto';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { isIP } from 'node:net';
+import path from 'node:path';
+import { z } from 'zod';
+
+export const SIGNING_ALGS = ['ES256', 'RS256', 'EdDSA'] as const;
+export type SigningAlg = (typeof SIGNING_ALGS)[number];
+
+const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
+
+export type DatabaseTarget =
+  | { kind: 'postgres'; url: string }
+  /** dataDir null: an in-memory database (tests only). */
+  | { kind: 'pglite'; dataDir: string | null };
+
+export interface Config {
+  readonly database: DatabaseTarget;
+  readonly databasePoolMax: number;
+  readonly dataDir: string;
+  readonly host: string;
+  readonly port: number;
+  /** Public base URL without a trailing slash. */
+  readonly issuer: string;
+  /** Set by parseConfig only when SECRET_KEY is in the environment; loadConfig fills it otherwise. */
+  readonly secretKey: string;
+  readonly accessTokenTtl: number;
+  readonly refreshTokenTtl: number;
+  readonly authCodeTtl: number;
+  readonly refreshReuseGrace: number;
+  readonly signingAlg: SigningAlg;
+  readonly logLevel: (typeof LOG_LEVELS)[number];
+  /** Passed to Fastify's trustProxy: false, true, or the proxies' addresses/CIDR ranges. */
+  readonly trustProxy: boolean | string[];
+}
+
+/** Thrown when the environment is invalid; `problems` holds one line per bad variable. */
+export class ConfigError extends Error {
+  constructor(readonly problems: string[]) {
+    super(problems.join('\n'));
+    this.name = 'ConfigError';
+  }
+}
+
+export const SECRET_KEY_MIN_LENGTH = 32;
+const SECRET_KEY_FILE = 'secret_key';
+
+/** Empty strings count as unset, as in most .env tooling. */
+const optional = <T extends z.ZodType>(schema: T) =>
+  z.preprocess((v) => (v === '' ? undefined : v), schema.optional());
+
+/** A whole number in [min, max], written in decimal digits only. */
+const wholeNumber = (min: number, max: number, message: string) =>
+  z
+    .string()
+    .regex(/^[0-9]{1,15}$/, message)
+    .transform(Number)
+    .pipe(z.number().min(min, message).max(max, message));
+
+const MAX_TTL = 10 * 365 * 24 * 3600;
+const seconds = (max = MAX_TTL) => wholeNumber(1, max, `must be a whole number of seconds between 1 and ${max}`);
+
+const envSchema = z.object({
+  DATABASE_URL: optional(
+    z.string().refine((v) => /^postgres(ql)?:\/\//.test(v) && URL.canParse(v), {
+      message: 'must be a postgres:// or postgresql:// connection URL',
+    }),
+  ),
+  DATABASE_POOL_MAX: optional(wholeNumber(1, 1000, 'must be a whole number between 1 and 1000')),
+  DATA_DIR: optional(z.string()),
+  HOST: optional(z.string().refine((v) => isIP(v) !== 0 || /^[a-zA-Z0-9.-]+$/.test(v), 'must be an IP address or host name')),
+  PORT: optional(wholeNumber(0, 65535, 'must be a port number between 0 and 65535')),
+  ISSUER: optional(
+    z.string().refine(isValidIssuer, {
+      message: 'must be an absolute http(s) URL without query, fragment or user info',
+    }),
+  ),
+  SECRET_KEY: optional(z.string().min(SECRET_KEY_MIN_LENGTH, `must be at least ${SECRET_KEY_MIN_LENGTH} characters`)),
+  ACCESS_TOKEN_TTL: optional(seconds()),
+  REFRESH_TOKEN_TTL: optional(seconds()),
+  AUTH_CODE_TTL: optional(seconds(600)),
+  REFRESH_REUSE_GRACE: optional(wholeNumber(0, 3600, 'must be a whole number of seconds between 0 and 3600')),
+  SIGNING_ALG: optional(z.enum(SIGNING_ALGS, { error: `must be one of ${SIGNING_ALGS.join(', ')}` })),
+  LOG_LEVEL: optional(z.enum(LOG_LEVELS, { error: `must be one of ${LOG_LEVELS.join(', ')}` })),
+  TRUST_PROXY: optional(
+    z.string().refine((v) => parseTrustProxy(v) !== undefined, {
+      message: 'must be true, false or a comma-separated list of IP addresses/CIDR ranges of the proxies',
+    }),
+  ),
+});
+
+function isValidIssuer(value: string): boolean {
+  if (!URL.canParse(value)) return false;
+  const url = new URL(value);
+  return (
+    (url.protocol === 'https:' || url.protocol === 'http:') &&
+    url.search === '' &&
+    url.hash === '' &&
+    url.username === '' &&
+    url.password === '' &&
+    !value.includes('#') &&
+    !value.includes('?')
+  );
+}
+
+function parseTrustProxy(value: string): Config['trustProxy'] | undefined {
+  const v = value.trim().toLowerCase();
+  if (v === 'true') return true;
+  if (v === 'false') return false;
+  const parts = value.split(',').map((p) => p.trim());
+  const valid = parts.every((p) => {
+    const [addr, bits, ...rest] = p.split('/');
+    if (rest.length > 0 || addr === undefined || isIP(addr) === 0) return false;
+    if (bits === undefined) return true;
+    return /^[0-9]{1,3}$/.test(bits) && Number(bits) <= (isIP(addr) === 4 ? 32 : 128);
+  });
+  return valid ? parts : undefined;
+}
+
+/**
+ * Validates the environment. Pure apart from reading `env`: it never touches the file system.
+ * When SECRET_KEY is unset on the embedded database, `secretKey` is '' and loadConfig fills it.
+ */
+export function parseConfig(env: NodeJS.ProcessEnv): Config {
+  const parsed = envSchema.safeParse(env);
+  if (!parsed.success) {
+    const problems = new Map<string, string>();
+    for (const issue of parsed.error.issues) {
+      const name = String(issue.path[0] ?? 'environment');
+      if (!problems.has(name)) problems.set(name, `${name}: ${issue.message}`);
+    }
+    throw new ConfigError([...problems.values()]);
+  }
+  const e = parsed.data;
+  if (e.DATABASE_URL !== undefined && e.SECRET_KEY === undefined) {
+    throw new ConfigError([
+      `SECRET_KEY: required when DATABASE_URL is set (at least ${SECRET_KEY_MIN_LENGTH} characters, e.g. from \`openssl rand -base64 48\`)`,
+    ]);
+  }
+  const port = e.PORT ?? 3000;
+  const dataDir = path.resolve(e.DATA_DIR ?? './data');
+  return Object.freeze({
+    database: e.DATABASE_URL
+      ? { kind: 'postgres', url: e.DATABASE_URL }
+      : { kind: 'pglite', dataDir: path.join(dataDir, 'pgdata') },
+    databasePoolMax: e.DATABASE_POOL_MAX ?? 10,
+    dataDir,
+    host: e.HOST ?? '127.0.0.1',
+    port,
+    issuer: (e.ISSUER ?? `http://localhost:${port}`).replace(/\/+$/, ''),
+    secretKey: e.SECRET_KEY ?? '',
+    accessTokenTtl: e.ACCESS_TOKEN_TTL ?? 31_536_000,
+    refreshTokenTtl: e.REFRESH_TOKEN_TTL ?? 31_536_000,
+    authCodeTtl: e.AUTH_CODE_TTL ?? 60,
+    refreshReuseGrace: e.REFRESH_REUSE_GRACE ?? 10,
+    signingAlg: e.SIGNING_ALG ?? 'ES256',
+    logLevel: e.LOG_LEVEL ?? 'info',
+    trustProxy: e.TRUST_PROXY === undefined ? false : (parseTrustProxy(e.TRUST_PROXY) ?? false),
+  } satisfies Config);
+}
+
+/**
+ * parseConfig plus the embedded database's SECRET_KEY: generated once (384 random bits) and kept
+ * in DATA_DIR with mode 0600, so cookies and encrypted signing keys survive restarts.
+ */
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const config = parseConfig(env);
+  if (config.secretKey !== '') return config;
+  return Object.freeze({ ...config, secretKey: readOrCreateSecretKey(config.dataDir) });
+}
+
+function readOrCreateSecretKey(dataDir: string): string {
+  const file = path.join(dataDir, SECRET_KEY_FILE);
+  try {
+    const existing = readFileSync(file, 'utf8').trim();
+    if (existing.length < SECRET_KEY_MIN_LENGTH) {
+      throw new ConfigError([`SECRET_KEY: the generated key in ${file} is shorter than ${SECRET_KEY_MIN_LENGTH} characters; delete it or set SECRET_KEY`]);
+    }
+    return existing;
+  } catch (err) {
+    if (!(err instanceof Error && 'code' in err && err.code === 'ENOENT')) {
+      if (err instanceof ConfigError) throw err;
+      throw new ConfigError([`DATA_DIR: cannot read ${file} (${err instanceof Error ? err.message : String(err)})`]);
+    }
+  }
+  const secret = randomBytes(48).toString('base64url');
+  try {
+    mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+    // 'wx': never overwrite a key another process wrote a moment ago.
+    writeFileSync(file, `${secret}\n`, { mode: 0o600, flag: 'wx' });
+    return secret;
+  } catch (err) {
+    if (err instanceof Error && 'code' in err && err.code === 'EEXIST') return readOrCreateSecretKey(dataDir);
+    throw new ConfigError([`DATA_DIR: cannot write ${file} (${err instanceof Error ? err.message : String(err)})`]);
+  }
+}

@@ -1,0 +1,94 @@
+/**
+ * One Kysely handle over either a PostgreSQL pool (DATABASE_URL) or an embedded PGlite database.
+ * Both back-ends read values the same way: bigint as number, date as 'YYYY-MM-DD', timestamptz
+ * as Date, text[] as string[], jsonb as parsed JSON.
+ */
+import { mkdirSync } from 'node:fs';
+import { PGlite, types as pgliteTypes } from '@electric-sql/pglite';
+import { Kysely, PostgresDialect, Transaction } from 'kysely';
+import { PGliteDialect } from 'kysely-pglite-dialect';
+import pg from 'pg';
+import type { Logger } from 'pino';
+import type { DatabaseTarget } from '../config.js';
+import { acquireLock } from './lock.js';
+import type { Database } from './schema.js';
+
+export type DB = Kysely<Database>;
+
+export interface DatabaseHandle {
+  readonly db: DB;
+  readonly kind: DatabaseTarget['kind'];
+  /** Closes the pool or the embedded database (and releases its lock). Safe to call twice. */
+  close(): Promise<void>;
+}
+
+const INT8_OID = 20;
+const DATE_OID = 1082;
+
+/** bigint → number, refusing values a JS number cannot hold exactly. */
+function parseInt8(value: string): number {
+  const n = Number(value);
+  if (!Number.isSafeInteger(n)) throw new RangeError(`bigint value ${value} is beyond Number.MAX_SAFE_INTEGER`);
+  return n;
+}
+const keepDate = (value: string): string => value;
+
+export interface ConnectOptions {
+  poolMax?: number;
+  logger?: Pick<Logger, 'error'>;
+}
+
+export async function connectDatabase(target: DatabaseTarget, options: ConnectOptions = {}): Promise<DatabaseHandle> {
+  return target.kind === 'postgres' ? connectPostgres(target.url, options) : connectPglite(target.dataDir);
+}
+
+function connectPostgres(url: string, { poolMax = 10, logger }: ConnectOptions): DatabaseHandle {
+  const typeOverrides = new pg.TypeOverrides();
+  typeOverrides.setTypeParser(INT8_OID, parseInt8);
+  typeOverrides.setTypeParser(DATE_OID, keepDate);
+  const pool = new pg.Pool({
+    connectionString: url,
+    max: poolMax,
+    types: typeOverrides,
+    application_name: 'orgauth',
+    // A request that needs the database fails fast when it is gone instead of queueing forever.
+    connectionTimeoutMillis: 2000,
+    idleTimeoutMillis: 30_000,
+  });
+  // An idle client losing its connection (database restart) must not crash the process.
+  pool.on('error', (err) => logger?.error({ err }, 'idle PostgreSQL connection failed'));
+  const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
+  let closed: Promise<void> | undefined;
+  return { db, kind: 'postgres', close: () => (closed ??= db.destroy()) };
+}
+
+async function connectPglite(dataDir: string | null): Promise<DatabaseHandle> {
+  let release = (): void => {};
+  if (dataDir !== null) {
+    mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+    release = acquireLock(`${dataDir}.lock`);
+  }
+  try {
+    const client = await PGlite.create(dataDir ?? 'memory://', {
+      parsers: { [INT8_OID]: parseInt8, [pgliteTypes.DATE]: keepDate },
+    });
+    const db = new Kysely<Database>({ dialect: new PGliteDialect(client) });
+    let closed: Promise<void> | undefined;
+    return {
+      db,
+      kind: 'pglite',
+      close: () => (closed ??= db.destroy().finally(release)),
+    };
+  } catch (err) {
+    release();
+    throw err;
+  }
+}
+
+/**
+ * Runs `fn` in a transaction: a new one, or the caller's when `db` already is one, so domain
+ * functions compose (the demo seed creates a user, an organization and applications atomically).
+ */
+export function inTransaction<T>(db: DB, fn: (trx: Transaction<Database>) => Promise<T>): Promise<T> {
+  return db instanceof Transaction ? fn(db) : db.transaction().execute(fn);
+}

@@ -1,0 +1,38 @@
+/** Recognizing database failures the same way on PostgreSQL (pg) and PGlite. */
+
+function sqlState(err: unknown): string | undefined {
+  if (typeof err === 'object' && err !== null && 'code' in err && typeof err.code === 'string') return err.code;
+  return undefined;
+}
+
+/** 23505: a unique constraint (optionally the named one) rejected the row. */
+export function isUniqueViolation(err: unknown, constraint?: string): boolean {
+  if (sqlState(err) !== '23505') return false;
+  if (constraint === undefined) return true;
+  return typeof err === 'object' && err !== null && 'constraint' in err && err.constraint === constraint;
+}
+
+/** 23503: a foreign key names a row that does not exist. */
+export function isForeignKeyViolation(err: unknown): boolean {
+  return sqlState(err) === '23503';
+}
+
+const UNAVAILABLE_NODE_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'ENOTFOUND', 'EHOSTUNREACH', 'EAI_AGAIN']);
+
+/**
+ * The database cannot be reached (as opposed to refusing a query): connection refused or lost,
+ * the server shutting down or starting up (SQLSTATE class 08, 57P01-57P03), the pool timing out.
+ */
+export function isDatabaseUnavailable(err: unknown): boolean {
+  const code = sqlState(err);
+  if (code !== undefined) {
+    if (UNAVAILABLE_NODE_CODES.has(code) || code.startsWith('08') || ['57P01', '57P02', '57P03', '53300'].includes(code)) return true;
+  }
+  if (err instanceof AggregateError) return err.errors.some(isDatabaseUnavailable);
+  if (!(err instanceof Error)) return false;
+  return (
+    /timeout exceeded when trying to connect|Connection terminated|connection terminated|Client has encountered a connection error|PGlite is closed|driver has already been destroyed/i.test(
+      err.message,
+    ) || (err.cause !== undefined && err.cause !== err && isDatabaseUnavailable(err.cause))
+  );
+}

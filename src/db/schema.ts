@@ -1,0 +1,178 @@
+/**
+ * The database as the compiler sees it. Kept in step with migrations/ by hand; the migration
+ * tests compare this file's tables and columns with the migrated database's.
+ *
+ * bigint columns are read as JS numbers (see connect.ts: values beyond 2^53 throw rather than
+ * round), dates as 'YYYY-MM-DD' strings, timestamptz as Date.
+ */
+import type { ColumnType, Generated, Insertable, Selectable, Updateable } from 'kysely';
+import type { JWK } from 'jose';
+
+type Timestamp = ColumnType<Date, Date | string | undefined, Date | string>;
+type NullableTimestamp = ColumnType<Date | null, Date | string | null | undefined, Date | string | null>;
+type TextArray = ColumnType<string[], string[], string[]>;
+type Json<T> = ColumnType<T, string, string>;
+
+export type Role = 'owner' | 'admin' | 'member';
+export type ApplicationType = 'public' | 'private';
+export type TaskStatus = 'open' | 'done';
+
+export interface UsersTable {
+  id: Generated<number>;
+  email: string;
+  password_hash: string;
+  name: ColumnType<string, string | undefined, string>;
+  created_at: Generated<Date>;
+  updated_at: Timestamp;
+}
+
+export interface OrganizationsTable {
+  id: Generated<number>;
+  name: string;
+  created_at: Generated<Date>;
+  updated_at: Timestamp;
+}
+
+export interface MembershipsTable {
+  organization_id: number;
+  user_id: number;
+  role: Role;
+  created_at: Generated<Date>;
+}
+
+export interface ApplicationsTable {
+  id: Generated<number>;
+  organization_id: number;
+  client_id: string;
+  client_secret_hash: string;
+  type: ApplicationType;
+  name: string;
+  redirect_uris: TextArray;
+  scopes: TextArray;
+  require_pkce: ColumnType<boolean, boolean | undefined, boolean>;
+  disabled: ColumnType<boolean, boolean | undefined, boolean>;
+  secret_rotated_at: NullableTimestamp;
+  created_at: Generated<Date>;
+  updated_at: Timestamp;
+}
+
+export interface GrantsTable {
+  id: Generated<number>;
+  organization_id: number;
+  application_id: number;
+  user_id: number | null;
+  scopes: TextArray;
+  created_at: Generated<Date>;
+  last_used_at: NullableTimestamp;
+  revoked_at: NullableTimestamp;
+  revoked_reason: string | null;
+}
+
+export interface AuthorizationCodesTable {
+  id: Generated<number>;
+  code_hash: string;
+  organization_id: number;
+  application_id: number;
+  user_id: number;
+  redirect_uri: string;
+  scopes: TextArray;
+  code_challenge: string | null;
+  code_challenge_method: 'S256' | null;
+  expires_at: Timestamp;
+  consumed_at: NullableTimestamp;
+  grant_id: number | null;
+  created_at: Generated<Date>;
+}
+
+export interface RefreshTokensTable {
+  id: Generated<number>;
+  token_hash: string;
+  grant_id: number;
+  parent_id: number | null;
+  scopes: TextArray;
+  expires_at: Timestamp;
+  rotated_at: NullableTimestamp;
+  revoked_at: NullableTimestamp;
+  created_at: Generated<Date>;
+}
+
+export interface SigningKeysTable {
+  kid: string;
+  alg: 'ES256' | 'RS256' | 'EdDSA';
+  public_jwk: Json<JWK>;
+  private_jwk_encrypted: string;
+  created_at: Generated<Date>;
+  retired_at: NullableTimestamp;
+}
+
+export interface SessionsTable {
+  id_hash: string;
+  user_id: number;
+  current_organization_id: number | null;
+  created_at: Generated<Date>;
+  last_seen_at: Generated<Date>;
+  expires_at: Timestamp;
+}
+
+export interface AuditEventsTable {
+  id: Generated<number>;
+  organization_id: number;
+  actor_user_id: number | null;
+  actor_client_id: string | null;
+  action: string;
+  details: Json<Record<string, unknown>>;
+  created_at: Generated<Date>;
+}
+
+export interface ContactsTable {
+  id: Generated<number>;
+  organization_id: number;
+  name: string;
+  email: string | null;
+  phone: string | null;
+  company: string | null;
+  notes: string | null;
+  created_at: Generated<Date>;
+  updated_at: Timestamp;
+}
+
+export interface TasksTable {
+  id: Generated<number>;
+  organization_id: number;
+  title: string;
+  description: string | null;
+  status: ColumnType<TaskStatus, TaskStatus | undefined, TaskStatus>;
+  due_on: string | null;
+  contact_id: number | null;
+  completed_at: NullableTimestamp;
+  created_at: Generated<Date>;
+  updated_at: Timestamp;
+}
+
+export interface Database {
+  users: UsersTable;
+  organizations: OrganizationsTable;
+  memberships: MembershipsTable;
+  applications: ApplicationsTable;
+  grants: GrantsTable;
+  authorization_codes: AuthorizationCodesTable;
+  refresh_tokens: RefreshTokensTable;
+  signing_keys: SigningKeysTable;
+  sessions: SessionsTable;
+  audit_events: AuditEventsTable;
+  contacts: ContactsTable;
+  tasks: TasksTable;
+}
+
+export type User = Selectable<UsersTable>;
+export type NewUser = Insertable<UsersTable>;
+export type Organization = Selectable<OrganizationsTable>;
+export type Membership = Selectable<MembershipsTable>;
+export type Application = Selectable<ApplicationsTable>;
+export type NewApplication = Insertable<ApplicationsTable>;
+export type ApplicationUpdate = Updateable<ApplicationsTable>;
+export type Grant = Selectable<GrantsTable>;
+export type SigningKey = Selectable<SigningKeysTable>;
+export type AuditEvent = Selectable<AuditEventsTable>;
+export type Contact = Selectable<ContactsTable>;
+export type Task = Selectable<TasksTable>;
