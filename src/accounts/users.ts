@@ -1,0 +1,56 @@
+import { sql } from 'kysely';
+import { z } from 'zod';
+import type { DB } from '../db/connect.js';
+import { isUniqueViolation } from '../db/errors.js';
+import type { User } from '../db/schema.js';
+import { ConflictError, NotFoundError } from '../errors.js';
+import { parseInput } from '../lib/validate.js';
+import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH } from './passwords.js';
+
+export const emailSchema = z
+  .string()
+  .trim()
+  .max(254, 'must be at most 254 characters')
+  .regex(/^[^\s@]+@[^\s@]+$/, 'must be an email address');
+
+const newUserSchema = z.object({
+  email: emailSchema,
+  password: z
+    .string()
+    .min(PASSWORD_MIN_LENGTH, `must be at least ${PASSWORD_MIN_LENGTH} characters`)
+    .max(PASSWORD_MAX_LENGTH, `must be at most ${PASSWORD_MAX_LENGTH} characters`),
+  name: z.string().trim().max(200, 'must be at most 200 characters').default(''),
+});
+
+export type PublicUser = Pick<User, 'id' | 'email' | 'name'>;
+
+/** Creates a user with an argon2id password hash. A taken email (in any letter case) is a ConflictError. */
+export async function createUser(db: DB, input: { email: string; password: string; name?: string | undefined }): Promise<PublicUser> {
+  const { email, password, name } = parseInput(newUserSchema, input);
+  const passwordHash = await hashPassword(password);
+  try {
+    return await db
+      .insertInto('users')
+      .values({ email, password_hash: passwordHash, name })
+      .returning(['id', 'email', 'name'])
+      .executeTakeFirstOrThrow();
+  } catch (err) {
+    if (isUniqueViolation(err, 'users_email_lower_key')) throw new ConflictError(`a user with email ${email} already exists`);
+    throw err;
+  }
+}
+
+/** Case-insensitive lookup through the lower(email) index. */
+export async function findUserByEmail(db: DB, email: string): Promise<User | undefined> {
+  return db
+    .selectFrom('users')
+    .selectAll()
+    .where(sql<string>`lower(email)`, '=', email.trim().toLowerCase())
+    .executeTakeFirst();
+}
+
+export async function getUserByEmail(db: DB, email: string): Promise<User> {
+  const user = await findUserByEmail(db, email);
+  if (!user) throw new NotFoundError(`no user with email ${email.trim()}`);
+  return user;
+}

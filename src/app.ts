@@ -1,0 +1,91 @@
+/**
+ * buildApp(): the only way to make the orgauth app. Plugins are registered in order, here, where
+ * they can be seen; nothing is auto-loaded. server.ts is the only file that listens.
+ */
+import { randomUUID } from 'node:crypto';
+import cookie from '@fastify/cookie';
+import formbody from '@fastify/formbody';
+import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, LogController } from 'fastify';
+import type { Config } from './config.js';
+import type { DB } from './db/connect.js';
+import { isDatabaseUnavailable } from './db/errors.js';
+import { AppError, InvalidRequestError, sanitizeDescription, ServiceUnavailableError } from './errors.js';
+import { healthRoutes } from './health.js';
+import { deriveKey } from './lib/crypto.js';
+
+export interface AppDeps {
+  db: DB;
+  logger: FastifyBaseLogger;
+}
+
+/** Bodies are forms and small JSON documents; anything larger is refused before it is parsed. */
+export const BODY_LIMIT = 64 * 1024;
+
+const CODE_FOR_STATUS: Record<number, string> = {
+  401: 'unauthorized',
+  403: 'forbidden',
+  404: 'not_found',
+  405: 'method_not_allowed',
+  406: 'not_acceptable',
+  413: 'request_too_large',
+  415: 'unsupported_media_type',
+  429: 'too_many_requests',
+};
+
+/** Maps anything thrown in a request to the one error shape; unknown errors become a bare 500. */
+function toAppError(err: FastifyError | Error): AppError | undefined {
+  if (err instanceof AppError) return err;
+  if (isDatabaseUnavailable(err)) return new ServiceUnavailableError(undefined, { cause: err });
+  if ('validation' in err && Array.isArray(err.validation)) {
+    const details = err.validation.map((v) => ({ path: String(v.instancePath ?? ''), message: String(v.message ?? 'invalid') }));
+    return new InvalidRequestError(err.message, { details, cause: err });
+  }
+  const status = 'statusCode' in err ? err.statusCode : undefined;
+  if (typeof status === 'number' && status >= 400 && status < 500) {
+    return new AppError(status, CODE_FOR_STATUS[status] ?? 'invalid_request', err.message, { cause: err });
+  }
+  return undefined;
+}
+
+export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyInstance> {
+  const app = Fastify({
+    loggerInstance: deps.logger,
+    trustProxy: config.trustProxy,
+    bodyLimit: BODY_LIMIT,
+    genReqId: () => randomUUID(),
+    logController: new LogController({ requestIdLogLabel: 'request_id' }),
+    onProtoPoisoning: 'error',
+    onConstructorPoisoning: 'error',
+    return503OnClosing: true,
+  });
+
+  app.addHook('onRequest', async (req, reply) => {
+    reply.header('x-request-id', req.id);
+  });
+
+  app.setErrorHandler((err: FastifyError | Error, req, reply) => {
+    const appError = toAppError(err);
+    if (appError === undefined) {
+      req.log.error({ err }, 'unhandled error');
+      return reply.code(500).send({ error: 'server_error', error_description: 'internal server error' });
+    }
+    if (appError.statusCode >= 500) req.log.warn({ err }, appError.description);
+    else req.log.info({ err: { type: appError.name, message: appError.message } }, 'request refused');
+    reply.code(appError.statusCode).headers(appError.headers);
+    return reply.send({
+      error: appError.code,
+      error_description: sanitizeDescription(appError.description),
+      ...(appError.details ? { details: appError.details } : {}),
+    });
+  });
+
+  app.setNotFoundHandler((req, reply) =>
+    reply.code(404).send({ error: 'not_found', error_description: sanitizeDescription(`no route for ${req.method} ${req.url.split('?')[0]}`) }),
+  );
+
+  await app.register(formbody);
+  await app.register(cookie, { secret: Buffer.from(deriveKey(config.secretKey, 'cookie-signing')).toString('base64url') });
+  await app.register(healthRoutes, { db: deps.db });
+
+  return app;
+}

@@ -1,0 +1,84 @@
+/**
+ * The demo data a fresh embedded database gets on first start (and `orgauth seed-demo` on
+ * request): a user, an organization they own, a public and a private application. Passwords and
+ * secrets are random and shown once.
+ */
+import { createOrganization } from './accounts/organizations.js';
+import { createUser, type PublicUser } from './accounts/users.js';
+import { type DB, inTransaction } from './db/connect.js';
+import { generateSecret } from './lib/crypto.js';
+import { type ApplicationWithSecret, createApplication } from './oauth/applications.js';
+
+export const DEMO_EMAIL = 'demo@orgauth.local';
+export const DEMO_REDIRECT_URI = 'http://localhost:8080/callback';
+
+export interface DemoSeed {
+  user: PublicUser & { password: string };
+  organization: { id: number; name: string };
+  public_application: ApplicationWithSecret;
+  private_application: ApplicationWithSecret;
+}
+
+/** Whether the database holds no users and no organizations yet. */
+export async function isDatabaseEmpty(db: DB): Promise<boolean> {
+  const [user, org] = await Promise.all([
+    db.selectFrom('users').select('id').limit(1).executeTakeFirst(),
+    db.selectFrom('organizations').select('id').limit(1).executeTakeFirst(),
+  ]);
+  return user === undefined && org === undefined;
+}
+
+/** Seeds the demo in one transaction. Fails with ConflictError when the demo user exists. */
+export async function seedDemo(db: DB): Promise<DemoSeed> {
+  const password = generateSecret(12);
+  return inTransaction(db, async (trx) => {
+    const user = await createUser(trx, { email: DEMO_EMAIL, password, name: 'Demo User' });
+    const organization = await createOrganization(trx, { name: 'Demo Organization', ownerUserId: user.id });
+    const public_application = await createApplication(trx, {
+      organizationId: organization.id,
+      type: 'public',
+      name: 'Demo Public App',
+      redirectUris: [DEMO_REDIRECT_URI],
+      actorUserId: user.id,
+    });
+    const private_application = await createApplication(trx, {
+      organizationId: organization.id,
+      type: 'private',
+      name: 'Demo Integration',
+      actorUserId: user.id,
+    });
+    return { user: { ...user, password }, organization, public_application, private_application };
+  });
+}
+
+/** The text printed once after seeding: logins, credentials and a curl that gets a token. */
+export function formatDemoBanner(seed: DemoSeed, issuer: string): string {
+  const pub = seed.public_application;
+  const priv = seed.private_application;
+  const line = '─'.repeat(72);
+  return [
+    line,
+    ' orgauth demo data (shown once: secrets are stored only as hashes)',
+    line,
+    ` Log in at ${issuer}/login`,
+    `   email:    ${seed.user.email}`,
+    `   password: ${seed.user.password}`,
+    ` Organization "${seed.organization.name}", organization_id ${seed.organization.id}`,
+    '',
+    ` Public application "${pub.name}" (authorization code)`,
+    `   client_id:     ${pub.client_id}`,
+    `   client_secret: ${pub.client_secret}`,
+    `   redirect_uri:  ${pub.redirect_uris.join(' ')}`,
+    '',
+    ` Private application "${priv.name}" (client_credentials)`,
+    `   client_id:     ${priv.client_id}`,
+    `   client_secret: ${priv.client_secret}`,
+    '',
+    ' Get an access token for the organization:',
+    `   curl -s -u '${priv.client_id}:${priv.client_secret}' \\`,
+    `     -d grant_type=client_credentials -d organization_id=${seed.organization.id} \\`,
+    `     --data-urlencode 'scope=${priv.scopes.join(' ')}' \\`,
+    `     ${issuer}/oauth/token`,
+    line,
+  ].join('\n');
+}

@@ -1,0 +1,99 @@
+/**
+ * Signing keys for access tokens. Kept in the database so every instance signs and verifies with
+ * the same keys; the private half is stored as a compact JWE (dir + A256GCM) under a key derived
+ * from SECRET_KEY, so a database dump alone cannot mint tokens.
+ */
+import {
+  calculateJwkThumbprint,
+  CompactEncrypt,
+  compactDecrypt,
+  exportJWK,
+  generateKeyPair,
+  importJWK,
+  type CryptoKey,
+  type JWK,
+} from 'jose';
+import type { SigningAlg } from '../config.js';
+import type { DB } from '../db/connect.js';
+import { isUniqueViolation } from '../db/errors.js';
+import type { SigningKey } from '../db/schema.js';
+import { deriveKey } from '../lib/crypto.js';
+
+const ENCRYPTION_PURPOSE = 'signing-key-encryption';
+
+async function createKeyRow(alg: SigningAlg, secretKey: string) {
+  const { publicKey, privateKey } = await generateKeyPair(alg, { extractable: true, ...(alg === 'RS256' ? { modulusLength: 2048 } : {}) });
+  const publicJwk = await exportJWK(publicKey);
+  // RFC 7638 thumbprint: a kid that names the key itself, the same on every instance.
+  const kid = await calculateJwkThumbprint(publicJwk);
+  const privateJwk = await exportJWK(privateKey);
+  const privateJwkEncrypted = await new CompactEncrypt(new TextEncoder().encode(JSON.stringify(privateJwk)))
+    .setProtectedHeader({ alg: 'dir', enc: 'A256GCM', kid })
+    .encrypt(deriveKey(secretKey, ENCRYPTION_PURPOSE));
+  return {
+    kid,
+    alg,
+    public_jwk: JSON.stringify({ ...publicJwk, kid, alg, use: 'sig' } satisfies JWK),
+    private_jwk_encrypted: privateJwkEncrypted,
+  };
+}
+
+/**
+ * Makes a new key the signing key and retires the current one. Retired keys stay available for
+ * verification (and in the JWKS) until every token they signed has expired.
+ */
+export async function rotateSigningKey(db: DB, options: { alg: SigningAlg; secretKey: string }): Promise<{ kid: string; alg: SigningAlg }> {
+  const row = await createKeyRow(options.alg, options.secretKey);
+  // Two instances rotating at once: the one-active-key index refuses the second insert; retry.
+  for (let attempt = 0; ; attempt++) {
+    try {
+      await db.transaction().execute(async (trx) => {
+        await trx.updateTable('signing_keys').set({ retired_at: new Date() }).where('retired_at', 'is', null).execute();
+        await trx.insertInto('signing_keys').values(row).execute();
+      });
+      return { kid: row.kid, alg: options.alg };
+    } catch (err) {
+      if (!isUniqueViolation(err, 'signing_keys_one_active_key') || attempt >= 2) throw err;
+    }
+  }
+}
+
+export async function getActiveSigningKey(db: DB): Promise<SigningKey | undefined> {
+  return db.selectFrom('signing_keys').selectAll().where('retired_at', 'is', null).executeTakeFirst();
+}
+
+/**
+ * At start-up: make sure there is an active key of the configured algorithm. Creates the first
+ * key, or rotates when SIGNING_ALG was changed. Returns the active key's kid.
+ */
+export async function ensureSigningKey(db: DB, options: { alg: SigningAlg; secretKey: string }): Promise<string> {
+  for (let attempt = 0; attempt < 3; attempt++) {
+    const active = await getActiveSigningKey(db);
+    if (active?.alg === options.alg) return active.kid;
+    if (active === undefined) {
+      const row = await createKeyRow(options.alg, options.secretKey);
+      try {
+        await db.insertInto('signing_keys').values(row).execute();
+        return row.kid;
+      } catch (err) {
+        // Another instance created the first key at the same moment: use theirs.
+        if (!isUniqueViolation(err, 'signing_keys_one_active_key')) throw err;
+      }
+    } else {
+      return (await rotateSigningKey(db, options)).kid;
+    }
+  }
+  throw new Error('could not establish an active signing key');
+}
+
+/** Decrypts a key's private half. Fails when SECRET_KEY is not the one it was encrypted with. */
+export async function importPrivateKey(key: Pick<SigningKey, 'alg' | 'private_jwk_encrypted'>, secretKey: string): Promise<CryptoKey> {
+  const { plaintext } = await compactDecrypt(key.private_jwk_encrypted, deriveKey(secretKey, ENCRYPTION_PURPOSE), {
+    keyManagementAlgorithms: ['dir'],
+    contentEncryptionAlgorithms: ['A256GCM'],
+  });
+  const jwk = JSON.parse(new TextDecoder().decode(plaintext)) as JWK;
+  const imported = await importJWK(jwk, key.alg);
+  if (imported instanceof Uint8Array) throw new Error('a signing key decrypted to a symmetric key');
+  return imported;
+}

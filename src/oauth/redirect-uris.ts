@@ -1,0 +1,27 @@
+import { z } from 'zod';
+
+const LOOPBACK_HOSTS = new Set(['localhost', '127.0.0.1', '[::1]']);
+
+/**
+ * Why a redirect URI may not be registered, or null when it may (OAuth 2.1 §2.3, RFC 9700 §2.1):
+ * absolute, no fragment, no user info, https — or http for loopback hosts only. The string is
+ * stored as written and later compared byte for byte, so nothing here normalizes it.
+ */
+export function redirectUriProblem(value: string): string | null {
+  if (value.length > 2000) return 'must be at most 2000 characters';
+  if (/[\s\x00-\x1f\x7f]/.test(value)) return 'must not contain spaces or control characters';
+  if (!URL.canParse(value)) return 'must be an absolute URL';
+  const url = new URL(value);
+  if (value.includes('#')) return 'must not contain a fragment';
+  if (url.username !== '' || url.password !== '' || /^[a-z][a-z0-9+.-]*:\/\/[^/?]*@/i.test(value)) return 'must not contain user info';
+  if (url.protocol === 'https:') return null;
+  if (url.protocol === 'http:') {
+    return LOOPBACK_HOSTS.has(url.hostname) ? null : 'http is allowed only for loopback hosts (localhost, 127.0.0.1, [::1]); use https';
+  }
+  return 'must use https (or http for a loopback host)';
+}
+
+export const redirectUriSchema = z.string().superRefine((value, ctx) => {
+  const problem = redirectUriProblem(value);
+  if (problem) ctx.addIssue({ code: 'custom', message: `${JSON.stringify(value.slice(0, 100))} ${problem}` });
+});

@@ -1,0 +1,32 @@
+/** What the server and the CLI share when they start: opening the database and reporting failures. */
+import type { Logger } from 'pino';
+import { ConfigError, type Config } from './config.js';
+import { connectDatabase, type DatabaseHandle } from './db/connect.js';
+import { isDatabaseUnavailable } from './db/errors.js';
+import { migrateToLatest } from './db/migrate.js';
+import { AppError } from './errors.js';
+
+/** Connects and applies pending migrations; returns the handle and the migrations applied. */
+export async function openDatabase(config: Config, logger?: Logger): Promise<{ handle: DatabaseHandle; applied: string[] }> {
+  const handle = await connectDatabase(config.database, { poolMax: config.databasePoolMax, ...(logger ? { logger } : {}) });
+  try {
+    return { handle, applied: await migrateToLatest(handle.db) };
+  } catch (err) {
+    await handle.close().catch(() => {});
+    throw err;
+  }
+}
+
+/**
+ * One line per problem, never a stack trace: configuration errors name each bad variable, an
+ * unreachable database says so without echoing the URL (it may hold a password).
+ */
+export function describeStartupError(err: unknown): string[] {
+  if (err instanceof ConfigError) return err.problems;
+  if (err instanceof AppError) return [err.description];
+  if (isDatabaseUnavailable(err)) {
+    const reason = err instanceof Error ? (err.message || ('code' in err ? String(err.code) : 'unknown error')) : String(err);
+    return [`DATABASE_URL: cannot reach the database (${reason.split('\n')[0]})`];
+  }
+  return [err instanceof Error ? err.message.split('\n')[0] ?? err.name : String(err)];
+}
