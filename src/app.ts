@@ -10,7 +10,7 @@ import type { Config } from './config.js';
 import type { DB } from './db/connect.js';
 import { isDatabaseUnavailable } from './db/errors.js';
 import { AppError, InvalidRequestError, sanitizeDescription, ServiceUnavailableError } from './errors.js';
-import { healthRoutes } from './health.js';
+import { HEALTH_PATHS, healthRoutes } from './health.js';
 import { deriveKey } from './lib/crypto.js';
 
 export interface AppDeps {
@@ -53,7 +53,7 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
     trustProxy: config.trustProxy,
     bodyLimit: BODY_LIMIT,
     genReqId: () => randomUUID(),
-    logController: new LogController({ requestIdLogLabel: 'request_id' }),
+    logController: new LogController({ requestIdLogLabel: 'request_id', disableRequestLogging: (req) => HEALTH_PATHS.has(req.url) }),
     onProtoPoisoning: 'error',
     onConstructorPoisoning: 'error',
     return503OnClosing: true,

@@ -1,17 +1,30 @@
-import { promises as fs } from 'node:fs';
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
-import { FileMigrationProvider, type MigrationResultSet, Migrator, NO_MIGRATIONS } from 'kysely/migration';
+import { readdir } from 'node:fs/promises';
+import { pathToFileURL } from 'node:url';
+import { type Migration, type MigrationProvider, type MigrationResultSet, Migrator, NO_MIGRATIONS } from 'kysely/migration';
 import type { DB } from './connect.js';
 
 /** migrations/ beside src/, both in the checkout (TypeScript) and in dist/ (compiled). */
-export const MIGRATIONS_DIR = fileURLToPath(new URL('../../migrations', import.meta.url));
+export const MIGRATIONS_URL = new URL('../../migrations/', import.meta.url);
+
+/**
+ * Kysely's FileMigrationProvider, except that the import() is ours: under the test runner it
+ * then loads the TypeScript sources, in production the compiled files.
+ */
+const migrationFiles: MigrationProvider = {
+  async getMigrations() {
+    const migrations: Record<string, Migration> = {};
+    const files = (await readdir(MIGRATIONS_URL)).filter((f) => /\.(js|ts)$/.test(f) && !f.endsWith('.d.ts')).sort();
+    for (const file of files) {
+      const { up, down }: Partial<Migration> = await import(pathToFileURL(new URL(file, MIGRATIONS_URL).pathname).href);
+      if (typeof up !== 'function') throw new MigrationError(`migration ${file} exports no up()`);
+      migrations[file.replace(/\.(js|ts)$/, '')] = typeof down === 'function' ? { up, down } : { up };
+    }
+    return migrations;
+  },
+};
 
 export function createMigrator(db: DB): Migrator {
-  return new Migrator({
-    db,
-    provider: new FileMigrationProvider({ fs, path, migrationFolder: MIGRATIONS_DIR }),
-  });
+  return new Migrator({ db, provider: migrationFiles });
 }
 
 export class MigrationError extends Error {

@@ -47,7 +47,7 @@ export interface ApplicationsTable {
   client_secret_hash: string;
   type: ApplicationType;
   name: string;
-  redirect_uris: TextArray;
+  redirect_uris: ColumnType<string[], string[] | undefined, string[]>;
   scopes: TextArray;
   require_pkce: ColumnType<boolean, boolean | undefined, boolean>;
   disabled: ColumnType<boolean, boolean | undefined, boolean>;

@@ -1,0 +1,229 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { runCli } from '../src/cli.js';
+import { connectDatabase } from '../src/db/connect.js';
+import { secretMatches } from '../src/lib/crypto.js';
+import { BACKEND, createEmptyDatabase, type TestDatabase } from './helpers/db.js';
+
+let database: TestDatabase;
+
+beforeAll(async () => {
+  database = await createEmptyDatabase({ onDisk: true });
+});
+afterAll(() => database.drop());
+
+async function cli(...argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  let stdout = '';
+  let stderr = '';
+  const code = await runCli(argv, { stdout: (s) => (stdout += s), stderr: (s) => (stderr += s), env: { ...database.env, LOG_LEVEL: 'silent' } });
+  return { code, stdout, stderr };
+}
+
+/** Runs a --json command and returns its one object, failing on anything else. */
+async function json(...argv: string[]): Promise<Record<string, unknown>> {
+  const result = await cli(...argv, '--json');
+  expect(result, result.stderr).toMatchObject({ code: 0, stderr: '' });
+  expect(result.stdout.trim().split('\n')).toHaveLength(1);
+  return JSON.parse(result.stdout) as Record<string, unknown>;
+}
+
+/** Runs a --json command that must fail; returns its error object from stderr. */
+async function jsonError(...argv: string[]): Promise<{ error: string; error_description: string }> {
+  const result = await cli(...argv, '--json');
+  expect(result).toMatchObject({ code: 1, stdout: '' });
+  return JSON.parse(result.stderr) as { error: string; error_description: string };
+}
+
+async function withDb<T>(fn: (db: Awaited<ReturnType<typeof connectDatabase>>['db']) => Promise<T>): Promise<T> {
+  const handle = await connectDatabase(database.target);
+  try {
+    return await fn(handle.db);
+  } finally {
+    await handle.close();
+  }
+}
+
+describe(`orgauth CLI on ${BACKEND}`, () => {
+  let orgId: number;
+
+  it('migrate applies the migrations once', async () => {
+    expect(await json('migrate')).toEqual({ applied: ['20261122_0001_initial'] });
+    expect(await json('migrate')).toEqual({ applied: [] });
+    expect((await cli('migrate')).stdout).toBe('the database is up to date\n');
+  });
+
+  it('user create prints the user, never the password', async () => {
+    const result = await cli('user', 'create', '--email', 'Owner@Example.com', '--password', 'a-long-password', '--name', 'Olive Owner', '--json');
+    expect(result.code).toBe(0);
+    expect(JSON.parse(result.stdout)).toEqual({ id: expect.any(Number), email: 'Owner@Example.com', name: 'Olive Owner' });
+    expect(result.stdout).not.toContain('a-long-password');
+    expect(await json('user', 'create', '--email', 'member@example.com', '--password', 'another-password')).toEqual({
+      id: expect.any(Number),
+      email: 'member@example.com',
+      name: '',
+    });
+  });
+
+  it('user create refuses a taken email (any case), a short password and a missing flag', async () => {
+    expect(await jsonError('user', 'create', '--email', 'owner@EXAMPLE.com', '--password', 'a-long-password')).toEqual({
+      error: 'conflict',
+      error_description: 'a user with email owner@EXAMPLE.com already exists',
+    });
+    expect(await jsonError('user', 'create', '--email', 'x@example.com', '--password', 'short')).toEqual({
+      error: 'invalid_request',
+      error_description: 'password: must be at least 10 characters',
+    });
+    expect(await jsonError('user', 'create', '--email', 'not-an-email', '--password', 'long-enough-password')).toEqual({
+      error: 'invalid_request',
+      error_description: 'email: must be an email address',
+    });
+    expect((await jsonError('user', 'create', '--password', 'long-enough-password')).error_description).toMatch(/^--email is required\nusage: orgauth user create/);
+  });
+
+  it('org create makes the owner an owner', async () => {
+    const org = await json('org', 'create', '--name', 'Acme Corp', '--owner', 'owner@example.com');
+    expect(org).toEqual({ id: expect.any(Number), name: 'Acme Corp' });
+    orgId = org.id as number;
+    const membership = await withDb((db) =>
+      db.selectFrom('memberships').innerJoin('users', 'users.id', 'memberships.user_id').select(['email', 'role']).where('organization_id', '=', orgId).execute(),
+    );
+    expect(membership).toEqual([{ email: 'Owner@Example.com', role: 'owner' }]);
+  });
+
+  it('org create refuses an unknown owner and an empty name', async () => {
+    expect(await jsonError('org', 'create', '--name', 'X', '--owner', 'nobody@example.com')).toEqual({
+      error: 'not_found',
+      error_description: 'no user with email nobody@example.com',
+    });
+    expect(await jsonError('org', 'create', '--name', '   ', '--owner', 'owner@example.com')).toEqual({
+      error: 'invalid_request',
+      error_description: 'must not be empty',
+    });
+  });
+
+  it('member add adds with a role (member by default) and refuses duplicates', async () => {
+    expect(await json('member', 'add', '--org', String(orgId), '--email', 'member@example.com')).toEqual({
+      organization_id: orgId,
+      user_id: expect.any(Number),
+      role: 'member',
+    });
+    expect(await jsonError('member', 'add', '--org', String(orgId), '--email', 'member@example.com', '--role', 'admin')).toEqual({
+      error: 'conflict',
+      error_description: expect.stringMatching(/is already a member of organization/),
+    });
+  });
+
+  it('member add refuses a bad role, an unknown organization and non-canonical ids', async () => {
+    expect(await jsonError('member', 'add', '--org', String(orgId), '--email', 'member@example.com', '--role', 'god')).toEqual({
+      error: 'invalid_request',
+      error_description: '--role must be one of owner, admin, member',
+    });
+    expect(await jsonError('member', 'add', '--org', '999999', '--email', 'member@example.com')).toEqual({
+      error: 'not_found',
+      error_description: 'organization 999999 not found',
+    });
+    for (const bad of ['01', '-1', '1.0', '1e3', 'abc', '0']) {
+      expect(await jsonError('member', 'add', `--org=${bad}`, '--email', 'member@example.com')).toEqual({
+        error: 'invalid_request',
+        error_description: 'must be a positive integer',
+      });
+    }
+  });
+
+  it('app create (private) prints client_id and client_secret; the database holds only the hash', async () => {
+    const app = await json('app', 'create', '--org', String(orgId), '--type', 'private', '--name', 'X');
+    expect(app).toEqual({
+      client_id: expect.stringMatching(/^[A-Za-z0-9_-]{22}$/),
+      client_secret: expect.stringMatching(/^[A-Za-z0-9_-]{43}$/),
+      type: 'private',
+      organization_id: orgId,
+      name: 'X',
+      redirect_uris: [],
+      scopes: ['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write'],
+    });
+    const row = await withDb((db) => db.selectFrom('applications').selectAll().where('client_id', '=', app.client_id as string).executeTakeFirstOrThrow());
+    expect(secretMatches(app.client_secret as string, row.client_secret_hash)).toBe(true);
+    expect(JSON.stringify(row)).not.toContain(app.client_secret as string);
+  });
+
+  it('app create (public) takes repeated redirect URIs, scopes and --require-pkce', async () => {
+    const app = await json(
+      'app', 'create', '--org', String(orgId), '--type', 'public', '--name', 'Web',
+      '--redirect-uri', 'https://web.example.com/cb', '--redirect-uri', 'http://localhost:8080/callback',
+      '--scopes', 'contacts.read tasks.read', '--require-pkce',
+    );
+    expect(app).toMatchObject({
+      type: 'public',
+      redirect_uris: ['https://web.example.com/cb', 'http://localhost:8080/callback'],
+      scopes: ['contacts.read', 'tasks.read'],
+    });
+    const row = await withDb((db) => db.selectFrom('applications').select('require_pkce').where('client_id', '=', app.client_id as string).executeTakeFirstOrThrow());
+    expect(row.require_pkce).toBe(true);
+  });
+
+  it('app create refuses bad redirect URIs, unknown scopes, a bad type and an unknown organization', async () => {
+    const base = ['app', 'create', '--org', String(orgId), '--name', 'Bad'];
+    expect((await jsonError(...base, '--type', 'public')).error_description).toBe('redirectUris: a public application needs at least one redirect URI');
+    expect((await jsonError(...base, '--type', 'public', '--redirect-uri', 'http://evil.example.com/cb')).error_description).toMatch(
+      /http is allowed only for loopback hosts/,
+    );
+    expect((await jsonError(...base, '--type', 'public', '--redirect-uri', 'https://a.example.com/cb#x')).error_description).toMatch(/must not contain a fragment/);
+    expect((await jsonError(...base, '--type', 'private', '--redirect-uri', 'https://a.example.com/cb')).error_description).toMatch(/has no redirect URIs/);
+    expect((await jsonError(...base, '--type', 'private', '--scopes', 'contacts.read admin')).error_description).toMatch(/^unknown scope "admin"/);
+    expect((await jsonError(...base, '--type', 'secret')).error_description).toMatch(/^--type must be public or private/);
+    expect(await jsonError('app', 'create', '--org', '424242', '--type', 'private', '--name', 'X')).toEqual({
+      error: 'not_found',
+      error_description: 'organization 424242 not found',
+    });
+  });
+
+  it('app rotate-secret replaces the secret and refuses unknown clients', async () => {
+    const app = await json('app', 'create', '--org', String(orgId), '--type', 'private', '--name', 'Rotate me');
+    const rotated = await json('app', 'rotate-secret', '--client-id', app.client_id as string);
+    expect(rotated).toEqual({ client_id: app.client_id, client_secret: expect.stringMatching(/^[A-Za-z0-9_-]{43}$/) });
+    expect(rotated.client_secret).not.toBe(app.client_secret);
+    const row = await withDb((db) => db.selectFrom('applications').select('client_secret_hash').where('client_id', '=', app.client_id as string).executeTakeFirstOrThrow());
+    expect(secretMatches(rotated.client_secret as string, row.client_secret_hash)).toBe(true);
+    expect(secretMatches(app.client_secret as string, row.client_secret_hash)).toBe(false);
+    expect(await jsonError('app', 'rotate-secret', '--client-id', 'nope')).toEqual({ error: 'not_found', error_description: 'no application with client_id nope' });
+  });
+
+  it('keys rotate makes a new active key of SIGNING_ALG', async () => {
+    const first = await json('keys', 'rotate');
+    expect(first).toEqual({ kid: expect.stringMatching(/^[A-Za-z0-9_-]{43}$/), alg: 'ES256' });
+    const second = await json('keys', 'rotate');
+    expect(second.kid).not.toBe(first.kid);
+    const active = await withDb((db) => db.selectFrom('signing_keys').select('kid').where('retired_at', 'is', null).execute());
+    expect(active).toEqual([{ kid: second.kid }]);
+  });
+
+  it('seed-demo prints the demo user, organization and both applications, once', async () => {
+    const seed = await json('seed-demo');
+    expect(seed).toEqual({
+      user: { id: expect.any(Number), email: 'demo@orgauth.local', name: 'Demo User', password: expect.any(String) },
+      organization: { id: expect.any(Number), name: 'Demo Organization' },
+      public_application: expect.objectContaining({ type: 'public', redirect_uris: ['http://localhost:8080/callback'], client_secret: expect.any(String) }),
+      private_application: expect.objectContaining({ type: 'private', client_secret: expect.any(String) }),
+    });
+    expect(await jsonError('seed-demo')).toEqual({ error: 'conflict', error_description: 'a user with email demo@orgauth.local already exists' });
+  });
+
+  it('prints help, and refuses unknown commands and options', async () => {
+    const help = await cli('--help');
+    expect(help.code).toBe(0);
+    for (const command of ['migrate', 'user create', 'org create', 'member add', 'app create', 'app rotate-secret', 'keys rotate', 'seed-demo']) {
+      expect(help.stdout).toContain(command);
+    }
+    expect((await cli('app', 'create', '--help')).stdout).toMatch(/^usage: orgauth app create --org ID/);
+    expect(await jsonError('frobnicate')).toEqual({ error: 'usage', error_description: 'unknown command "frobnicate"; run `orgauth --help`' });
+    expect((await jsonError('user', 'create', '--emial', 'x')).error_description).toMatch(/Unknown option '--emial'/);
+    const plain = await cli('org', 'create', '--name', 'X', '--owner', 'nobody@example.com');
+    expect(plain).toEqual({ code: 1, stdout: '', stderr: 'orgauth: no user with email nobody@example.com\n' });
+  });
+
+  it('reports a bad configuration as one line per variable', async () => {
+    let stderr = '';
+    const code = await runCli(['migrate', '--json'], { stdout: () => {}, stderr: (s) => (stderr += s), env: { DATABASE_URL: 'postgres://localhost/x', SECRET_KEY: 'short' } });
+    expect(code).toBe(1);
+    expect(JSON.parse(stderr)).toEqual({ error: 'startup_failed', error_description: 'SECRET_KEY: must be at least 32 characters' });
+  });
+});

@@ -1,0 +1,149 @@
+import { mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { ConfigError, loadConfig, parseConfig } from '../src/config.js';
+
+const SECRET = 'x'.repeat(32);
+
+function problems(env: Record<string, string>): string[] {
+  try {
+    parseConfig(env);
+  } catch (err) {
+    if (err instanceof ConfigError) return err.problems;
+    throw err;
+  }
+  throw new Error('expected a ConfigError');
+}
+
+describe('parseConfig', () => {
+  it('applies the documented defaults', () => {
+    const config = parseConfig({});
+    expect(config).toEqual({
+      database: { kind: 'pglite', dataDir: path.resolve('data/pgdata') },
+      databasePoolMax: 10,
+      dataDir: path.resolve('data'),
+      host: '127.0.0.1',
+      port: 3000,
+      issuer: 'http://localhost:3000',
+      secretKey: '',
+      accessTokenTtl: 31_536_000,
+      refreshTokenTtl: 31_536_000,
+      authCodeTtl: 60,
+      refreshReuseGrace: 10,
+      signingAlg: 'ES256',
+      logLevel: 'info',
+      trustProxy: false,
+    });
+    expect(Object.isFrozen(config)).toBe(true);
+  });
+
+  it('reads every variable', () => {
+    const config = parseConfig({
+      DATABASE_URL: 'postgres://u:p@db:5432/orgauth',
+      DATABASE_POOL_MAX: '25',
+      DATA_DIR: '/var/lib/orgauth',
+      HOST: '0.0.0.0',
+      PORT: '8080',
+      ISSUER: 'https://auth.example.com/',
+      SECRET_KEY: SECRET,
+      ACCESS_TOKEN_TTL: '3600',
+      REFRESH_TOKEN_TTL: '86400',
+      AUTH_CODE_TTL: '600',
+      REFRESH_REUSE_GRACE: '0',
+      SIGNING_ALG: 'EdDSA',
+      LOG_LEVEL: 'warn',
+      TRUST_PROXY: '10.0.0.0/8, 127.0.0.1',
+    });
+    expect(config).toMatchObject({
+      database: { kind: 'postgres', url: 'postgres://u:p@db:5432/orgauth' },
+      databasePoolMax: 25,
+      dataDir: '/var/lib/orgauth',
+      host: '0.0.0.0',
+      port: 8080,
+      issuer: 'https://auth.example.com',
+      secretKey: SECRET,
+      accessTokenTtl: 3600,
+      refreshTokenTtl: 86400,
+      authCodeTtl: 600,
+      refreshReuseGrace: 0,
+      signingAlg: 'EdDSA',
+      logLevel: 'warn',
+      trustProxy: ['10.0.0.0/8', '127.0.0.1'],
+    });
+  });
+
+  it('derives the default ISSUER from PORT', () => {
+    expect(parseConfig({ PORT: '4100' }).issuer).toBe('http://localhost:4100');
+  });
+
+  it('treats empty values as unset', () => {
+    expect(parseConfig({ DATABASE_URL: '', PORT: '', SIGNING_ALG: '' })).toMatchObject({ database: { kind: 'pglite' }, port: 3000, signingAlg: 'ES256' });
+  });
+
+  it('requires SECRET_KEY with DATABASE_URL', () => {
+    expect(problems({ DATABASE_URL: 'postgres://localhost/x' })).toEqual([expect.stringMatching(/^SECRET_KEY: required when DATABASE_URL is set/)]);
+  });
+
+  it('refuses a SECRET_KEY shorter than 32 characters without echoing it', () => {
+    const lines = problems({ DATABASE_URL: 'postgres://localhost/x', SECRET_KEY: 'short-secret' });
+    expect(lines).toEqual(['SECRET_KEY: must be at least 32 characters']);
+    expect(lines.join()).not.toContain('short-secret');
+  });
+
+  it.each([
+    ['DATABASE_URL', 'mysql://localhost/x', 'DATABASE_URL: must be a postgres:// or postgresql:// connection URL'],
+    ['DATABASE_POOL_MAX', '0', 'DATABASE_POOL_MAX: must be a whole number between 1 and 1000'],
+    ['PORT', '70000', 'PORT: must be a port number between 0 and 65535'],
+    ['PORT', 'http', 'PORT: must be a port number between 0 and 65535'],
+    ['HOST', 'not a host', 'HOST: must be an IP address or host name'],
+    ['ISSUER', 'ftp://example.com', 'ISSUER: must be an absolute http(s) URL without query, fragment or user info'],
+    ['ISSUER', 'https://example.com/?x=1', 'ISSUER: must be an absolute http(s) URL without query, fragment or user info'],
+    ['ISSUER', 'https://user@example.com', 'ISSUER: must be an absolute http(s) URL without query, fragment or user info'],
+    ['ACCESS_TOKEN_TTL', '-1', 'ACCESS_TOKEN_TTL: must be a whole number of seconds between 1 and 315360000'],
+    ['REFRESH_TOKEN_TTL', '1.5', 'REFRESH_TOKEN_TTL: must be a whole number of seconds between 1 and 315360000'],
+    ['AUTH_CODE_TTL', '601', 'AUTH_CODE_TTL: must be a whole number of seconds between 1 and 600'],
+    ['AUTH_CODE_TTL', '0', 'AUTH_CODE_TTL: must be a whole number of seconds between 1 and 600'],
+    ['REFRESH_REUSE_GRACE', 'ten', 'REFRESH_REUSE_GRACE: must be a whole number of seconds between 0 and 3600'],
+    ['SIGNING_ALG', 'HS256', 'SIGNING_ALG: must be one of ES256, RS256, EdDSA'],
+    ['LOG_LEVEL', 'loud', 'LOG_LEVEL: must be one of fatal, error, warn, info, debug, trace, silent'],
+    ['TRUST_PROXY', 'yes', 'TRUST_PROXY: must be true, false or a comma-separated list of IP addresses/CIDR ranges of the proxies'],
+    ['TRUST_PROXY', '10.0.0.0/33', 'TRUST_PROXY: must be true, false or a comma-separated list of IP addresses/CIDR ranges of the proxies'],
+  ])('names %s when it is %j', (name, value, line) => {
+    expect(problems({ [name]: value })).toEqual([line]);
+  });
+
+  it('reports one line per bad variable', () => {
+    expect(problems({ PORT: 'x', SIGNING_ALG: 'none', AUTH_CODE_TTL: '9999' })).toEqual([
+      'PORT: must be a port number between 0 and 65535',
+      'AUTH_CODE_TTL: must be a whole number of seconds between 1 and 600',
+      'SIGNING_ALG: must be one of ES256, RS256, EdDSA',
+    ]);
+  });
+});
+
+describe('loadConfig', () => {
+  const dirs: string[] = [];
+  afterEach(() => {
+    for (const dir of dirs.splice(0)) rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('generates the embedded SECRET_KEY once, private to the owner, and reuses it', () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'orgauth-config-'));
+    dirs.push(dir);
+    const dataDir = path.join(dir, 'data');
+    const first = loadConfig({ DATA_DIR: dataDir });
+    expect(first.secretKey.length).toBeGreaterThanOrEqual(64);
+    const file = path.join(dataDir, 'secret_key');
+    expect(readFileSync(file, 'utf8').trim()).toBe(first.secretKey);
+    expect(statSync(file).mode & 0o777).toBe(0o600);
+    expect(loadConfig({ DATA_DIR: dataDir }).secretKey).toBe(first.secretKey);
+  });
+
+  it('prefers SECRET_KEY from the environment and writes nothing', () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'orgauth-config-'));
+    dirs.push(dir);
+    expect(loadConfig({ DATA_DIR: dir, SECRET_KEY: SECRET }).secretKey).toBe(SECRET);
+    expect(() => statSync(path.join(dir, 'secret_key'))).toThrow();
+  });
+});

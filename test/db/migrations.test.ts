@@ -1,0 +1,178 @@
+import { sql } from 'kysely';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { connectDatabase, type DatabaseHandle } from '../../src/db/connect.js';
+import { isForeignKeyViolation, isUniqueViolation } from '../../src/db/errors.js';
+import { migrateDownAll, migrateToLatest } from '../../src/db/migrate.js';
+import { BACKEND, createEmptyDatabase, type TestDatabase } from '../helpers/db.js';
+
+/** The data model as schema.ts declares it; a column added to one must be added to the other. */
+const EXPECTED_COLUMNS: Record<string, string[]> = {
+  users: ['id', 'email', 'password_hash', 'name', 'created_at', 'updated_at'],
+  organizations: ['id', 'name', 'created_at', 'updated_at'],
+  memberships: ['organization_id', 'user_id', 'role', 'created_at'],
+  applications: [
+    'id', 'organization_id', 'client_id', 'client_secret_hash', 'type', 'name', 'redirect_uris', 'scopes',
+    'require_pkce', 'disabled', 'secret_rotated_at', 'created_at', 'updated_at',
+  ],
+  grants: ['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'created_at', 'last_used_at', 'revoked_at', 'revoked_reason'],
+  authorization_codes: [
+    'id', 'code_hash', 'organization_id', 'application_id', 'user_id', 'redirect_uri', 'scopes', 'code_challenge',
+    'code_challenge_method', 'expires_at', 'consumed_at', 'grant_id', 'created_at',
+  ],
+  refresh_tokens: ['id', 'token_hash', 'grant_id', 'parent_id', 'scopes', 'expires_at', 'rotated_at', 'revoked_at', 'created_at'],
+  signing_keys: ['kid', 'alg', 'public_jwk', 'private_jwk_encrypted', 'created_at', 'retired_at'],
+  sessions: ['id_hash', 'user_id', 'current_organization_id', 'created_at', 'last_seen_at', 'expires_at'],
+  audit_events: ['id', 'organization_id', 'actor_user_id', 'actor_client_id', 'action', 'details', 'created_at'],
+  contacts: ['id', 'organization_id', 'name', 'email', 'phone', 'company', 'notes', 'created_at', 'updated_at'],
+  tasks: ['id', 'organization_id', 'title', 'description', 'status', 'due_on', 'contact_id', 'completed_at', 'created_at', 'updated_at'],
+};
+
+const ORG_OWNED = ['memberships', 'applications', 'grants', 'authorization_codes', 'audit_events', 'contacts', 'tasks'];
+const HASH = 'a'.repeat(64);
+
+let database: TestDatabase;
+let handle: DatabaseHandle;
+
+beforeAll(async () => {
+  database = await createEmptyDatabase();
+  handle = await connectDatabase(database.target);
+});
+afterAll(async () => {
+  await handle.close();
+  await database.drop();
+});
+
+async function tables(): Promise<Record<string, string[]>> {
+  const { rows } = await sql<{ table_name: string; column_name: string }>`
+    select table_name, column_name from information_schema.columns
+    where table_schema = 'public' and table_name not like 'kysely_%'
+    order by table_name, ordinal_position`.execute(handle.db);
+  const result: Record<string, string[]> = {};
+  for (const row of rows) (result[row.table_name] ??= []).push(row.column_name);
+  return result;
+}
+
+describe(`migrations on ${BACKEND}`, () => {
+  it('go up, down and up again, leaving exactly the declared tables and columns', async () => {
+    expect(await migrateToLatest(handle.db)).toEqual(['20261122_0001_initial']);
+    expect(await tables()).toEqual(EXPECTED_COLUMNS);
+    expect(await migrateToLatest(handle.db)).toEqual([]);
+
+    expect(await migrateDownAll(handle.db)).toEqual(['20261122_0001_initial']);
+    expect(await tables()).toEqual({});
+
+    expect(await migrateToLatest(handle.db)).toEqual(['20261122_0001_initial']);
+    expect(await tables()).toEqual(EXPECTED_COLUMNS);
+  });
+
+  it('give every org-owned table a NOT NULL organization_id, a foreign key and an index led by it', async () => {
+    const { rows: columns } = await sql<{ table_name: string; is_nullable: string }>`
+      select table_name, is_nullable from information_schema.columns
+      where table_schema = 'public' and column_name = 'organization_id'`.execute(handle.db);
+    const { rows: fks } = await sql<{ table_name: string }>`
+      select distinct tc.table_name from information_schema.table_constraints tc
+      join information_schema.key_column_usage kcu on kcu.constraint_name = tc.constraint_name
+      join information_schema.constraint_column_usage ccu on ccu.constraint_name = tc.constraint_name
+      where tc.constraint_type = 'FOREIGN KEY' and kcu.column_name = 'organization_id'
+        and ccu.table_name = 'organizations'`.execute(handle.db);
+    const { rows: indexes } = await sql<{ tablename: string; indexdef: string }>`
+      select tablename, indexdef from pg_indexes where schemaname = 'public'`.execute(handle.db);
+    for (const table of ORG_OWNED) {
+      expect(columns.find((c) => c.table_name === table)?.is_nullable, table).toBe('NO');
+      expect(fks.map((f) => f.table_name), table).toContain(table);
+      expect(
+        indexes.some((i) => i.tablename === table && /\(organization_id[,)]/.test(i.indexdef)),
+        `${table} has an index led by organization_id`,
+      ).toBe(true);
+    }
+  });
+});
+
+describe(`the migrated schema on ${BACKEND}`, () => {
+  const db = () => handle.db;
+
+  async function newOrg(name = 'Org'): Promise<number> {
+    return (await db().insertInto('organizations').values({ name }).returning('id').executeTakeFirstOrThrow()).id;
+  }
+
+  it('reads bigint ids as numbers and dates as plain strings', async () => {
+    const orgId = await newOrg();
+    const task = await db()
+      .insertInto('tasks')
+      .values({ organization_id: orgId, title: 'Call back', due_on: '2026-12-31' })
+      .returning(['id', 'organization_id', 'due_on', 'created_at', 'status'])
+      .executeTakeFirstOrThrow();
+    expect(typeof task.id).toBe('number');
+    expect(task.organization_id).toBe(orgId);
+    expect(task.due_on).toBe('2026-12-31');
+    expect(task.created_at).toBeInstanceOf(Date);
+    expect(task.status).toBe('open');
+    const { count } = await db().selectFrom('tasks').select((eb) => eb.fn.countAll<number>().as('count')).executeTakeFirstOrThrow();
+    expect(count).toBe(1);
+  });
+
+  it('keeps emails unique regardless of letter case', async () => {
+    await db().insertInto('users').values({ email: 'Case@Example.com', password_hash: '$argon2id$x' }).execute();
+    const err = await db().insertInto('users').values({ email: 'case@example.COM', password_hash: '$argon2id$x' }).execute().catch((e: unknown) => e);
+    expect(isUniqueViolation(err, 'users_email_lower_key')).toBe(true);
+  });
+
+  it('refuses a task whose contact belongs to another organization', async () => {
+    const a = await newOrg('A');
+    const b = await newOrg('B');
+    const contact = await db().insertInto('contacts').values({ organization_id: b, name: 'Bea' }).returning('id').executeTakeFirstOrThrow();
+    const err = await db()
+      .insertInto('tasks')
+      .values({ organization_id: a, title: 'Steal', contact_id: contact.id })
+      .execute()
+      .catch((e: unknown) => e);
+    expect(isForeignKeyViolation(err)).toBe(true);
+    // In its own organization the same contact is fine, and deleting it clears only contact_id.
+    const task = await db().insertInto('tasks').values({ organization_id: b, title: 'Own', contact_id: contact.id }).returning('id').executeTakeFirstOrThrow();
+    await db().deleteFrom('contacts').where('id', '=', contact.id).execute();
+    const after = await db().selectFrom('tasks').select(['organization_id', 'contact_id']).where('id', '=', task.id).executeTakeFirstOrThrow();
+    expect(after).toEqual({ organization_id: b, contact_id: null });
+  });
+
+  it('allows one active signing key at a time', async () => {
+    const key = (kid: string) => ({ kid, alg: 'ES256' as const, public_jwk: '{}', private_jwk_encrypted: 'x' });
+    await db().insertInto('signing_keys').values(key('k1')).execute();
+    const err = await db().insertInto('signing_keys').values(key('k2')).execute().catch((e: unknown) => e);
+    expect(isUniqueViolation(err, 'signing_keys_one_active_key')).toBe(true);
+    await db().updateTable('signing_keys').set({ retired_at: new Date() }).where('kid', '=', 'k1').execute();
+    await db().insertInto('signing_keys').values(key('k2')).execute();
+  });
+
+  it('stores secrets only in the shape of a SHA-256 digest', async () => {
+    const orgId = await newOrg();
+    const err = await db()
+      .insertInto('applications')
+      .values({
+        organization_id: orgId, client_id: 'c1', client_secret_hash: 'plaintext-secret', type: 'private', name: 'X', scopes: ['contacts.read'],
+      })
+      .execute()
+      .catch((e: unknown) => e);
+    expect(err).toMatchObject({ code: '23514' });
+  });
+
+  it('requires redirect URIs for public applications and none for private ones', async () => {
+    const orgId = await newOrg();
+    const app = (client_id: string, type: 'public' | 'private', redirect_uris: string[]) => ({
+      organization_id: orgId, client_id, client_secret_hash: HASH, type, name: 'X', scopes: ['contacts.read'], redirect_uris,
+    });
+    await expect(db().insertInto('applications').values(app('p0', 'public', [])).execute()).rejects.toMatchObject({ code: '23514' });
+    await expect(db().insertInto('applications').values(app('q1', 'private', ['https://a.example/cb'])).execute()).rejects.toMatchObject({ code: '23514' });
+    await db().insertInto('applications').values(app('p1', 'public', ['https://a.example/cb'])).execute();
+    const row = await db().selectFrom('applications').select(['redirect_uris', 'scopes', 'require_pkce', 'disabled']).where('client_id', '=', 'p1').executeTakeFirstOrThrow();
+    expect(row).toEqual({ redirect_uris: ['https://a.example/cb'], scopes: ['contacts.read'], require_pkce: false, disabled: false });
+  });
+
+  it('cascades an organization deletion to everything it owns', async () => {
+    const orgId = await newOrg('Doomed');
+    await db().insertInto('contacts').values({ organization_id: orgId, name: 'C' }).execute();
+    await db().insertInto('audit_events').values({ organization_id: orgId, action: 'x', details: '{}' }).execute();
+    await db().deleteFrom('organizations').where('id', '=', orgId).execute();
+    const left = await db().selectFrom('contacts').select('id').where('organization_id', '=', orgId).execute();
+    expect(left).toEqual([]);
+  });
+});

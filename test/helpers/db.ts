@@ -1,0 +1,80 @@
+/**
+ * A fresh, migrated database per test file: a new database on TEST_DATABASE_URL's server, or an
+ * embedded PGlite database (in memory, or in a temporary DATA_DIR when a process must open it).
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import pg from 'pg';
+import { inject } from 'vitest';
+import type { DatabaseTarget } from '../../src/config.js';
+import { connectDatabase, type DatabaseHandle } from '../../src/db/connect.js';
+import { migrateToLatest } from '../../src/db/migrate.js';
+
+export const TEST_DATABASE_URL = process.env.TEST_DATABASE_URL;
+export const BACKEND: DatabaseTarget['kind'] = TEST_DATABASE_URL ? 'postgres' : 'pglite';
+
+let counter = 0;
+
+export interface TestDatabase {
+  target: DatabaseTarget;
+  /** Environment variables that point the server or the CLI at this database. */
+  env: Record<string, string>;
+  /** Removes the database (PostgreSQL) or its folder (PGlite). */
+  drop(): Promise<void>;
+}
+
+async function adminQuery(sql: string): Promise<void> {
+  const client = new pg.Client({ connectionString: TEST_DATABASE_URL });
+  await client.connect();
+  try {
+    await client.query(sql);
+  } finally {
+    await client.end();
+  }
+}
+
+/**
+ * Creates an empty database (not migrated). `onDisk` gives PGlite a DATA_DIR so a child process
+ * can open it; PostgreSQL databases are always reachable by URL.
+ */
+export async function createEmptyDatabase(options: { onDisk?: boolean } = {}): Promise<TestDatabase> {
+  const secret = 'test-secret-key-0123456789abcdefghijklmnop';
+  if (TEST_DATABASE_URL) {
+    const name = `${inject('runId')}_${process.pid}_${++counter}`;
+    await adminQuery(`create database ${pg.escapeIdentifier(name)}`);
+    const url = new URL(TEST_DATABASE_URL);
+    url.pathname = `/${name}`;
+    return {
+      target: { kind: 'postgres', url: url.toString() },
+      env: { DATABASE_URL: url.toString(), SECRET_KEY: secret },
+      drop: () => adminQuery(`drop database if exists ${pg.escapeIdentifier(name)} with (force)`),
+    };
+  }
+  if (!options.onDisk) {
+    return { target: { kind: 'pglite', dataDir: null }, env: {}, drop: async () => {} };
+  }
+  const dataDir = mkdtempSync(path.join(tmpdir(), 'orgauth-test-'));
+  return {
+    target: { kind: 'pglite', dataDir: path.join(dataDir, 'pgdata') },
+    env: { DATA_DIR: dataDir, SECRET_KEY: secret },
+    drop: async () => rmSync(dataDir, { recursive: true, force: true }),
+  };
+}
+
+/** A migrated database with an open handle; `close()` closes the handle and drops the database. */
+export async function createTestDatabase(options: { onDisk?: boolean } = {}): Promise<
+  TestDatabase & { handle: DatabaseHandle; close(): Promise<void> }
+> {
+  const database = await createEmptyDatabase(options);
+  const handle = await connectDatabase(database.target);
+  await migrateToLatest(handle.db);
+  return {
+    ...database,
+    handle,
+    close: async () => {
+      await handle.close();
+      await database.drop();
+    },
+  };
+}

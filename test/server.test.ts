@@ -1,0 +1,146 @@
+/**
+ * The server and the CLI as processes, built by `npm test`'s pretest step: zero-setup start on
+ * the embedded database, start-up errors, graceful shutdown, the real `orgauth` binary.
+ */
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { verifyPassword } from '../src/accounts/passwords.js';
+import { runCli } from '../src/cli.js';
+import { connectDatabase } from '../src/db/connect.js';
+import { secretMatches } from '../src/lib/crypto.js';
+import { createEmptyDatabase, TEST_DATABASE_URL, type TestDatabase } from './helpers/db.js';
+import { CLI, freePort, ROOT, run, SERVER, start } from './helpers/process.js';
+
+beforeAll(() => {
+  if (!existsSync(path.join(ROOT, SERVER))) throw new Error(`${SERVER} is missing: run the tests with \`npm test\`, which builds first`);
+});
+
+describe('zero set-up on the embedded database', () => {
+  const dataDir = mkdtempSync(path.join(tmpdir(), 'orgauth-start-'));
+  let port: number;
+  let banner: string;
+  afterAll(() => rmSync(dataDir, { recursive: true, force: true }));
+
+  it('starts, serves /healthz, generates SECRET_KEY and prints the demo credentials once', async () => {
+    port = await freePort();
+    const server = start(SERVER, [], { DATA_DIR: dataDir, PORT: String(port) });
+    try {
+      await server.waitForOutput(/curl -s -u/);
+      const res = await fetch(`http://127.0.0.1:${port}/healthz`);
+      expect(res.status).toBe(200);
+      expect(await res.json()).toEqual({ status: 'ok' });
+      expect((await fetch(`http://127.0.0.1:${port}/readyz`)).status).toBe(200);
+      banner = server.output.stdout;
+      expect(banner).toContain('email:    demo@orgauth.local');
+      expect(banner).toContain(`http://localhost:${port}/oauth/token`);
+      expect(readFileSync(path.join(dataDir, 'secret_key'), 'utf8').trim().length).toBeGreaterThanOrEqual(32);
+
+      // While the server holds the embedded database, the CLI is refused instead of corrupting it.
+      let stderr = '';
+      const code = await runCli(['migrate'], { stdout: () => {}, stderr: (s) => (stderr += s), env: { DATA_DIR: dataDir } });
+      expect(code).toBe(1);
+      expect(stderr).toMatch(/^orgauth: the embedded database is in use by process \d+/);
+    } finally {
+      server.child.kill('SIGTERM');
+    }
+    const exit = await server.exited;
+    expect(exit).toEqual({ code: 0, signal: null });
+    expect(existsSync(path.join(dataDir, 'pgdata.lock'))).toBe(false);
+  });
+
+  it('stores only hashes of the printed secrets and password', async () => {
+    const secret = /Private application[\s\S]*?client_secret: (\S+)/.exec(banner)?.[1];
+    const clientId = /Private application[\s\S]*?client_id: +(\S+)/.exec(banner)?.[1];
+    const password = /password: (\S+)/.exec(banner)?.[1];
+    expect(secret).toBeDefined();
+    const handle = await connectDatabase({ kind: 'pglite', dataDir: path.join(dataDir, 'pgdata') });
+    try {
+      const user = await handle.db.selectFrom('users').selectAll().where('email', '=', 'demo@orgauth.local').executeTakeFirstOrThrow();
+      expect(await verifyPassword(user.password_hash, password!)).toBe(true);
+      expect(user.password_hash).not.toContain(password!);
+      const app = await handle.db.selectFrom('applications').selectAll().where('client_id', '=', clientId!).executeTakeFirstOrThrow();
+      expect(secretMatches(secret!, app.client_secret_hash)).toBe(true);
+      expect(JSON.stringify(await handle.db.selectFrom('applications').selectAll().execute())).not.toContain(secret!);
+    } finally {
+      await handle.close();
+    }
+  });
+
+  it('`orgauth app create --json` prints client_id and client_secret and stores only the hash', async () => {
+    const result = await run(CLI, ['app', 'create', '--org', '1', '--type', 'private', '--name', 'X', '--json'], { DATA_DIR: dataDir });
+    expect(result.stderr).toBe('');
+    expect(result.code).toBe(0);
+    const app = JSON.parse(result.stdout) as { client_id: string; client_secret: string };
+    expect(app).toMatchObject({ client_id: expect.any(String), client_secret: expect.any(String), organization_id: 1, type: 'private' });
+    const handle = await connectDatabase({ kind: 'pglite', dataDir: path.join(dataDir, 'pgdata') });
+    try {
+      const row = await handle.db.selectFrom('applications').selectAll().where('client_id', '=', app.client_id).executeTakeFirstOrThrow();
+      expect(row.client_secret_hash).toMatch(/^[0-9a-f]{64}$/);
+      expect(secretMatches(app.client_secret, row.client_secret_hash)).toBe(true);
+      expect(JSON.stringify(row)).not.toContain(app.client_secret);
+    } finally {
+      await handle.close();
+    }
+  });
+
+  it('does not seed again on the next start', async () => {
+    const server = start(SERVER, [], { DATA_DIR: dataDir, PORT: String(port), LOG_LEVEL: 'info' });
+    try {
+      await server.waitForOutput(/orgauth is ready/);
+      expect(server.output.stdout).not.toContain('demo@orgauth.local');
+    } finally {
+      server.child.kill('SIGINT');
+    }
+    expect((await server.exited).code).toBe(0);
+  });
+});
+
+describe('start-up errors: one line per problem, exit code 1, no stack trace', () => {
+  it('names SECRET_KEY when it is too short', async () => {
+    const result = await run(SERVER, [], { DATABASE_URL: 'postgres://postgres@127.0.0.1:5432/postgres', SECRET_KEY: 'short' });
+    expect(result).toEqual({ code: 1, stdout: '', stderr: 'orgauth: SECRET_KEY: must be at least 32 characters\n' });
+  });
+
+  it('names every bad variable on its own line', async () => {
+    const result = await run(SERVER, [], { PORT: 'eighty', SIGNING_ALG: 'HS256', AUTH_CODE_TTL: '3600' });
+    expect(result.code).toBe(1);
+    expect(result.stderr.split('\n').filter(Boolean)).toEqual([
+      'orgauth: PORT: must be a port number between 0 and 65535',
+      'orgauth: AUTH_CODE_TTL: must be a whole number of seconds between 1 and 600',
+      'orgauth: SIGNING_ALG: must be one of ES256, RS256, EdDSA',
+    ]);
+  });
+
+  it('says the database is unreachable without echoing its URL', async () => {
+    const result = await run(SERVER, [], { DATABASE_URL: 'postgres://admin:hunter2hunter2@127.0.0.1:1/orgauth', SECRET_KEY: 'k'.repeat(40) });
+    expect(result.code).toBe(1);
+    expect(result.stderr).toMatch(/^orgauth: DATABASE_URL: cannot reach the database \(.*ECONNREFUSED.*\)\n$/);
+    expect(result.stderr).not.toContain('hunter2');
+  });
+});
+
+describe.skipIf(!TEST_DATABASE_URL)('on PostgreSQL', () => {
+  let database: TestDatabase;
+  beforeAll(async () => {
+    database = await createEmptyDatabase();
+  });
+  afterAll(() => database.drop());
+
+  it('migrates on start, seeds nothing, and closes its pool on SIGTERM', async () => {
+    const port = await freePort();
+    const server = start(SERVER, [], { ...database.env, PORT: String(port) });
+    try {
+      await server.waitForOutput(/orgauth is ready/);
+      expect((await fetch(`http://127.0.0.1:${port}/readyz`)).status).toBe(200);
+      expect(server.output.stdout).not.toContain('demo@orgauth.local');
+      const seeded = await run(CLI, ['seed-demo', '--json'], database.env);
+      expect(seeded.code).toBe(0);
+      expect(JSON.parse(seeded.stdout)).toMatchObject({ user: { email: 'demo@orgauth.local' } });
+    } finally {
+      server.child.kill('SIGTERM');
+    }
+    expect(await server.exited).toEqual({ code: 0, signal: null });
+  });
+});
