@@ -1,6 +1,6 @@
 import { readdir } from 'node:fs/promises';
 import { pathToFileURL } from 'node:url';
-import { type Migration, type MigrationProvider, type MigrationResultSet, Migrator, NO_MIGRATIONS } from 'kysely/migration';
+import { type Migration, type MigrationProvider, type MigrationResultSet, Migrator, NO_MIGRATIONS } from 'kysely';
 import type { DB } from './connect.js';
 
 /** migrations/ beside src/, both in the checkout (TypeScript) and in dist/ (compiled). */
