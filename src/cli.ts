@@ -7,7 +7,7 @@ import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { z } from 'zod';
 import { addMember, createOrganization, organizationIdSchema, ROLES } from './accounts/organizations.js';
 import { createUser, getUserByEmail } from './accounts/users.js';
-import { loadConfig, type Config } from './config.js';
+import { ConfigError, loadConfig, type Config } from './config.js';
 import type { DB } from './db/connect.js';
 import { formatDemoBanner, seedDemo } from './demo.js';
 import { AppError, InvalidRequestError } from './errors.js';
@@ -232,7 +232,8 @@ export async function runCli(argv: string[], io: CliIo): Promise<number> {
     config = loadConfig(io.env);
     opened = await openDatabase(config);
   } catch (err) {
-    return fail('startup_failed', describeStartupError(err).join('; '));
+    const code = err instanceof ConfigError ? 'invalid_configuration' : err instanceof AppError ? err.code : 'startup_failed';
+    return fail(code, describeStartupError(err).join('; '));
   }
   try {
     const result = await found.command.run({ db: opened.handle.db, config, applied: opened.applied }, values);

@@ -224,6 +224,6 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
     let stderr = '';
     const code = await runCli(['migrate', '--json'], { stdout: () => {}, stderr: (s) => (stderr += s), env: { DATABASE_URL: 'postgres://localhost/x', SECRET_KEY: 'short' } });
     expect(code).toBe(1);
-    expect(JSON.parse(stderr)).toEqual({ error: 'startup_failed', error_description: 'SECRET_KEY: must be at least 32 characters' });
+    expect(JSON.parse(stderr)).toEqual({ error: 'invalid_configuration', error_description: 'SECRET_KEY: must be at least 32 characters' });
   });
 });

@@ -39,9 +39,12 @@ describe('zero set-up on the embedded database', () => {
 
       // While the server holds the embedded database, the CLI is refused instead of corrupting it.
       let stderr = '';
-      const code = await runCli(['migrate'], { stdout: () => {}, stderr: (s) => (stderr += s), env: { DATA_DIR: dataDir } });
+      const code = await runCli(['migrate', '--json'], { stdout: () => {}, stderr: (s) => (stderr += s), env: { DATA_DIR: dataDir } });
       expect(code).toBe(1);
-      expect(stderr).toMatch(/^orgauth: the embedded database is in use by process \d+/);
+      expect(JSON.parse(stderr)).toEqual({
+        error: 'database_in_use',
+        error_description: expect.stringMatching(/^the embedded database is in use by process \d+/),
+      });
     } finally {
       server.child.kill('SIGTERM');
     }
