@@ -12,6 +12,10 @@ import { isDatabaseUnavailable } from './db/errors.js';
 import { AppError, InvalidRequestError, sanitizeDescription, ServiceUnavailableError } from './errors.js';
 import { HEALTH_PATHS, healthRoutes } from './health.js';
 import { deriveKey } from './lib/crypto.js';
+import { clientAuthThrottle } from './oauth/client-auth.js';
+import { KeyStore } from './oauth/key-store.js';
+import { metadataRoutes } from './oauth/metadata.js';
+import { tokenEndpoint } from './oauth/token.js';
 
 export interface AppDeps {
   db: DB;
@@ -86,6 +90,11 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await app.register(formbody);
   await app.register(cookie, { secret: Buffer.from(deriveKey(config.secretKey, 'cookie-signing')).toString('base64url') });
   await app.register(healthRoutes, { db: deps.db });
+
+  const keys = new KeyStore(deps.db, config);
+  const oauth = { db: deps.db, keys, config, clientThrottle: clientAuthThrottle() };
+  await app.register(metadataRoutes, oauth);
+  await app.register(tokenEndpoint, oauth);
 
   return app;
 }

@@ -10,10 +10,14 @@ import { createUser, getUserByEmail } from './accounts/users.js';
 import { ConfigError, loadConfig, type Config } from './config.js';
 import type { DB } from './db/connect.js';
 import { formatDemoBanner, seedDemo } from './demo.js';
-import { AppError, InvalidRequestError } from './errors.js';
+import { AppError, InvalidRequestError, NotFoundError } from './errors.js';
 import { parseInput } from './lib/validate.js';
-import { createApplication, rotateClientSecret } from './oauth/applications.js';
-import { rotateSigningKey } from './oauth/keys.js';
+import { createApplication, findApplicationByClientId, rotateClientSecret } from './oauth/applications.js';
+import { UnauthorizedClientError } from './oauth/errors.js';
+import { KeyStore } from './oauth/key-store.js';
+import { grantableScopes } from './oauth/scopes.js';
+import { issueClientToken } from './oauth/token-response.js';
+import { ensureSigningKey, rotateSigningKey } from './oauth/keys.js';
 import { describeStartupError, openDatabase } from './runtime.js';
 
 type Options = NonNullable<ParseArgsConfig['options']>;
@@ -141,6 +145,29 @@ const COMMANDS: Record<string, Command> = {
       return {
         json: result,
         text: `client_id:     ${result.client_id}\nclient_secret: ${result.client_secret}   (shown once; the old secret no longer works)`,
+      };
+    },
+  },
+
+  'token create': {
+    usage: 'orgauth token create --client-id ID [--scopes "contacts.read tasks.read"]',
+    summary: "issue a private application's access token for its organization (as client_credentials does)",
+    options: { 'client-id': { type: 'string' }, scopes: { type: 'string' } },
+    run: async ({ db, config }, v) => {
+      const clientId = required(v, 'client-id');
+      const application = await findApplicationByClientId(db, clientId);
+      if (!application) throw new NotFoundError(`no application with client_id ${clientId}`);
+      if (application.type !== 'private') throw new UnauthorizedClientError('tokens are issued directly only to private applications');
+      if (application.disabled) throw new UnauthorizedClientError('the application is disabled');
+      const scopes = grantableScopes(optionalString(v, 'scopes'), application.scopes);
+      await ensureSigningKey(db, { alg: config.signingAlg, secretKey: config.secretKey });
+      const response = await issueClientToken({ db, keys: new KeyStore(db, config), config }, application, scopes);
+      return {
+        json: response,
+        text: [
+          `access token for organization ${response.organization_id} "${response.organization_name}", scopes ${response.scope}, valid ${response.expires_in} s:`,
+          response.access_token,
+        ].join('\n'),
       };
     },
   },

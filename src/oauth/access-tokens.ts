@@ -1,0 +1,107 @@
+/**
+ * Access tokens: JWTs per RFC 9068, signed with the active key. The API (and introspection)
+ * verify them here: algorithm allow-list, `typ: at+jwt`, iss, aud, exp/iat with 60 s leeway,
+ * keys by kid from our own store only.
+ */
+import { randomUUID } from 'node:crypto';
+import { errors as joseErrors, jwtVerify, SignJWT } from 'jose';
+import { z } from 'zod';
+import { type Config, SIGNING_ALGS } from '../config.js';
+import { AppError } from '../errors.js';
+import type { KeyStore } from './key-store.js';
+
+export const ACCESS_TOKEN_TYPE = 'at+jwt';
+const CLOCK_TOLERANCE_S = 60;
+
+export const apiAudience = (config: Pick<Config, 'issuer'>): string => `${config.issuer}/api`;
+
+export interface AccessTokenInput {
+  /** The user id, or the client_id when the application acts for itself. */
+  subject: string;
+  clientId: string;
+  scopes: readonly string[];
+  organizationId: number;
+  grantId: number;
+}
+
+const claimsSchema = z.object({
+  iss: z.string(),
+  aud: z.union([z.string(), z.array(z.string())]),
+  sub: z.string().min(1),
+  client_id: z.string().min(1),
+  scope: z.string(),
+  organization_id: z.number().int().positive(),
+  grant_id: z.number().int().positive(),
+  jti: z.string().min(1),
+  iat: z.number().int(),
+  exp: z.number().int(),
+});
+
+export type AccessTokenClaims = z.infer<typeof claimsSchema>;
+
+/** Any reason an access token is not acceptable; RFC 6750 §3.1 `invalid_token`. */
+export class InvalidTokenError extends AppError {
+  constructor(reason: string, options?: ErrorOptions) {
+    super(401, 'invalid_token', 'the access token is invalid or expired', options);
+    this.reason = reason;
+  }
+  readonly reason: string;
+}
+
+export async function signAccessToken(
+  keys: KeyStore,
+  config: Pick<Config, 'issuer' | 'accessTokenTtl'>,
+  input: AccessTokenInput,
+): Promise<{ token: string; claims: AccessTokenClaims }> {
+  const { kid, alg, key } = await keys.signingKey();
+  const iat = Math.floor(Date.now() / 1000);
+  const claims: AccessTokenClaims = {
+    iss: config.issuer,
+    aud: apiAudience(config),
+    sub: input.subject,
+    client_id: input.clientId,
+    scope: input.scopes.join(' '),
+    organization_id: input.organizationId,
+    grant_id: input.grantId,
+    jti: randomUUID(),
+    iat,
+    exp: iat + config.accessTokenTtl,
+  };
+  const token = await new SignJWT(claims).setProtectedHeader({ alg, kid, typ: ACCESS_TOKEN_TYPE }).sign(key);
+  return { token, claims };
+}
+
+/** Verifies signature, header and claims; throws InvalidTokenError with the reason otherwise. */
+export async function verifyAccessToken(keys: KeyStore, config: Pick<Config, 'issuer'>, token: string): Promise<AccessTokenClaims> {
+  let payload: unknown;
+  try {
+    ({ payload } = await jwtVerify(
+      token,
+      async (header) => {
+        if (typeof header.kid !== 'string') throw new InvalidTokenError('no kid');
+        const found = await keys.verificationKey(header.kid);
+        if (!found) throw new InvalidTokenError('unknown kid');
+        // RFC 8725 §3.1: the key decides the algorithm, never the token.
+        if (header.alg !== found.alg) throw new InvalidTokenError(`alg ${header.alg} does not match the key's ${found.alg}`);
+        return found.key;
+      },
+      {
+        algorithms: [...SIGNING_ALGS],
+        typ: ACCESS_TOKEN_TYPE,
+        issuer: config.issuer,
+        audience: apiAudience(config),
+        requiredClaims: ['iat', 'exp', 'jti', 'sub'],
+        clockTolerance: CLOCK_TOLERANCE_S,
+      },
+    ));
+  } catch (err) {
+    if (err instanceof InvalidTokenError) throw err;
+    if (err instanceof joseErrors.JOSEError) throw new InvalidTokenError(err.code, { cause: err });
+    throw err;
+  }
+  const claims = claimsSchema.safeParse(payload);
+  if (!claims.success) throw new InvalidTokenError('claims of the wrong shape');
+  // jose checks exp against the leeway; a token issued in the future is not acceptable either.
+  if (claims.data.iat > Math.floor(Date.now() / 1000) + CLOCK_TOLERANCE_S) throw new InvalidTokenError('issued in the future');
+  return claims.data;
+}

@@ -1,0 +1,79 @@
+/**
+ * Client authentication at the token, revocation and introspection endpoints (RFC 6749 §2.3.1):
+ * client_secret_basic or client_secret_post, never both, never in the query. Secrets are
+ * compared as SHA-256 digests in constant time: no slow hash on this path. Repeated failures for
+ * one client_id are throttled (TK-6).
+ */
+import type { DB } from '../db/connect.js';
+import type { Application } from '../db/schema.js';
+import { InvalidRequestError } from '../errors.js';
+import { secretMatches } from '../lib/crypto.js';
+import { FailureThrottle } from '../lib/throttle.js';
+import { InvalidClientError, TooManyAttemptsError } from './errors.js';
+import type { Params } from './params.js';
+
+export type ClientAuthMethod = 'client_secret_basic' | 'client_secret_post';
+
+export interface AuthenticatedClient {
+  application: Application;
+  method: ClientAuthMethod;
+}
+
+/** 10 failures per client_id per minute, then 429 until the minute ends. */
+export const clientAuthThrottle = (): FailureThrottle => new FailureThrottle(10, 60_000);
+
+/** RFC 6749 §2.3.1: Basic user and password are application/x-www-form-urlencoded first. */
+function formDecode(value: string): string {
+  try {
+    return decodeURIComponent(value.replace(/\+/g, ' '));
+  } catch {
+    throw new InvalidRequestError('the Basic credentials are not correctly encoded');
+  }
+}
+
+function readBasic(header: string): { clientId: string; secret: string } {
+  const encoded = /^Basic +([A-Za-z0-9+/=]+) *$/i.exec(header)?.[1];
+  const decoded = encoded === undefined ? '' : Buffer.from(encoded, 'base64').toString('utf8');
+  const colon = decoded.indexOf(':');
+  if (colon < 1) throw new InvalidClientError({ basic: true, cause: new Error('malformed Basic credentials') });
+  return { clientId: formDecode(decoded.slice(0, colon)), secret: formDecode(decoded.slice(colon + 1)) };
+}
+
+export async function authenticateClient(
+  db: DB,
+  throttle: FailureThrottle,
+  request: { authorization: string | undefined; query: Params; body: Params },
+): Promise<AuthenticatedClient> {
+  const { authorization, query, body } = request;
+  if (query.client_secret !== undefined || query.client_id !== undefined) {
+    throw new InvalidRequestError('client credentials must not be sent in the query string');
+  }
+  const basic = authorization !== undefined && /^basic /i.test(authorization);
+  if (basic && body.client_secret !== undefined) {
+    throw new InvalidRequestError('use one client authentication method, not both');
+  }
+  let clientId: string;
+  let secret: string;
+  let method: ClientAuthMethod;
+  if (basic) {
+    ({ clientId, secret } = readBasic(authorization));
+    if (body.client_id !== undefined && body.client_id !== clientId) throw new InvalidRequestError('client_id does not match the Basic credentials');
+    method = 'client_secret_basic';
+  } else if (body.client_id !== undefined && body.client_secret !== undefined) {
+    clientId = body.client_id;
+    secret = body.client_secret;
+    method = 'client_secret_post';
+  } else {
+    throw new InvalidClientError({ basic: false, cause: new Error('no client credentials') });
+  }
+
+  const retryAfter = throttle.retryAfter(clientId);
+  if (retryAfter > 0) throw new TooManyAttemptsError(retryAfter);
+  const application = await db.selectFrom('applications').selectAll().where('client_id', '=', clientId).executeTakeFirst();
+  if (!application || application.disabled || !secretMatches(secret, application.client_secret_hash)) {
+    throttle.recordFailure(clientId);
+    const reason = !application ? 'unknown client_id' : application.disabled ? 'application disabled' : 'wrong client secret';
+    throw new InvalidClientError({ basic, cause: new Error(reason) });
+  }
+  return { application, method };
+}

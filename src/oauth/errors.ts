@@ -1,0 +1,49 @@
+/**
+ * RFC 6749 §5.2 errors, as members of the one error hierarchy (src/errors.ts). The description
+ * is generic and safe for the client; the specific reason goes in `cause` for the log.
+ */
+import { AppError } from '../errors.js';
+
+export { InvalidRequestError } from '../errors.js';
+
+/** 401: the client could not be authenticated (RFC 6749 §5.2). */
+export class InvalidClientError extends AppError {
+  constructor(options: { basic: boolean; cause?: unknown }) {
+    super(401, 'invalid_client', 'client authentication failed', {
+      cause: options.cause,
+      // RFC 6749 §5.2: a client that tried Basic gets the challenge for it.
+      headers: options.basic ? { 'www-authenticate': 'Basic realm="orgauth", charset="UTF-8"' } : {},
+    });
+  }
+}
+
+export class InvalidGrantError extends AppError {
+  constructor(description = 'the grant is invalid, expired, revoked or was issued to another client', options?: ErrorOptions) {
+    super(400, 'invalid_grant', description, options);
+  }
+}
+
+export class InvalidScopeError extends AppError {
+  constructor(description: string) {
+    super(400, 'invalid_scope', description);
+  }
+}
+
+export class UnauthorizedClientError extends AppError {
+  constructor(description: string) {
+    super(400, 'unauthorized_client', description);
+  }
+}
+
+export class UnsupportedGrantTypeError extends AppError {
+  constructor() {
+    super(400, 'unsupported_grant_type', 'grant_type must be authorization_code, refresh_token or client_credentials');
+  }
+}
+
+/** 429: too many failed attempts; `retryAfter` in seconds. */
+export class TooManyAttemptsError extends AppError {
+  constructor(retryAfter: number, description = 'too many failed attempts; retry later') {
+    super(429, 'too_many_requests', description, { headers: { 'retry-after': String(retryAfter) } });
+  }
+}

@@ -1,0 +1,21 @@
+import { InvalidRequestError } from '../../errors.js';
+import { UnauthorizedClientError } from '../errors.js';
+import { parseCanonicalId, requireParam } from '../params.js';
+import { grantableScopes } from '../scopes.js';
+import { issueClientToken } from '../token-response.js';
+import type { GrantHandler } from './types.js';
+
+/**
+ * client_credentials (RFC 6749 §4.4): a private application acting for its own organization.
+ * The contract has it send organization_id; it must name the application's organization (CC-1).
+ */
+export const clientCredentials: GrantHandler = {
+  grantType: 'client_credentials',
+  async handle(ctx, { application }, params) {
+    if (application.type !== 'private') throw new UnauthorizedClientError('client_credentials is only for private applications');
+    const organizationId = parseCanonicalId(requireParam(params, 'organization_id'));
+    if (organizationId === undefined) throw new InvalidRequestError('organization_id must be a positive integer');
+    if (organizationId !== application.organization_id) throw new InvalidRequestError("organization_id must be the application's organization");
+    return issueClientToken(ctx, application, grantableScopes(params.scope, application.scopes));
+  },
+};

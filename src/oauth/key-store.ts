@@ -1,0 +1,91 @@
+/**
+ * The signing keys as this instance uses them: the active private key for signing, public keys
+ * by kid for verification, and the JWKS. Keys come only from our database, never from a URL
+ * (RFC 8725 §3.10); an unknown kid triggers at most one reload per second, so a key rotated on
+ * another instance is picked up while a flood of made-up kids costs one query a second.
+ */
+import { type CryptoKey, importJWK, type JWK } from 'jose';
+import type { SigningAlg } from '../config.js';
+import type { DB } from '../db/connect.js';
+import type { SigningKey } from '../db/schema.js';
+import { importPrivateKey } from './keys.js';
+
+const RELOAD_INTERVAL_MS = 1000;
+
+interface VerificationKey {
+  alg: SigningAlg;
+  key: CryptoKey;
+}
+
+export class KeyStore {
+  private signing: Promise<{ kid: string; alg: SigningAlg; key: CryptoKey }> | undefined;
+  private verification = new Map<string, VerificationKey>();
+  private lastReload = 0;
+  private reloading: Promise<void> | undefined;
+
+  constructor(
+    private readonly db: DB,
+    private readonly options: { secretKey: string; accessTokenTtl: number },
+  ) {}
+
+  /** The active key, decrypted once and cached until `invalidate()`. */
+  signingKey(): Promise<{ kid: string; alg: SigningAlg; key: CryptoKey }> {
+    this.signing ??= (async () => {
+      const row = await this.db.selectFrom('signing_keys').selectAll().where('retired_at', 'is', null).executeTakeFirst();
+      if (!row) throw new Error('no active signing key: the server creates one at start, `orgauth keys rotate` makes a new one');
+      return { kid: row.kid, alg: row.alg, key: await importPrivateKey(row, this.options.secretKey) };
+    })().catch((err: unknown) => {
+      this.signing = undefined;
+      throw err;
+    });
+    return this.signing;
+  }
+
+  /** The public key for `kid`, or undefined for a kid we never issued (or whose tokens have all expired). */
+  async verificationKey(kid: string): Promise<VerificationKey | undefined> {
+    const cached = this.verification.get(kid);
+    if (cached) return cached;
+    if (Date.now() - this.lastReload < RELOAD_INTERVAL_MS) return undefined;
+    await this.reload();
+    return this.verification.get(kid);
+  }
+
+  /** Forget cached keys (another instance rotated them); the next use reloads. */
+  invalidate(): void {
+    this.signing = undefined;
+    this.lastReload = 0;
+  }
+
+  /** Keys that may still have live tokens: the active one and those retired less than a token lifetime ago. */
+  async publishedKeys(): Promise<SigningKey[]> {
+    const cutoff = new Date(Date.now() - this.options.accessTokenTtl * 1000);
+    return this.db
+      .selectFrom('signing_keys')
+      .selectAll()
+      .where((eb) => eb.or([eb('retired_at', 'is', null), eb('retired_at', '>', cutoff)]))
+      .orderBy('created_at', 'desc')
+      .execute();
+  }
+
+  /** RFC 7517 JWK Set of the published keys. */
+  async jwks(): Promise<{ keys: JWK[] }> {
+    return { keys: (await this.publishedKeys()).map((k) => k.public_jwk) };
+  }
+
+  private reload(): Promise<void> {
+    this.reloading ??= (async () => {
+      const next = new Map<string, VerificationKey>();
+      for (const row of await this.publishedKeys()) {
+        const known = this.verification.get(row.kid);
+        const key = known?.key ?? (await importJWK(row.public_jwk, row.alg));
+        if (key instanceof Uint8Array) throw new Error(`signing key ${row.kid} is symmetric`);
+        next.set(row.kid, { alg: row.alg, key });
+      }
+      this.verification = next;
+      this.lastReload = Date.now();
+    })().finally(() => {
+      this.reloading = undefined;
+    });
+    return this.reloading;
+  }
+}

@@ -1,0 +1,88 @@
+/**
+ * POST /oauth/token (RFC 6749 §3.2): everything the grants share — form bodies only, no-store,
+ * duplicate parameters refused, client authentication — then the grant's handler, by grant_type.
+ */
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { Config } from '../config.js';
+import type { DB } from '../db/connect.js';
+import { InvalidRequestError } from '../errors.js';
+import { type FailureThrottle } from '../lib/throttle.js';
+import { authenticateClient } from './client-auth.js';
+import { UnsupportedGrantTypeError } from './errors.js';
+import { clientCredentials } from './grants/client-credentials.js';
+import type { GrantHandler } from './grants/types.js';
+import type { KeyStore } from './key-store.js';
+import { readParams, requireParam } from './params.js';
+
+const GRANTS: ReadonlyMap<string, GrantHandler> = new Map([clientCredentials].map((g) => [g.grantType, g]));
+
+export const FORM = 'application/x-www-form-urlencoded';
+
+export interface OAuthEndpointOptions {
+  db: DB;
+  keys: KeyStore;
+  config: Config;
+  clientThrottle: FailureThrottle;
+}
+
+/** RFC 6749 §5.1: token responses (and errors) are never cached. */
+export function noStore(_req: FastifyRequest, reply: FastifyReply, payload: unknown, done: (err: null, payload: unknown) => void): void {
+  reply.header('cache-control', 'no-store').header('pragma', 'no-cache');
+  done(null, payload);
+}
+
+/** The media type of the request body without parameters, lower-cased. */
+export function mediaType(req: FastifyRequest): string | undefined {
+  return req.headers['content-type']?.split(';')[0]?.trim().toLowerCase();
+}
+
+/**
+ * The endpoints that take client-authenticated form posts share this: any body is read as text
+ * (so a wrong media type is the OAuth `invalid_request`, not a 415), methods other than POST
+ * answer 405, and nothing is cached.
+ */
+export async function registerFormEndpoint(
+  app: FastifyInstance,
+  url: string,
+  handler: (req: FastifyRequest) => Promise<unknown>,
+): Promise<void> {
+  app.addHook('onSend', noStore);
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser(FORM, { parseAs: 'string' }, (_req, body, done) => done(null, new URLSearchParams(String(body))));
+  app.addContentTypeParser('*', { parseAs: 'string' }, (_req, _body, done) => done(null, undefined));
+  app.post(url, async (req) => {
+    if (mediaType(req) !== FORM) throw new InvalidRequestError(`the body must be ${FORM}`);
+    return handler(req);
+  });
+  app.route({
+    method: ['GET', 'PUT', 'PATCH', 'DELETE'],
+    url,
+    handler: async (_req, reply) =>
+      reply.code(405).header('allow', 'POST').send({ error: 'invalid_request', error_description: `${url} accepts POST only` }),
+  });
+}
+
+/** URLSearchParams (from the form parser) → one value per name, or invalid_request for repeats. */
+export function formParams(body: unknown) {
+  if (!(body instanceof URLSearchParams)) return readParams(undefined);
+  const grouped: Record<string, string | string[]> = Object.create(null);
+  for (const [name, value] of body) {
+    const seen = grouped[name];
+    grouped[name] = seen === undefined ? value : [...(Array.isArray(seen) ? seen : [seen]), value];
+  }
+  return readParams(grouped);
+}
+
+export async function tokenEndpoint(app: FastifyInstance, { db, keys, config, clientThrottle }: OAuthEndpointOptions): Promise<void> {
+  await registerFormEndpoint(app, '/oauth/token', async (req) => {
+    const body = formParams(req.body);
+    const client = await authenticateClient(db, clientThrottle, {
+      authorization: req.headers.authorization,
+      query: readParams(req.query),
+      body,
+    });
+    const grant = GRANTS.get(requireParam(body, 'grant_type'));
+    if (!grant) throw new UnsupportedGrantTypeError();
+    return grant.handle({ db, keys, config }, client, body);
+  });
+}
