@@ -1,17 +1,18 @@
 # syntax=docker/dockerfile:1
 # orgauth: build with the dev dependencies, run with production ones only.
+# Node 22 (LTS): orgauth supports Node >= 20.19; the image uses the newer line.
 
-FROM node:20-bookworm-slim AS build
+FROM node:22-bookworm-slim AS build
 WORKDIR /app
-COPY package.json package-lock.json ./
-# --ignore-scripts: `prepare` (the build) needs the sources, copied below.
+COPY package.json package-lock.json .npmrc ./
+# --ignore-scripts: `prepare` (the build) needs the sources, copied below; argon2 ships prebuilt binaries.
 RUN npm ci --ignore-scripts --no-audit --no-fund
 COPY tsconfig.json tsconfig.build.json ./
 COPY src ./src
 COPY migrations ./migrations
 RUN npm run build && npm prune --omit=dev --ignore-scripts
 
-FROM node:20-bookworm-slim
+FROM node:22-bookworm-slim
 ENV NODE_ENV=production \
     HOST=0.0.0.0 \
     PORT=3000 \
@@ -29,5 +30,5 @@ VOLUME ["/data"]
 EXPOSE 3000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
   CMD ["node", "-e", "fetch('http://127.0.0.1:'+(process.env.PORT||3000)+'/readyz').then(r=>process.exit(r.ok?0:1),()=>process.exit(1))"]
-# Migrations run at start; SIGTERM closes gracefully.
+# Migrations run at start; SIGTERM closes gracefully (server.ts handles it from its first line).
 CMD ["node", "dist/src/server.js"]

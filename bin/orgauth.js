@@ -4,7 +4,7 @@ let runCli;
 try {
   ({ runCli } = await import('../dist/src/cli.js'));
 } catch (err) {
-  if (err?.code !== 'ERR_MODULE_NOT_FOUND') throw err;
+  if (err?.code !== 'ERR_MODULE_NOT_FOUND' || !String(err.message).includes('dist/src/cli.js')) throw err;
   process.stderr.write('orgauth: not built yet; run `npm run build` (npm install does it) and try again\n');
   process.exit(1);
 }

@@ -80,7 +80,8 @@ export async function up(db: Kysely<any>): Promise<void> {
     .addColumn('revoked_reason', 'text')
     .addCheckConstraint('grants_revoked_check', sql`(revoked_at is null) = (revoked_reason is null)`)
     .execute();
-  await db.schema.createIndex('grants_organization_id_idx').on('grants').columns(['organization_id', 'id']).execute();
+  // Also the target of refresh_tokens' (organization_id, grant_id) foreign key.
+  await db.schema.createIndex('grants_organization_id_id_key').on('grants').unique().columns(['organization_id', 'id']).execute();
   await db.schema.createIndex('grants_application_id_idx').on('grants').column('application_id').execute();
   await db.schema.createIndex('grants_user_id_idx').on('grants').columns(['user_id', 'organization_id']).execute();
   // Instances load the revoked set at start; keep that scan small.
@@ -111,14 +112,20 @@ export async function up(db: Kysely<any>): Promise<void> {
     .createTable('refresh_tokens')
     .addColumn('id', 'bigint', (c) => c.primaryKey().generatedAlwaysAsIdentity())
     .addColumn('token_hash', 'text', (c) => c.notNull().unique().check(HEX_SHA256('token_hash')))
-    .addColumn('grant_id', 'bigint', (c) => c.notNull().references('grants.id').onDelete('cascade'))
+    .addColumn('organization_id', 'bigint', (c) => c.notNull().references('organizations.id').onDelete('cascade'))
+    .addColumn('grant_id', 'bigint', (c) => c.notNull())
     .addColumn('parent_id', 'bigint', (c) => c.references('refresh_tokens.id').onDelete('set null'))
     .addColumn('scopes', sql`text[]`, (c) => c.notNull())
     .addColumn('expires_at', 'timestamptz', (c) => c.notNull())
     .addColumn('rotated_at', 'timestamptz')
     .addColumn('revoked_at', 'timestamptz')
     .addColumn('created_at', 'timestamptz', (c) => c.notNull().defaultTo(sql`now()`))
+    // A refresh token belongs to a grant of its own organization.
+    .addForeignKeyConstraint('refresh_tokens_grant_fkey', ['organization_id', 'grant_id'], 'grants', ['organization_id', 'id'], (fk) =>
+      fk.onDelete('cascade'),
+    )
     .execute();
+  await db.schema.createIndex('refresh_tokens_organization_id_grant_id_idx').on('refresh_tokens').columns(['organization_id', 'grant_id']).execute();
   await db.schema.createIndex('refresh_tokens_grant_id_idx').on('refresh_tokens').column('grant_id').execute();
   await db.schema.createIndex('refresh_tokens_parent_id_idx').on('refresh_tokens').column('parent_id').execute();
   await db.schema.createIndex('refresh_tokens_expires_at_idx').on('refresh_tokens').column('expires_at').execute();

@@ -6,10 +6,11 @@
  * of I/O configuration needs: the embedded database's generated SECRET_KEY in DATA_DIR.
  */
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { isIP } from 'node:net';
 import path from 'node:path';
 import { z } from 'zod';
+import { errnoCode } from './lib/errno.js';
 
 export const SIGNING_ALGS = ['ES256', 'RS256', 'EdDSA'] as const;
 export type SigningAlg = (typeof SIGNING_ALGS)[number];
@@ -43,8 +44,11 @@ export interface Config {
 
 /** Thrown when the environment is invalid; `problems` holds one line per bad variable. */
 export class ConfigError extends Error {
-  constructor(readonly problems: string[]) {
-    super(problems.join('\n'));
+  constructor(
+    readonly problems: string[],
+    options?: ErrorOptions,
+  ) {
+    super(problems.join('\n'), options);
     this.name = 'ConfigError';
   }
 }
@@ -67,7 +71,8 @@ const wholeNumber = (min: number, max: number, message: string) =>
 const MAX_TTL = 10 * 365 * 24 * 3600;
 const seconds = (max = MAX_TTL) => wholeNumber(1, max, `must be a whole number of seconds between 1 and ${max}`);
 
-const envSchema = z.object({
+const envSchema = z
+  .object({
   DATABASE_URL: optional(
     z.string().refine((v) => /^postgres(ql)?:\/\//.test(v) && URL.canParse(v), {
       message: 'must be a postgres:// or postgresql:// connection URL',
@@ -94,7 +99,16 @@ const envSchema = z.object({
       message: 'must be true, false or a comma-separated list of IP addresses/CIDR ranges of the proxies',
     }),
   ),
-});
+  })
+  .superRefine((env, ctx) => {
+    if (env.DATABASE_URL !== undefined && env.SECRET_KEY === undefined) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['SECRET_KEY'],
+        message: `required when DATABASE_URL is set (at least ${SECRET_KEY_MIN_LENGTH} characters, e.g. from \`openssl rand -base64 48\`)`,
+      });
+    }
+  });
 
 function isValidIssuer(value: string): boolean {
   if (!URL.canParse(value)) return false;
@@ -139,11 +153,6 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
     throw new ConfigError([...problems.values()]);
   }
   const e = parsed.data;
-  if (e.DATABASE_URL !== undefined && e.SECRET_KEY === undefined) {
-    throw new ConfigError([
-      `SECRET_KEY: required when DATABASE_URL is set (at least ${SECRET_KEY_MIN_LENGTH} characters, e.g. from \`openssl rand -base64 48\`)`,
-    ]);
-  }
   const port = e.PORT ?? 3000;
   const dataDir = path.resolve(e.DATA_DIR ?? './data');
   return Object.freeze({
@@ -185,10 +194,12 @@ function readOrCreateSecretKey(dataDir: string): string {
     }
     return existing;
   } catch (err) {
-    if (!(err instanceof Error && 'code' in err && err.code === 'ENOENT')) {
-      if (err instanceof ConfigError) throw err;
-      throw new ConfigError([`DATA_DIR: cannot read ${file} (${err instanceof Error ? err.message : String(err)})`]);
-    }
+    if (err instanceof ConfigError) throw err;
+    if (errnoCode(err) !== 'ENOENT') throw new ConfigError([`DATA_DIR: cannot read ${file} (${err instanceof Error ? err.message : String(err)})`]);
+  }
+  // A database whose key is gone cannot decrypt its signing keys: never paper over that with a new key.
+  if (existsSync(path.join(dataDir, 'pgdata', 'PG_VERSION'))) {
+    throw new ConfigError([`SECRET_KEY: ${file} is missing but the embedded database in ${dataDir} exists; restore the file or set SECRET_KEY to the key it was created with`]);
   }
   const secret = randomBytes(48).toString('base64url');
   try {
@@ -197,7 +208,7 @@ function readOrCreateSecretKey(dataDir: string): string {
     writeFileSync(file, `${secret}\n`, { mode: 0o600, flag: 'wx' });
     return secret;
   } catch (err) {
-    if (err instanceof Error && 'code' in err && err.code === 'EEXIST') return readOrCreateSecretKey(dataDir);
+    if (errnoCode(err) === 'EEXIST') return readOrCreateSecretKey(dataDir);
     throw new ConfigError([`DATA_DIR: cannot write ${file} (${err instanceof Error ? err.message : String(err)})`]);
   }
 }

@@ -1,6 +1,8 @@
 /** The only file that listens: loadConfig() → open the database → buildApp() → listen; graceful close. */
+import type { FastifyInstance } from 'fastify';
 import { buildApp } from './app.js';
 import { loadConfig } from './config.js';
+import type { DatabaseHandle } from './db/connect.js';
 import { formatDemoBanner, isDatabaseEmpty, seedDemo } from './demo.js';
 import { createLogger } from './logger.js';
 import { ensureSigningKey } from './oauth/keys.js';
@@ -9,51 +11,61 @@ import { describeStartupError, openDatabase } from './runtime.js';
 /** SIGTERM must end the process within this even if a request hangs (R-4). */
 const SHUTDOWN_TIMEOUT_MS = 9000;
 
+let handle: DatabaseHandle | undefined;
+let app: FastifyInstance | undefined;
+let closing = false;
+
+/**
+ * Registered before anything else: as PID 1 in a container, node ignores SIGTERM until a
+ * handler exists, and a stop during migrations must still close the database cleanly.
+ */
+function shutdown(signal: NodeJS.Signals): void {
+  if (closing) return;
+  closing = true;
+  process.stderr.write(`orgauth: ${signal} received, shutting down\n`);
+  setTimeout(() => {
+    process.stderr.write('orgauth: shutdown timed out; exiting\n');
+    process.exit(1);
+  }, SHUTDOWN_TIMEOUT_MS).unref();
+  Promise.resolve()
+    .then(() => app?.close())
+    .then(() => handle?.close())
+    .then(
+      () => process.exit(0),
+      (err: unknown) => {
+        process.stderr.write(`orgauth: error during shutdown: ${describeStartupError(err).join('; ')}\n`);
+        process.exit(1);
+      },
+    );
+}
+process.on('SIGTERM', shutdown);
+process.on('SIGINT', shutdown);
+
 async function main(): Promise<void> {
   const config = loadConfig();
   const logger = createLogger(config);
-  const { handle, applied } = await openDatabase(config, logger);
+  const opened = await openDatabase(config, logger);
+  handle = opened.handle;
   const { db } = handle;
-  if (applied.length > 0) logger.info({ applied }, 'database migrated');
+  if (opened.applied.length > 0) logger.info({ applied: opened.applied }, 'database migrated');
   const kid = await ensureSigningKey(db, { alg: config.signingAlg, secretKey: config.secretKey });
   logger.info({ kid, alg: config.signingAlg }, 'signing key ready');
 
-  // Zero set-up: a fresh embedded database gets demo data. A PostgreSQL database never does.
-  let banner: string | undefined;
+  // Zero set-up: a fresh embedded database gets demo data, printed at once (its secrets exist
+  // nowhere else). A PostgreSQL database never does: `orgauth seed-demo` on request.
   if (handle.kind === 'pglite' && (await isDatabaseEmpty(db))) {
-    banner = formatDemoBanner(await seedDemo(db), config.issuer);
+    process.stdout.write(`${formatDemoBanner(await seedDemo(db), config.issuer)}\n`);
   }
 
-  const app = await buildApp(config, { db, logger });
-  let closing = false;
-  const shutdown = (signal: NodeJS.Signals) => {
-    if (closing) return;
-    closing = true;
-    logger.info({ signal }, 'shutting down');
-    setTimeout(() => {
-      logger.error('shutdown timed out; exiting');
-      process.exit(1);
-    }, SHUTDOWN_TIMEOUT_MS).unref();
-    app
-      .close()
-      .then(() => handle.close())
-      .then(
-        () => process.exit(0),
-        (err: unknown) => {
-          logger.error({ err }, 'error during shutdown');
-          process.exit(1);
-        },
-      );
-  };
-  process.on('SIGTERM', shutdown);
-  process.on('SIGINT', shutdown);
-
+  app = await buildApp(config, { db, logger });
+  if (closing) return;
   await app.listen({ host: config.host, port: config.port });
   logger.info({ issuer: config.issuer, database: handle.kind }, 'orgauth is ready');
-  if (banner) process.stdout.write(`${banner}\n`);
 }
 
-main().catch((err: unknown) => {
+main().catch(async (err: unknown) => {
   for (const line of describeStartupError(err)) process.stderr.write(`orgauth: ${line}\n`);
+  await app?.close().catch(() => {});
+  await handle?.close().catch(() => {});
   process.exit(1);
 });

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { FastifyInstance } from 'fastify';
 import { connectDatabase } from '../src/db/connect.js';
 import { AppError, InvalidRequestError } from '../src/errors.js';
-import { createLogger } from '../src/logger.js';
+import { createLogger, maskUrl } from '../src/logger.js';
 import { BACKEND, createTestDatabase } from './helpers/db.js';
 import { buildTestApp, logCapture } from './helpers/app.js';
 
@@ -165,6 +165,42 @@ describe('logs (R-8)', () => {
       expect(all).not.toContain(secret);
     }
     expect(all).toContain('[redacted]');
+  });
+});
+
+describe('logged URLs', () => {
+  it('mask the values of secret query parameters and keep the rest', () => {
+    expect(maskUrl('/cb?code=abc&state=xyz&access_token=t1&x=1&client%5Fsecret=s&token')).toBe(
+      '/cb?code=[redacted]&state=xyz&access_token=[redacted]&x=1&client%5Fsecret=[redacted]&token',
+    );
+    expect(maskUrl('/plain/path')).toBe('/plain/path');
+    expect(maskUrl('/bad?%E0%A4%A=1&refresh_token=r')).toBe('/bad?%E0%A4%A=1&refresh_token=[redacted]');
+  });
+
+  it('never carry a token sent in the query string (R-8)', async () => {
+    await app.inject('/no/such/route?access_token=query-token-value&code=query-code-value&client_secret=query-secret-value&page=2');
+    const all = logs.lines().join('\n');
+    expect(all).toContain('page=2');
+    for (const secret of ['query-token-value', 'query-code-value', 'query-secret-value']) expect(all).not.toContain(secret);
+  });
+});
+
+describe('TRUST_PROXY', () => {
+  async function clientIp(env: Record<string, string>): Promise<string> {
+    const proxied = await buildTestApp(t.handle.db, { env });
+    proxied.get('/test/ip', async (req) => ({ ip: req.ip, protocol: req.protocol }));
+    try {
+      return (await proxied.inject({ url: '/test/ip', headers: { 'x-forwarded-for': '203.0.113.9' } })).json().ip;
+    } finally {
+      await proxied.close();
+    }
+  }
+
+  it('ignores X-Forwarded-For by default and honours it when enabled', async () => {
+    expect(await clientIp({})).toBe('127.0.0.1');
+    expect(await clientIp({ TRUST_PROXY: 'true' })).toBe('203.0.113.9');
+    expect(await clientIp({ TRUST_PROXY: '127.0.0.1' })).toBe('203.0.113.9');
+    expect(await clientIp({ TRUST_PROXY: '10.0.0.0/8' })).toBe('127.0.0.1');
   });
 });
 

@@ -1,4 +1,4 @@
-import { mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
@@ -81,8 +81,12 @@ describe('parseConfig', () => {
     expect(parseConfig({ DATABASE_URL: '', PORT: '', SIGNING_ALG: '' })).toMatchObject({ database: { kind: 'pglite' }, port: 3000, signingAlg: 'ES256' });
   });
 
-  it('requires SECRET_KEY with DATABASE_URL', () => {
+  it('requires SECRET_KEY with DATABASE_URL, reported with the other problems', () => {
     expect(problems({ DATABASE_URL: 'postgres://localhost/x' })).toEqual([expect.stringMatching(/^SECRET_KEY: required when DATABASE_URL is set/)]);
+    expect(problems({ DATABASE_URL: 'postgres://localhost/x', PORT: 'x' })).toEqual([
+      'PORT: must be a port number between 0 and 65535',
+      expect.stringMatching(/^SECRET_KEY: required when DATABASE_URL is set/),
+    ]);
   });
 
   it('refuses a SECRET_KEY shorter than 32 characters without echoing it', () => {
@@ -110,7 +114,7 @@ describe('parseConfig', () => {
     ['TRUST_PROXY', 'yes', 'TRUST_PROXY: must be true, false or a comma-separated list of IP addresses/CIDR ranges of the proxies'],
     ['TRUST_PROXY', '10.0.0.0/33', 'TRUST_PROXY: must be true, false or a comma-separated list of IP addresses/CIDR ranges of the proxies'],
   ])('names %s when it is %j', (name, value, line) => {
-    expect(problems({ [name]: value })).toEqual([line]);
+    expect(problems({ SECRET_KEY: SECRET, [name]: value })).toEqual([line]);
   });
 
   it('reports one line per bad variable', () => {
@@ -138,6 +142,15 @@ describe('loadConfig', () => {
     expect(readFileSync(file, 'utf8').trim()).toBe(first.secretKey);
     expect(statSync(file).mode & 0o777).toBe(0o600);
     expect(loadConfig({ DATA_DIR: dataDir }).secretKey).toBe(first.secretKey);
+  });
+
+  it('refuses to generate a new key for an existing embedded database', () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'orgauth-config-'));
+    dirs.push(dir);
+    mkdirSync(path.join(dir, 'pgdata'));
+    writeFileSync(path.join(dir, 'pgdata', 'PG_VERSION'), '17');
+    expect(() => loadConfig({ DATA_DIR: dir })).toThrow(/secret_key is missing but the embedded database/);
+    expect(existsSync(path.join(dir, 'secret_key'))).toBe(false);
   });
 
   it('prefers SECRET_KEY from the environment and writes nothing', () => {

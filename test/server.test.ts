@@ -27,12 +27,23 @@ describe('zero set-up on the embedded database', () => {
     port = await freePort();
     const server = start(SERVER, [], { DATA_DIR: dataDir, PORT: String(port) });
     try {
-      await server.waitForOutput(/curl -s -u/);
+      await server.waitForOutput(/curl -s -u[\s\S]*orgauth is ready/);
       const res = await fetch(`http://127.0.0.1:${port}/healthz`);
       expect(res.status).toBe(200);
       expect(await res.json()).toEqual({ status: 'ok' });
       expect((await fetch(`http://127.0.0.1:${port}/readyz`)).status).toBe(200);
       banner = server.output.stdout;
+      // The printed curl works: the same request, made with fetch.
+      const curl = /curl -s -u '([^:]+):([^']+)' \\\n\s+-d grant_type=client_credentials -d organization_id=(\d+) \\\n\s+--data-urlencode 'scope=([^']+)' \\\n\s+(\S+)/.exec(banner);
+      expect(curl).not.toBeNull();
+      const [, id, secret, orgId, scope, url] = curl!;
+      const tokenRes = await fetch(url!.replace('localhost', '127.0.0.1'), {
+        method: 'POST',
+        headers: { authorization: `Basic ${Buffer.from(`${id}:${secret}`).toString('base64')}`, 'content-type': 'application/x-www-form-urlencoded' },
+        body: new URLSearchParams({ grant_type: 'client_credentials', organization_id: orgId!, scope: scope! }),
+      });
+      expect(tokenRes.status).toBe(200);
+      expect(await tokenRes.json()).toMatchObject({ token_type: 'Bearer', organization_id: 1, organization_name: 'Demo Organization' });
       expect(banner).toContain('email:    demo@orgauth.local');
       expect(banner).toContain(`http://localhost:${port}/oauth/token`);
       expect(readFileSync(path.join(dataDir, 'secret_key'), 'utf8').trim().length).toBeGreaterThanOrEqual(32);
@@ -131,7 +142,7 @@ describe.skipIf(!TEST_DATABASE_URL)('on PostgreSQL', () => {
   });
   afterAll(() => database.drop());
 
-  it('migrates on start, seeds nothing, and closes its pool on SIGTERM', async () => {
+  it('migrates on start, seeds nothing, and exits 0 on SIGTERM', async () => {
     const port = await freePort();
     const server = start(SERVER, [], { ...database.env, PORT: String(port) });
     try {

@@ -40,12 +40,12 @@ export async function createUser(db: DB, input: { email: string; password: strin
   }
 }
 
-/** Case-insensitive lookup through the lower(email) index. */
+/** Case-insensitive lookup through the lower(email) index: lower() on both sides, so the database's rules apply to both. */
 export async function findUserByEmail(db: DB, email: string): Promise<User | undefined> {
   return db
     .selectFrom('users')
     .selectAll()
-    .where(sql<string>`lower(email)`, '=', email.trim().toLowerCase())
+    .where(sql<string>`lower(email)`, '=', sql<string>`lower(${email.trim()})`)
     .executeTakeFirst();
 }
 

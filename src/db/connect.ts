@@ -54,6 +54,10 @@ function connectPostgres(url: string, { poolMax = 10, logger }: ConnectOptions):
     // A request that needs the database fails fast when it is gone instead of queueing forever.
     connectionTimeoutMillis: 2000,
     idleTimeoutMillis: 30_000,
+    // A connection whose server vanished (partition, not a clean shutdown) is noticed by TCP
+    // keepalive, and no query holds a pool client forever.
+    keepAlive: true,
+    query_timeout: 30_000,
   });
   // An idle client losing its connection (database restart) must not crash the process.
   pool.on('error', (err) => logger?.error({ err }, 'idle PostgreSQL connection failed'));

@@ -2,15 +2,16 @@
  * A pid lock file beside the embedded database. PGlite is single-process: the server and a CLI
  * command opening the same DATA_DIR at once would corrupt it, so the second one is refused.
  */
-import { readFileSync, unlinkSync, writeFileSync } from 'node:fs';
+import { linkSync, readFileSync, unlinkSync, writeFileSync } from 'node:fs';
 import { AppError } from '../errors.js';
+import { errnoCode } from '../lib/errno.js';
 
 export class DatabaseInUseError extends AppError {
-  constructor(lockFile: string, pid: number) {
+  constructor(lockFile: string, holder: string) {
     super(
       409,
       'database_in_use',
-      `the embedded database is in use by process ${pid} (lock ${lockFile}); stop it first, or set DATABASE_URL to use PostgreSQL, which any number of processes can share`,
+      `the embedded database is in use by process ${holder} (lock ${lockFile}); stop it first, or set DATABASE_URL to use PostgreSQL, which any number of processes can share`,
     );
   }
 }
@@ -20,31 +21,46 @@ function isAlive(pid: number): boolean {
     process.kill(pid, 0);
     return true;
   } catch (err) {
-    return (err as NodeJS.ErrnoException).code === 'EPERM';
+    return errnoCode(err) === 'EPERM';
+  }
+}
+
+function readHolder(lockFile: string): string | undefined {
+  try {
+    return readFileSync(lockFile, 'utf8');
+  } catch (err) {
+    if (errnoCode(err) === 'ENOENT') return undefined;
+    throw err;
   }
 }
 
 /** Takes the lock or throws DatabaseInUseError; returns the function that releases it. */
 export function acquireLock(lockFile: string): () => void {
-  for (let attempt = 0; attempt < 3; attempt++) {
-    try {
-      writeFileSync(lockFile, String(process.pid), { flag: 'wx', mode: 0o600 });
-      return () => {
-        try {
-          if (readFileSync(lockFile, 'utf8') === String(process.pid)) unlinkSync(lockFile);
-        } catch {
-          // Already gone: nothing to release.
-        }
-      };
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+  const mine = String(process.pid);
+  // The pid is written to a private file first and linked into place, so the lock file never
+  // exists without its pid (link fails with EEXIST when the lock is taken: atomic).
+  const temp = `${lockFile}.${mine}`;
+  writeFileSync(temp, mine, { mode: 0o600 });
+  try {
+    for (let attempt = 0; attempt < 3; attempt++) {
+      try {
+        linkSync(temp, lockFile);
+        return () => {
+          if (readHolder(lockFile) === mine) unlinkSync(lockFile);
+        };
+      } catch (err) {
+        if (errnoCode(err) !== 'EEXIST') throw err;
+      }
+      const holder = readHolder(lockFile);
+      if (holder === undefined) continue;
+      const pid = Number(holder);
+      if (!/^[0-9]+$/.test(holder) || (holder !== mine && isAlive(pid))) throw new DatabaseInUseError(lockFile, holder.slice(0, 20) || '?');
+      // Stale: its process is gone (or it is ours from an unclean close). Remove it only if it
+      // still names that process, then race for it again through link().
+      if (readHolder(lockFile) === holder) unlinkSync(lockFile);
     }
-    const holder = Number.parseInt(readFileSync(lockFile, 'utf8'), 10);
-    if (Number.isSafeInteger(holder) && holder !== process.pid && isAlive(holder)) {
-      throw new DatabaseInUseError(lockFile, holder);
-    }
-    // A stale lock from a process that died (or our own from an unclean close): take it over.
-    unlinkSync(lockFile);
+    throw new DatabaseInUseError(lockFile, readHolder(lockFile) ?? '?');
+  } finally {
+    unlinkSync(temp);
   }
-  throw new Error(`could not take the lock ${lockFile}`);
 }

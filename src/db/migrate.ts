@@ -1,5 +1,4 @@
 import { readdir } from 'node:fs/promises';
-import { pathToFileURL } from 'node:url';
 import { type Migration, type MigrationProvider, type MigrationResultSet, Migrator, NO_MIGRATIONS } from 'kysely';
 import type { DB } from './connect.js';
 
@@ -15,7 +14,7 @@ const migrationFiles: MigrationProvider = {
     const migrations: Record<string, Migration> = {};
     const files = (await readdir(MIGRATIONS_URL)).filter((f) => /\.(js|ts)$/.test(f) && !f.endsWith('.d.ts')).sort();
     for (const file of files) {
-      const { up, down }: Partial<Migration> = await import(pathToFileURL(new URL(file, MIGRATIONS_URL).pathname).href);
+      const { up, down }: Partial<Migration> = await import(new URL(file, MIGRATIONS_URL).href);
       if (typeof up !== 'function') throw new MigrationError(`migration ${file} exports no up()`);
       migrations[file.replace(/\.(js|ts)$/, '')] = typeof down === 'function' ? { up, down } : { up };
     }

@@ -87,6 +87,7 @@ export interface AuthorizationCodesTable {
 export interface RefreshTokensTable {
   id: Generated<number>;
   token_hash: string;
+  organization_id: number;
   grant_id: number;
   parent_id: number | null;
   scopes: TextArray;

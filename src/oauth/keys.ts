@@ -13,7 +13,7 @@ import {
   type CryptoKey,
   type JWK,
 } from 'jose';
-import type { SigningAlg } from '../config.js';
+import { ConfigError, type SigningAlg } from '../config.js';
 import type { DB } from '../db/connect.js';
 import { isUniqueViolation } from '../db/errors.js';
 import type { SigningKey } from '../db/schema.js';
@@ -62,6 +62,18 @@ export async function getActiveSigningKey(db: DB): Promise<SigningKey | undefine
   return db.selectFrom('signing_keys').selectAll().where('retired_at', 'is', null).executeTakeFirst();
 }
 
+/** A SECRET_KEY that cannot decrypt the keys would let the server start and then fail every token. */
+async function assertDecryptable(key: SigningKey, secretKey: string): Promise<void> {
+  try {
+    await importPrivateKey(key, secretKey);
+  } catch (err) {
+    throw new ConfigError(
+      [`SECRET_KEY: cannot decrypt signing key ${key.kid} stored in the database; it is not the key the database was set up with`],
+      { cause: err },
+    );
+  }
+}
+
 /**
  * At start-up: make sure there is an active key of the configured algorithm. Creates the first
  * key, or rotates when SIGNING_ALG was changed. Returns the active key's kid.
@@ -69,6 +81,7 @@ export async function getActiveSigningKey(db: DB): Promise<SigningKey | undefine
 export async function ensureSigningKey(db: DB, options: { alg: SigningAlg; secretKey: string }): Promise<string> {
   for (let attempt = 0; attempt < 3; attempt++) {
     const active = await getActiveSigningKey(db);
+    if (active) await assertDecryptable(active, options.secretKey);
     if (active?.alg === options.alg) return active.kid;
     if (active === undefined) {
       const row = await createKeyRow(options.alg, options.secretKey);
@@ -86,13 +99,18 @@ export async function ensureSigningKey(db: DB, options: { alg: SigningAlg; secre
   throw new Error('could not establish an active signing key');
 }
 
+function isJwk(value: unknown): value is JWK {
+  return typeof value === 'object' && value !== null && 'kty' in value && typeof value.kty === 'string';
+}
+
 /** Decrypts a key's private half. Fails when SECRET_KEY is not the one it was encrypted with. */
 export async function importPrivateKey(key: Pick<SigningKey, 'alg' | 'private_jwk_encrypted'>, secretKey: string): Promise<CryptoKey> {
   const { plaintext } = await compactDecrypt(key.private_jwk_encrypted, deriveKey(secretKey, ENCRYPTION_PURPOSE), {
     keyManagementAlgorithms: ['dir'],
     contentEncryptionAlgorithms: ['A256GCM'],
   });
-  const jwk = JSON.parse(new TextDecoder().decode(plaintext)) as JWK;
+  const jwk: unknown = JSON.parse(new TextDecoder().decode(plaintext));
+  if (!isJwk(jwk)) throw new Error('a signing key decrypted to something other than a JWK');
   const imported = await importJWK(jwk, key.alg);
   if (imported instanceof Uint8Array) throw new Error('a signing key decrypted to a symmetric key');
   return imported;

@@ -10,7 +10,7 @@ export const SCOPE_DESCRIPTIONS = {
 } as const;
 
 export type Scope = keyof typeof SCOPE_DESCRIPTIONS;
-export const KNOWN_SCOPES = Object.keys(SCOPE_DESCRIPTIONS) as Scope[];
+export const KNOWN_SCOPES: readonly Scope[] = ['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write'] satisfies (keyof typeof SCOPE_DESCRIPTIONS)[];
 
 export function isKnownScope(value: string): value is Scope {
   return Object.hasOwn(SCOPE_DESCRIPTIONS, value);

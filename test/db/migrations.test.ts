@@ -19,7 +19,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
     'id', 'code_hash', 'organization_id', 'application_id', 'user_id', 'redirect_uri', 'scopes', 'code_challenge',
     'code_challenge_method', 'expires_at', 'consumed_at', 'grant_id', 'created_at',
   ],
-  refresh_tokens: ['id', 'token_hash', 'grant_id', 'parent_id', 'scopes', 'expires_at', 'rotated_at', 'revoked_at', 'created_at'],
+  refresh_tokens: ['id', 'token_hash', 'organization_id', 'grant_id', 'parent_id', 'scopes', 'expires_at', 'rotated_at', 'revoked_at', 'created_at'],
   signing_keys: ['kid', 'alg', 'public_jwk', 'private_jwk_encrypted', 'created_at', 'retired_at'],
   sessions: ['id_hash', 'user_id', 'current_organization_id', 'created_at', 'last_seen_at', 'expires_at'],
   audit_events: ['id', 'organization_id', 'actor_user_id', 'actor_client_id', 'action', 'details', 'created_at'],
@@ -27,7 +27,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   tasks: ['id', 'organization_id', 'title', 'description', 'status', 'due_on', 'contact_id', 'completed_at', 'created_at', 'updated_at'],
 };
 
-const ORG_OWNED = ['memberships', 'applications', 'grants', 'authorization_codes', 'audit_events', 'contacts', 'tasks'];
+const ORG_OWNED = ['memberships', 'applications', 'grants', 'authorization_codes', 'refresh_tokens', 'audit_events', 'contacts', 'tasks'];
 const HASH = 'a'.repeat(64);
 
 let database: TestDatabase;
@@ -132,6 +132,23 @@ describe(`the migrated schema on ${BACKEND}`, () => {
     await db().deleteFrom('contacts').where('id', '=', contact.id).execute();
     const after = await db().selectFrom('tasks').select(['organization_id', 'contact_id']).where('id', '=', task.id).executeTakeFirstOrThrow();
     expect(after).toEqual({ organization_id: b, contact_id: null });
+  });
+
+  it("refuses a refresh token that names another organization's grant", async () => {
+    const a = await newOrg('A');
+    const b = await newOrg('B');
+    const app = await db()
+      .insertInto('applications')
+      .values({ organization_id: a, client_id: `rt-${a}`, client_secret_hash: HASH, type: 'private', name: 'X', scopes: ['contacts.read'] })
+      .returning('id')
+      .executeTakeFirstOrThrow();
+    const grant = await db().insertInto('grants').values({ organization_id: a, application_id: app.id, scopes: ['contacts.read'] }).returning('id').executeTakeFirstOrThrow();
+    const token = (organization_id: number, n: string) => ({
+      token_hash: n.repeat(64), organization_id, grant_id: grant.id, scopes: ['contacts.read'], expires_at: new Date(Date.now() + 60_000),
+    });
+    const err = await db().insertInto('refresh_tokens').values(token(b, 'b')).execute().catch((e: unknown) => e);
+    expect(isForeignKeyViolation(err)).toBe(true);
+    await db().insertInto('refresh_tokens').values(token(a, 'c')).execute();
   });
 
   it('allows one active signing key at a time', async () => {

@@ -97,6 +97,12 @@ describe(`signing keys on ${BACKEND}`, () => {
     await expect(importPrivateKey(key!, 'another-secret-key-of-32-characters!!')).rejects.toThrow();
   });
 
+  it('refuse to start with a SECRET_KEY that cannot decrypt them', async () => {
+    await expect(ensureSigningKey(t.handle.db, { alg: 'ES256', secretKey: 'a-different-secret-key-of-32-chars!!' })).rejects.toThrow(
+      /^SECRET_KEY: cannot decrypt signing key/,
+    );
+  });
+
   it('rotate: the new key becomes active and the old one is retired, not deleted', async () => {
     const before = await getActiveSigningKey(t.handle.db);
     const rotated = await rotateSigningKey(t.handle.db, { alg: 'EdDSA', secretKey: SECRET_KEY });
