@@ -7,7 +7,7 @@ import cookie from '@fastify/cookie';
 import formbody from '@fastify/formbody';
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, LogController } from 'fastify';
 import type { Config } from './config.js';
-import type { DB } from './db/connect.js';
+import type { DB, Listen } from './db/connect.js';
 import { isDatabaseUnavailable } from './db/errors.js';
 import { AppError, InvalidRequestError, sanitizeDescription, ServiceUnavailableError } from './errors.js';
 import { HEALTH_PATHS, healthRoutes } from './health.js';
@@ -15,11 +15,15 @@ import { deriveKey } from './lib/crypto.js';
 import { clientAuthThrottle } from './oauth/client-auth.js';
 import { KeyStore } from './oauth/key-store.js';
 import { metadataRoutes } from './oauth/metadata.js';
+import { introspectionEndpoint, revocationEndpoint } from './oauth/revocation.js';
+import { RevocationList } from './oauth/revocations.js';
 import { tokenEndpoint } from './oauth/token.js';
 
 export interface AppDeps {
   db: DB;
   logger: FastifyBaseLogger;
+  /** LISTEN/NOTIFY for revocations across instances; without it they are polled (still within a second). */
+  listen?: Listen;
 }
 
 /** Bodies are forms and small JSON documents; anything larger is refused before it is parsed. */
@@ -92,9 +96,14 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await app.register(healthRoutes, { db: deps.db });
 
   const keys = new KeyStore(deps.db, config);
-  const oauth = { db: deps.db, keys, config, clientThrottle: clientAuthThrottle() };
+  const revocations = new RevocationList(deps.db, { accessTokenTtl: config.accessTokenTtl, listen: deps.listen, logger: deps.logger });
+  await revocations.start();
+  app.addHook('onClose', () => revocations.stop());
+  const oauth = { db: deps.db, keys, revocations, config, clientThrottle: clientAuthThrottle() };
   await app.register(metadataRoutes, oauth);
   await app.register(tokenEndpoint, oauth);
+  await app.register(revocationEndpoint, oauth);
+  await app.register(introspectionEndpoint, oauth);
 
   return app;
 }

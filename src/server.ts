@@ -57,7 +57,7 @@ async function main(): Promise<void> {
     process.stdout.write(`${formatDemoBanner(await seedDemo(db), config.issuer)}\n`);
   }
 
-  app = await buildApp(config, { db, logger });
+  app = await buildApp(config, { db, logger, listen: handle.listen });
   if (closing) return;
   await app.listen({ host: config.host, port: config.port });
   logger.info({ issuer: config.issuer, database: handle.kind }, 'orgauth is ready');

@@ -15,9 +15,17 @@ import type { Database } from './schema.js';
 
 export type DB = Kysely<Database>;
 
+/** Subscribes to a NOTIFY channel; resolves to the function that unsubscribes. */
+export type Listen = (channel: string, onMessage: (payload: string) => void, onReconnect?: () => void) => Promise<() => Promise<void>>;
+
 export interface DatabaseHandle {
   readonly db: DB;
   readonly kind: DatabaseTarget['kind'];
+  /**
+   * LISTEN on a channel. On PostgreSQL a dedicated connection that reconnects by itself
+   * (calling `onReconnect`, since notifications sent meanwhile are lost); on PGlite in-process.
+   */
+  readonly listen: Listen;
   /** Closes the pool or the embedded database (and releases its lock). Safe to call twice. */
   close(): Promise<void>;
 }
@@ -62,8 +70,67 @@ function connectPostgres(url: string, { poolMax = 10, logger }: ConnectOptions):
   // An idle client losing its connection (database restart) must not crash the process.
   pool.on('error', (err) => logger?.error({ err }, 'idle PostgreSQL connection failed'));
   const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
+  const listeners = new Set<() => Promise<void>>();
   let closed: Promise<void> | undefined;
-  return { db, kind: 'postgres', close: () => (closed ??= db.destroy()) };
+  const listen: Listen = async (channel, onMessage, onReconnect) => {
+    const stop = await listenPostgres(url, channel, onMessage, onReconnect, logger);
+    listeners.add(stop);
+    return async () => {
+      listeners.delete(stop);
+      await stop();
+    };
+  };
+  return {
+    db,
+    kind: 'postgres',
+    listen,
+    close: () => (closed ??= Promise.all([...listeners].map((stop) => stop())).then(() => db.destroy())),
+  };
+}
+
+/** A dedicated LISTEN connection (a pooled one would be handed to queries) that comes back after failures. */
+async function listenPostgres(
+  url: string,
+  channel: string,
+  onMessage: (payload: string) => void,
+  onReconnect: (() => void) | undefined,
+  logger: Pick<Logger, 'error'> | undefined,
+): Promise<() => Promise<void>> {
+  let stopped = false;
+  let client: pg.Client | undefined;
+  let retry: NodeJS.Timeout | undefined;
+  const connect = async (): Promise<void> => {
+    const next = new pg.Client({ connectionString: url, application_name: 'orgauth-listen', keepAlive: true, connectionTimeoutMillis: 2000 });
+    next.on('notification', (msg) => {
+      if (msg.channel === channel) onMessage(msg.payload ?? '');
+    });
+    next.on('error', (err) => {
+      logger?.error({ err, channel }, 'LISTEN connection failed; reconnecting');
+      void next.end().catch(() => {});
+      if (client === next) schedule();
+    });
+    await next.connect();
+    await next.query(`LISTEN ${pg.escapeIdentifier(channel)}`);
+    client = next;
+  };
+  const schedule = (): void => {
+    client = undefined;
+    if (stopped || retry) return;
+    retry = setTimeout(() => {
+      retry = undefined;
+      connect().then(
+        () => onReconnect?.(),
+        () => schedule(),
+      );
+    }, 500);
+    retry.unref();
+  };
+  await connect();
+  return async () => {
+    stopped = true;
+    clearTimeout(retry);
+    await client?.end().catch(() => {});
+  };
 }
 
 async function connectPglite(dataDir: string | null): Promise<DatabaseHandle> {
@@ -81,6 +148,12 @@ async function connectPglite(dataDir: string | null): Promise<DatabaseHandle> {
     return {
       db,
       kind: 'pglite',
+      listen: async (channel, onMessage) => {
+        const unlisten = await client.listen(channel, onMessage);
+        return async () => {
+          if (!client.closed) await unlisten();
+        };
+      },
       close: () => (closed ??= db.destroy().finally(release)),
     };
   } catch (err) {

@@ -8,7 +8,8 @@ import { errors as joseErrors, jwtVerify, SignJWT } from 'jose';
 import { z } from 'zod';
 import { type Config, SIGNING_ALGS } from '../config.js';
 import { AppError } from '../errors.js';
-import type { KeyStore } from './key-store.js';
+import type { KeyStore, SigningKeyMaterial } from './key-store.js';
+import type { RevocationList } from './revocations.js';
 
 export const ACCESS_TOKEN_TYPE = 'at+jwt';
 const CLOCK_TOLERANCE_S = 60;
@@ -48,12 +49,16 @@ export class InvalidTokenError extends AppError {
   readonly reason: string;
 }
 
+/**
+ * Signs with `signingKey` (from KeyStore.signingKey(), fetched before any transaction: on the
+ * embedded database a query outside the open transaction would wait for it forever).
+ */
 export async function signAccessToken(
-  keys: KeyStore,
+  signingKey: SigningKeyMaterial,
   config: Pick<Config, 'issuer' | 'accessTokenTtl'>,
   input: AccessTokenInput,
 ): Promise<{ token: string; claims: AccessTokenClaims }> {
-  const { kid, alg, key } = await keys.signingKey();
+  const { kid, alg, key } = signingKey;
   const iat = Math.floor(Date.now() / 1000);
   const claims: AccessTokenClaims = {
     iss: config.issuer,
@@ -104,4 +109,14 @@ export async function verifyAccessToken(keys: KeyStore, config: Pick<Config, 'is
   // jose checks exp against the leeway; a token issued in the future is not acceptable either.
   if (claims.data.iat > Math.floor(Date.now() / 1000) + CLOCK_TOLERANCE_S) throw new InvalidTokenError('issued in the future');
   return claims.data;
+}
+
+/** verifyAccessToken, and the token's grant must not be revoked: what the API accepts. */
+export async function verifyLiveAccessToken(
+  ctx: { keys: KeyStore; revocations: RevocationList; config: Pick<Config, 'issuer'> },
+  token: string,
+): Promise<AccessTokenClaims> {
+  const claims = await verifyAccessToken(ctx.keys, ctx.config, token);
+  if (ctx.revocations.isRevoked(claims.grant_id)) throw new InvalidTokenError('grant revoked');
+  return claims;
 }

@@ -1,5 +1,24 @@
-/** Grants: one authorization of an application for an organization, by a user or by itself. */
+/**
+ * Grants: one authorization of an application for an organization, by a user or by the
+ * application itself. Every token (access or refresh) names its grant; revoking the grant kills
+ * them all, on every instance (see revocations.ts).
+ */
+import { sql } from 'kysely';
 import type { DB } from '../db/connect.js';
+import { inTransaction } from '../db/connect.js';
+import { recordAuditEvent } from '../audit/events.js';
+
+/** The channel revocations are published on; the payload is the grant id. */
+export const REVOCATION_CHANNEL = 'orgauth_revocations';
+
+export type RevocationReason =
+  | 'revoked_by_client'
+  | 'revoked_by_user'
+  | 'code_replay'
+  | 'refresh_token_reuse'
+  | 'application_disabled'
+  | 'member_removed'
+  | 'scopes_narrowed';
 
 export interface NewGrant {
   organizationId: number;
@@ -9,7 +28,10 @@ export interface NewGrant {
   scopes: readonly string[];
 }
 
-/** Creates a grant and returns its id with the organization's name, in one statement. */
+/**
+ * Creates a grant and its `grant.created` audit event, returning the grant id with the
+ * organization's name: one statement, one round trip (this is on the token endpoint's hot path).
+ */
 export async function createGrant(db: DB, grant: NewGrant): Promise<{ id: number; organizationName: string }> {
   const row = await db
     .with('g', (qb) =>
@@ -21,11 +43,62 @@ export async function createGrant(db: DB, grant: NewGrant): Promise<{ id: number
           user_id: grant.userId,
           scopes: [...grant.scopes],
         })
-        .returning(['id', 'organization_id']),
+        .returning(['id', 'organization_id', 'application_id']),
+    )
+    .with('a', (qb) =>
+      qb.insertInto('audit_events').columns(['organization_id', 'actor_user_id', 'action', 'details']).expression((eb) =>
+        eb
+          .selectFrom('g')
+          .select([
+            'g.organization_id',
+            sql<number | null>`${grant.userId}::bigint`.as('actor_user_id'),
+            sql<string>`'grant.created'`.as('action'),
+            sql<string>`jsonb_build_object('grant_id', g.id, 'application_id', g.application_id, 'user_id', ${grant.userId}::bigint, 'scopes', ${grant.scopes.join(' ')}::text)`.as('details'),
+          ]),
+      ),
     )
     .selectFrom('g')
     .innerJoin('organizations', 'organizations.id', 'g.organization_id')
     .select(['g.id', 'organizations.name'])
     .executeTakeFirstOrThrow();
   return { id: row.id, organizationName: row.name };
+}
+
+/**
+ * Revokes a grant and every refresh token of it, records why, and publishes the revocation so
+ * every instance refuses its access tokens (NOTIFY is delivered when the transaction commits).
+ * Returns false when the grant was already revoked or does not exist.
+ */
+export async function revokeGrant(
+  db: DB,
+  grantId: number,
+  reason: RevocationReason,
+  actor: { actorUserId?: number | null; actorClientId?: string | null } = {},
+): Promise<boolean> {
+  return inTransaction(db, async (trx) => {
+    const grant = await trx
+      .updateTable('grants')
+      .set({ revoked_at: sql`now()`, revoked_reason: reason })
+      .where('id', '=', grantId)
+      .where('revoked_at', 'is', null)
+      .returning(['id', 'organization_id', 'application_id', 'user_id'])
+      .executeTakeFirst();
+    if (!grant) return false;
+    await trx
+      .updateTable('refresh_tokens')
+      .set({ revoked_at: sql`now()` })
+      .where('organization_id', '=', grant.organization_id)
+      .where('grant_id', '=', grant.id)
+      .where('revoked_at', 'is', null)
+      .execute();
+    await recordAuditEvent(trx, {
+      organizationId: grant.organization_id,
+      action: 'grant.revoked',
+      actorUserId: actor.actorUserId ?? null,
+      actorClientId: actor.actorClientId ?? null,
+      details: { grant_id: grant.id, application_id: grant.application_id, user_id: grant.user_id, reason },
+    });
+    await sql`select pg_notify(${REVOCATION_CHANNEL}, ${String(grant.id)})`.execute(trx);
+    return true;
+  });
 }

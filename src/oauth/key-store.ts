@@ -12,13 +12,19 @@ import { importPrivateKey } from './keys.js';
 
 const RELOAD_INTERVAL_MS = 1000;
 
+export interface SigningKeyMaterial {
+  kid: string;
+  alg: SigningAlg;
+  key: CryptoKey;
+}
+
 interface VerificationKey {
   alg: SigningAlg;
   key: CryptoKey;
 }
 
 export class KeyStore {
-  private signing: Promise<{ kid: string; alg: SigningAlg; key: CryptoKey }> | undefined;
+  private signing: Promise<SigningKeyMaterial> | undefined;
   private verification = new Map<string, VerificationKey>();
   private lastReload = 0;
   private reloading: Promise<void> | undefined;
@@ -29,7 +35,7 @@ export class KeyStore {
   ) {}
 
   /** The active key, decrypted once and cached until `invalidate()`. */
-  signingKey(): Promise<{ kid: string; alg: SigningAlg; key: CryptoKey }> {
+  signingKey(): Promise<SigningKeyMaterial> {
     this.signing ??= (async () => {
       const row = await this.db.selectFrom('signing_keys').selectAll().where('retired_at', 'is', null).executeTakeFirst();
       if (!row) throw new Error('no active signing key: the server creates one at start, `orgauth keys rotate` makes a new one');

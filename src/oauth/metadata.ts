@@ -9,11 +9,15 @@ export function authorizationServerMetadata(config: Pick<Config, 'issuer' | 'sig
   return {
     issuer: config.issuer,
     token_endpoint: url('/oauth/token'),
+    revocation_endpoint: url('/oauth/revoke'),
+    introspection_endpoint: url('/oauth/introspect'),
     jwks_uri: url('/.well-known/jwks.json'),
     scopes_supported: KNOWN_SCOPES,
     response_types_supported: ['code'],
-    grant_types_supported: ['client_credentials'],
+    grant_types_supported: ['authorization_code', 'refresh_token', 'client_credentials'],
     token_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post'],
+    revocation_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post'],
+    introspection_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post'],
     code_challenge_methods_supported: ['S256'],
     authorization_response_iss_parameter_supported: true,
   };

@@ -9,18 +9,22 @@ import { InvalidRequestError } from '../errors.js';
 import { type FailureThrottle } from '../lib/throttle.js';
 import { authenticateClient } from './client-auth.js';
 import { UnsupportedGrantTypeError } from './errors.js';
+import { authorizationCode } from './grants/authorization-code.js';
 import { clientCredentials } from './grants/client-credentials.js';
+import { refreshToken } from './grants/refresh-token.js';
 import type { GrantHandler } from './grants/types.js';
 import type { KeyStore } from './key-store.js';
+import type { RevocationList } from './revocations.js';
 import { readParams, requireParam } from './params.js';
 
-const GRANTS: ReadonlyMap<string, GrantHandler> = new Map([clientCredentials].map((g) => [g.grantType, g]));
+const GRANTS: ReadonlyMap<string, GrantHandler> = new Map([authorizationCode, refreshToken, clientCredentials].map((g) => [g.grantType, g]));
 
 export const FORM = 'application/x-www-form-urlencoded';
 
 export interface OAuthEndpointOptions {
   db: DB;
   keys: KeyStore;
+  revocations: RevocationList;
   config: Config;
   clientThrottle: FailureThrottle;
 }
@@ -73,7 +77,7 @@ export function formParams(body: unknown) {
   return readParams(grouped);
 }
 
-export async function tokenEndpoint(app: FastifyInstance, { db, keys, config, clientThrottle }: OAuthEndpointOptions): Promise<void> {
+export async function tokenEndpoint(app: FastifyInstance, { db, keys, revocations, config, clientThrottle }: OAuthEndpointOptions): Promise<void> {
   await registerFormEndpoint(app, '/oauth/token', async (req) => {
     const body = formParams(req.body);
     const client = await authenticateClient(db, clientThrottle, {
@@ -83,6 +87,6 @@ export async function tokenEndpoint(app: FastifyInstance, { db, keys, config, cl
     });
     const grant = GRANTS.get(requireParam(body, 'grant_type'));
     if (!grant) throw new UnsupportedGrantTypeError();
-    return grant.handle({ db, keys, config }, client, body);
+    return grant.handle({ db, keys, revocations, config }, client, body);
   });
 }

@@ -2,7 +2,7 @@ import { Writable } from 'node:stream';
 import type { FastifyInstance } from 'fastify';
 import { buildApp } from '../../src/app.js';
 import { type Config, parseConfig } from '../../src/config.js';
-import type { DB } from '../../src/db/connect.js';
+import type { DB, Listen } from '../../src/db/connect.js';
 import { createLogger } from '../../src/logger.js';
 
 export const TEST_SECRET_KEY = 'test-secret-key-0123456789abcdefghijklmnop';
@@ -25,8 +25,11 @@ export function logCapture(): { stream: Writable; lines: () => string[] } {
 }
 
 /** Builds the app over `db` exactly as server.ts does, without listening. */
-export async function buildTestApp(db: DB, options: { env?: Record<string, string>; logStream?: Writable } = {}): Promise<FastifyInstance> {
+export async function buildTestApp(
+  db: DB,
+  options: { env?: Record<string, string>; logStream?: Writable; listen?: Listen } = {},
+): Promise<FastifyInstance> {
   const config = testConfig({ LOG_LEVEL: options.logStream ? 'info' : 'silent', ...options.env });
   const logger = createLogger(config, options.logStream);
-  return buildApp(config, { db, logger });
+  return buildApp(config, { db, logger, ...(options.listen ? { listen: options.listen } : {}) });
 }

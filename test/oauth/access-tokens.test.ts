@@ -36,12 +36,12 @@ async function forge(claims: Record<string, unknown>, header: Record<string, unk
 }
 
 async function validClaims(): Promise<AccessTokenClaims> {
-  return (await signAccessToken(keys, config, input)).claims;
+  return (await signAccessToken(await keys.signingKey(), config, input)).claims;
 }
 
 describe(`access tokens on ${BACKEND}`, () => {
   it('round-trip: signed with typ at+jwt and a kid, verified with every claim', async () => {
-    const { token, claims } = await signAccessToken(keys, config, input);
+    const { token, claims } = await signAccessToken(await keys.signingKey(), config, input);
     const header = JSON.parse(Buffer.from(token.split('.')[0]!, 'base64url').toString()) as Record<string, string>;
     expect(header).toEqual({ alg: 'ES256', kid: (await getActiveSigningKey(t.handle.db))!.kid, typ: 'at+jwt' });
     expect(await verifyAccessToken(keys, config, token)).toEqual(claims);
@@ -103,11 +103,11 @@ describe(`access tokens on ${BACKEND}`, () => {
   });
 
   it('keeps verifying tokens of a retired key, and sees a key rotated by another instance', async () => {
-    const { token: old } = await signAccessToken(keys, config, input);
+    const { token: old } = await signAccessToken(await keys.signingKey(), config, input);
     // "Another instance": its own KeyStore over the same database.
     const elsewhere = new KeyStore(t.handle.db, config);
     await rotateSigningKey(t.handle.db, { alg: 'EdDSA', secretKey: TEST_SECRET_KEY });
-    const { token: fresh } = await signAccessToken(elsewhere, config, input);
+    const { token: fresh } = await signAccessToken(await elsewhere.signingKey(), config, input);
     expect(JSON.parse(Buffer.from(fresh.split('.')[0]!, 'base64url').toString()).alg).toBe('EdDSA');
     await new Promise((r) => setTimeout(r, 1100)); // the unknown-kid reload runs at most once a second
     expect(await reason(fresh)).toBe('accepted');

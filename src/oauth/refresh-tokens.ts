@@ -1,0 +1,49 @@
+/** Refresh tokens: 256-bit random values stored as SHA-256, each bound to a grant (and so a client). */
+import { sql } from 'kysely';
+import type { DB } from '../db/connect.js';
+import { generateSecret, sha256Hex } from '../lib/crypto.js';
+
+export async function insertRefreshToken(
+  db: DB,
+  input: { organizationId: number; grantId: number; parentId: number | null; scopes: readonly string[]; ttlSeconds: number },
+): Promise<string> {
+  const token = generateSecret(32);
+  await db
+    .insertInto('refresh_tokens')
+    .values({
+      token_hash: sha256Hex(token),
+      organization_id: input.organizationId,
+      grant_id: input.grantId,
+      parent_id: input.parentId,
+      scopes: [...input.scopes],
+      expires_at: sql<Date>`now() + make_interval(secs => ${input.ttlSeconds})`,
+    })
+    .execute();
+  return token;
+}
+
+/** A refresh token with what checking it needs: its grant's client, user, organization and state. */
+export async function findRefreshToken(db: DB, token: string) {
+  return db
+    .selectFrom('refresh_tokens as r')
+    .innerJoin('grants as g', (j) => j.onRef('g.id', '=', 'r.grant_id').onRef('g.organization_id', '=', 'r.organization_id'))
+    .innerJoin('organizations as o', 'o.id', 'r.organization_id')
+    .select([
+      'r.id',
+      'r.grant_id',
+      'r.organization_id',
+      'o.name as organization_name',
+      'r.scopes',
+      'r.expires_at',
+      'r.rotated_at',
+      'r.revoked_at',
+      'r.created_at',
+      'g.application_id',
+      'g.user_id',
+      'g.revoked_at as grant_revoked_at',
+      sql<boolean>`r.expires_at <= now()`.as('expired'),
+      sql<number | null>`extract(epoch from now() - r.rotated_at)::float8`.as('seconds_since_rotation'),
+    ])
+    .where('r.token_hash', '=', sha256Hex(token))
+    .executeTakeFirst();
+}

@@ -1,0 +1,101 @@
+/**
+ * POST /oauth/revoke (RFC 7009) and POST /oauth/introspect (RFC 7662), both client-authenticated.
+ * A client sees and revokes only its own tokens: anything else is "unknown" to it.
+ */
+import type { FastifyInstance } from 'fastify';
+import type { Application } from '../db/schema.js';
+import { type AccessTokenClaims, InvalidTokenError, verifyAccessToken } from './access-tokens.js';
+import { authenticateClient } from './client-auth.js';
+import { requireParam, readParams } from './params.js';
+import { findRefreshToken } from './refresh-tokens.js';
+import { formParams, type OAuthEndpointOptions, registerFormEndpoint } from './token.js';
+
+type Found =
+  | { kind: 'access_token'; claims: AccessTokenClaims }
+  | { kind: 'refresh_token'; token: NonNullable<Awaited<ReturnType<typeof findRefreshToken>>> };
+
+/** The token, if it is one of ours and was issued to `client`. Signature-checked, expiry not yet. */
+async function findClientToken(options: OAuthEndpointOptions, client: Application, token: string): Promise<Found | undefined> {
+  if (token.length > 4096) return undefined;
+  if (token.split('.').length === 3) {
+    try {
+      const claims = await verifyAccessToken(options.keys, options.config, token);
+      return claims.client_id === client.client_id ? { kind: 'access_token', claims } : undefined;
+    } catch (err) {
+      if (err instanceof InvalidTokenError) return undefined;
+      throw err;
+    }
+  }
+  const refresh = await findRefreshToken(options.db, token);
+  return refresh && refresh.application_id === client.id ? { kind: 'refresh_token', token: refresh } : undefined;
+}
+
+export async function revocationEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
+  await registerFormEndpoint(app, '/oauth/revoke', async (req) => {
+    const body = formParams(req.body);
+    const { application } = await authenticateClient(options.db, options.clientThrottle, {
+      authorization: req.headers.authorization,
+      query: readParams(req.query),
+      body,
+    });
+    const found = await findClientToken(options, application, requireParam(body, 'token'));
+    // RFC 7009 §2.2: revoking a token revokes its grant, so every token of it stops working
+    // (MD-1). Unknown, invalid or another client's tokens: 200 all the same.
+    if (found) {
+      const grantId = found.kind === 'access_token' ? found.claims.grant_id : found.token.grant_id;
+      await options.revocations.revoke(grantId, 'revoked_by_client', { actorClientId: application.client_id });
+    }
+    return {};
+  });
+}
+
+export async function introspectionEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
+  await registerFormEndpoint(app, '/oauth/introspect', async (req) => {
+    const body = formParams(req.body);
+    const { application } = await authenticateClient(options.db, options.clientThrottle, {
+      authorization: req.headers.authorization,
+      query: readParams(req.query),
+      body,
+    });
+    const found = await findClientToken(options, application, requireParam(body, 'token'));
+    if (!found) return { active: false };
+    if (found.kind === 'refresh_token') {
+      const t = found.token;
+      if (t.revoked_at !== null || t.grant_revoked_at !== null || t.rotated_at !== null || t.expired) return { active: false };
+      return {
+        active: true,
+        token_type: 'refresh_token',
+        scope: t.scopes.join(' '),
+        client_id: application.client_id,
+        sub: String(t.user_id),
+        organization_id: t.organization_id,
+        iat: Math.floor(t.created_at.getTime() / 1000),
+        exp: Math.floor(t.expires_at.getTime() / 1000),
+        iss: options.config.issuer,
+      };
+    }
+    const c = found.claims;
+    // Asked of the database, not the in-memory list: introspection is authoritative, and answers
+    // 503 (never active) when the database is away (MD-1, MD-2).
+    const grant = await options.db
+      .selectFrom('grants')
+      .select('revoked_at')
+      .where('id', '=', c.grant_id)
+      .where('organization_id', '=', c.organization_id)
+      .executeTakeFirst();
+    if (!grant || grant.revoked_at !== null || c.exp <= Math.floor(Date.now() / 1000)) return { active: false };
+    return {
+      active: true,
+      token_type: 'Bearer',
+      scope: c.scope,
+      client_id: c.client_id,
+      sub: c.sub,
+      organization_id: c.organization_id,
+      iat: c.iat,
+      exp: c.exp,
+      iss: c.iss,
+      aud: c.aud,
+      jti: c.jti,
+    };
+  });
+}
