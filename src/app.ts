@@ -6,18 +6,21 @@ import { randomUUID } from 'node:crypto';
 import cookie from '@fastify/cookie';
 import formbody from '@fastify/formbody';
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, LogController } from 'fastify';
+import { accountPages } from './accounts/pages.js';
 import type { Config } from './config.js';
 import type { DB, Listen } from './db/connect.js';
 import { isDatabaseUnavailable } from './db/errors.js';
 import { AppError, InvalidRequestError, sanitizeDescription, ServiceUnavailableError } from './errors.js';
 import { HEALTH_PATHS, healthRoutes } from './health.js';
 import { deriveKey } from './lib/crypto.js';
+import { authorizeEndpoint } from './oauth/authorize.js';
 import { clientAuthThrottle } from './oauth/client-auth.js';
 import { KeyStore } from './oauth/key-store.js';
 import { metadataRoutes } from './oauth/metadata.js';
 import { introspectionEndpoint, revocationEndpoint } from './oauth/revocation.js';
 import { RevocationList } from './oauth/revocations.js';
 import { tokenEndpoint } from './oauth/token.js';
+import { pageAssets } from './pages/render.js';
 
 export interface AppDeps {
   db: DB;
@@ -104,6 +107,11 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await app.register(tokenEndpoint, oauth);
   await app.register(revocationEndpoint, oauth);
   await app.register(introspectionEndpoint, oauth);
+
+  // Browser pages: each plugin sets up its own security headers and HTML error pages (AZ-7).
+  await app.register(pageAssets);
+  await app.register(accountPages, { db: deps.db, config });
+  await app.register(authorizeEndpoint, { db: deps.db, config });
 
   return app;
 }

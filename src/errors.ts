@@ -33,6 +33,13 @@ export class InvalidRequestError extends AppError {
   }
 }
 
+/** 403: a form without a valid CSRF token, or a choice the user may not make. */
+export class ForbiddenError extends AppError {
+  constructor(description: string) {
+    super(403, 'forbidden', description);
+  }
+}
+
 /** 404: missing, or belonging to another organization (indistinguishable on purpose). */
 export class NotFoundError extends AppError {
   constructor(description = 'not found') {

@@ -8,6 +8,7 @@ export function authorizationServerMetadata(config: Pick<Config, 'issuer' | 'sig
   const url = (path: string) => `${config.issuer}${path}`;
   return {
     issuer: config.issuer,
+    authorization_endpoint: url('/oauth/authorize'),
     token_endpoint: url('/oauth/token'),
     revocation_endpoint: url('/oauth/revoke'),
     introspection_endpoint: url('/oauth/introspect'),

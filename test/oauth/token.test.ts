@@ -216,7 +216,11 @@ describe('metadata (MD-3) and JWKS', () => {
     expect(res.statusCode).toBe(200);
     expect(res.json()).toMatchObject({
       issuer: config.issuer,
+      authorization_endpoint: `${config.issuer}/oauth/authorize`,
       token_endpoint: `${config.issuer}/oauth/token`,
+      revocation_endpoint: `${config.issuer}/oauth/revoke`,
+      introspection_endpoint: `${config.issuer}/oauth/introspect`,
+      grant_types_supported: ['authorization_code', 'refresh_token', 'client_credentials'],
       jwks_uri: `${config.issuer}/.well-known/jwks.json`,
       scopes_supported: ['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write'],
       response_types_supported: ['code'],

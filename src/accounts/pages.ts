@@ -1,0 +1,220 @@
+/**
+ * Sign-up, sign-in, sign-out and the minimal dashboard: the browser side of accounts.
+ *
+ * Every form carries a CSRF token (see sessions.ts); every redirect after a POST is a 303
+ * (AZ-9); failed sign-ins are throttled per email and per client IP and never say whether the
+ * email exists.
+ */
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { Config } from '../config.js';
+import { type DB, inTransaction } from '../db/connect.js';
+import { ConflictError, InvalidRequestError } from '../errors.js';
+import { FailureThrottle } from '../lib/throttle.js';
+import { TooManyAttemptsError } from '../oauth/errors.js';
+import { readParams } from '../oauth/params.js';
+import { ForbiddenError, renderPage, setUpPages } from '../pages/render.js';
+import { createOrganization, organizationNameSchema } from './organizations.js';
+import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH, verifyPassword } from './passwords.js';
+import {
+  clearSessionCookie,
+  createSession,
+  csrfToken,
+  csrfTokenMatches,
+  currentUser,
+  deleteSession,
+  ensurePreSession,
+  preSessionBinding,
+  safeReturnTo,
+  setSessionCookie,
+} from './sessions.js';
+import { createUser, emailSchema, findUserByEmail } from './users.js';
+
+export const LOGIN_WINDOW_MS = 15 * 60 * 1000;
+export const LOGIN_MAX_FAILURES_PER_EMAIL = 5;
+export const LOGIN_MAX_FAILURES_PER_IP = 20;
+
+const BAD_CREDENTIALS = 'Incorrect email or password.';
+const CSRF_FAILED = 'This form has expired or did not come from this site. Go back, reload the page and try again.';
+
+/**
+ * A hash to verify against when the email is unknown, so that answer takes as long as a wrong
+ * password. Made once per process, on first use.
+ */
+let dummyHash: Promise<string> | undefined;
+function getDummyHash(): Promise<string> {
+  dummyHash ??= hashPassword('orgauth-dummy-password-for-timing');
+  return dummyHash;
+}
+
+/** One query-string value; repeated or missing is undefined. */
+function queryValue(req: FastifyRequest, name: string): string | undefined {
+  const query = req.query as Record<string, unknown> | undefined;
+  const value = query?.[name];
+  return typeof value === 'string' ? value : undefined;
+}
+
+/** The path to the login page that comes back to `returnTo` afterwards. */
+export function loginPath(returnTo: string): string {
+  return `/login?return_to=${encodeURIComponent(returnTo)}`;
+}
+
+export async function accountPages(app: FastifyInstance, { db, config }: { db: DB; config: Config }): Promise<void> {
+  await setUpPages(app, config);
+  const emailThrottle = new FailureThrottle(LOGIN_MAX_FAILURES_PER_EMAIL, LOGIN_WINDOW_MS);
+  const ipThrottle = new FailureThrottle(LOGIN_MAX_FAILURES_PER_IP, LOGIN_WINDOW_MS);
+
+  function renderLogin(req: FastifyRequest, reply: FastifyReply, status: number, view: { returnTo: string; email?: string; error?: string }) {
+    const preSession = ensurePreSession(req, reply, config);
+    return renderPage(reply, status, 'login', {
+      title: 'Sign in',
+      csrfToken: csrfToken(config, { preSession }),
+      returnTo: view.returnTo,
+      email: view.email ?? '',
+      error: view.error ?? '',
+    });
+  }
+
+  function renderSignup(
+    req: FastifyRequest,
+    reply: FastifyReply,
+    status: number,
+    view: { returnTo: string; email?: string; name?: string; organizationName?: string; errors?: string[] },
+  ) {
+    const preSession = ensurePreSession(req, reply, config);
+    return renderPage(reply, status, 'signup', {
+      title: 'Create an account',
+      csrfToken: csrfToken(config, { preSession }),
+      returnTo: view.returnTo,
+      email: view.email ?? '',
+      name: view.name ?? '',
+      organizationName: view.organizationName ?? '',
+      errors: view.errors ?? [],
+      passwordMinLength: PASSWORD_MIN_LENGTH,
+    });
+  }
+
+  /** Login CSRF: a form posted before sign-in must carry the token bound to the pre-session cookie. */
+  function checkPreSessionCsrf(req: FastifyRequest, token: string | undefined): void {
+    if (!csrfTokenMatches(config, preSessionBinding(req, config), token)) throw new ForbiddenError(CSRF_FAILED);
+  }
+
+  /** Starts a new session (never reusing one the browser brought: no session fixation) and goes on. */
+  async function signIn(req: FastifyRequest, reply: FastifyReply, userId: number, returnTo: string) {
+    const previous = await currentUser(db, config, req);
+    if (previous) await deleteSession(db, previous.sessionId);
+    setSessionCookie(reply, config, await createSession(db, userId));
+    return reply.redirect(returnTo, 303);
+  }
+
+  app.get('/login', async (req, reply) => {
+    const returnTo = safeReturnTo(queryValue(req, 'return_to'));
+    if (await currentUser(db, config, req)) return reply.redirect(returnTo, 303);
+    return renderLogin(req, reply, 200, { returnTo });
+  });
+
+  app.post('/login', async (req, reply) => {
+    const form = readParams(req.body);
+    checkPreSessionCsrf(req, form.csrf_token);
+    const returnTo = safeReturnTo(form.return_to);
+    const email = (form.email ?? '').trim();
+    const password = form.password ?? '';
+    const emailKey = email.toLowerCase();
+    const ipKey = req.ip;
+
+    const wait = Math.max(emailThrottle.retryAfter(emailKey), ipThrottle.retryAfter(ipKey));
+    if (wait > 0) throw new TooManyAttemptsError(wait, 'Too many failed sign-in attempts. Please wait and try again later.');
+
+    const user = email !== '' && email.length <= 254 ? await findUserByEmail(db, email) : undefined;
+    let ok = false;
+    if (password.length <= PASSWORD_MAX_LENGTH) {
+      // The same argon2 work whether or not the email exists, so timing does not tell.
+      if (user) ok = await verifyPassword(user.password_hash, password);
+      else await verifyPassword(await getDummyHash(), password);
+    }
+    if (!user || !ok) {
+      emailThrottle.recordFailure(emailKey);
+      ipThrottle.recordFailure(ipKey);
+      req.log.info({ reason: user ? 'wrong password' : 'unknown email' }, 'sign-in refused');
+      return renderLogin(req, reply, 400, { returnTo, email, error: BAD_CREDENTIALS });
+    }
+    // The IP counter is not reset: one good account must not buy an address more guesses.
+    emailThrottle.reset(emailKey);
+    return signIn(req, reply, user.id, returnTo);
+  });
+
+  app.get('/signup', async (req, reply) => {
+    const returnTo = safeReturnTo(queryValue(req, 'return_to'));
+    if (await currentUser(db, config, req)) return reply.redirect(returnTo, 303);
+    return renderSignup(req, reply, 200, { returnTo });
+  });
+
+  app.post('/signup', async (req, reply) => {
+    const form = readParams(req.body);
+    checkPreSessionCsrf(req, form.csrf_token);
+    const returnTo = safeReturnTo(form.return_to);
+    const email = form.email ?? '';
+    const password = form.password ?? '';
+    const name = form.name ?? '';
+    const organizationName = form.organization_name ?? '';
+    const again = (errors: string[]) => renderSignup(req, reply, 400, { returnTo, email, name, organizationName, errors });
+
+    const errors: string[] = [];
+    if (!emailSchema.safeParse(email).success) errors.push('Enter a valid email address.');
+    if (password.length < PASSWORD_MIN_LENGTH) errors.push(`The password must be at least ${PASSWORD_MIN_LENGTH} characters long.`);
+    if (password.length > PASSWORD_MAX_LENGTH) errors.push(`The password must be at most ${PASSWORD_MAX_LENGTH} characters long.`);
+    if (name.trim().length > 200) errors.push('The name must be at most 200 characters long.');
+    const orgName = organizationNameSchema.safeParse(organizationName);
+    if (!orgName.success) errors.push(`The organization name ${orgName.error.issues[0]?.message ?? 'is invalid'}.`);
+    if (errors.length > 0) return again(errors);
+
+    let userId: number;
+    try {
+      // One transaction: never a user without the organization they asked for.
+      userId = await inTransaction(db, async (trx) => {
+        const user = await createUser(trx, { email, password, name });
+        await createOrganization(trx, { name: organizationName, ownerUserId: user.id });
+        return user.id;
+      });
+    } catch (err) {
+      if (err instanceof ConflictError) return again(['An account with this email address already exists. Sign in instead.']);
+      if (err instanceof InvalidRequestError) return again((err.details ?? []).map((d) => `${d.path}: ${d.message}`));
+      throw err;
+    }
+    return signIn(req, reply, userId, returnTo);
+  });
+
+  app.post('/logout', async (req, reply) => {
+    const form = readParams(req.body);
+    const session = await currentUser(db, config, req);
+    if (session) {
+      if (!csrfTokenMatches(config, { session: session.sessionId }, form.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
+      await deleteSession(db, session.sessionId);
+    }
+    clearSessionCookie(reply, config);
+    return reply.redirect('/login', 303);
+  });
+
+  app.get('/dashboard', async (req, reply) => {
+    const session = await currentUser(db, config, req);
+    if (!session) return reply.redirect(loginPath('/dashboard'), 303);
+    const organizations = await listUserOrganizations(db, session.userId);
+    return renderPage(reply, 200, 'dashboard', {
+      title: 'Dashboard',
+      user: { email: session.email, name: session.name },
+      organizations,
+      csrfToken: csrfToken(config, { session: session.sessionId }),
+    });
+  });
+}
+
+/** The organizations a user belongs to, with their role in each (dashboard, consent page). */
+export async function listUserOrganizations(db: DB, userId: number): Promise<{ id: number; name: string; role: string }[]> {
+  return db
+    .selectFrom('memberships')
+    .innerJoin('organizations', 'organizations.id', 'memberships.organization_id')
+    .select(['organizations.id', 'organizations.name', 'memberships.role'])
+    .where('memberships.user_id', '=', userId)
+    .orderBy('organizations.name')
+    .orderBy('organizations.id')
+    .execute();
+}

@@ -1,0 +1,132 @@
+/**
+ * Browser sessions and CSRF tokens.
+ *
+ * A session id is 256 random bits (CD-4) held only by the browser, in an HttpOnly, SameSite=Lax
+ * cookie; the `sessions` table keeps its SHA-256. Logging out deletes the row, so a copied
+ * cookie dies with it; expired rows are ignored and swept when their user logs in again.
+ *
+ * CSRF (RFC 6749 §10.12, AZ-8): a form's token is HMAC-SHA256(key, binding) under a key derived
+ * from SECRET_KEY for this purpose only. Once signed in, the binding is the session id, so a
+ * token is useless in another session. Before sign-in (login and signup, "login CSRF") it is a
+ * random pre-session cookie: a signed double-submit cookie. A cross-site form cannot read our
+ * page to learn the token, and SameSite=Lax keeps both cookies off cross-site POSTs as well.
+ */
+import { createHmac, timingSafeEqual } from 'node:crypto';
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { Config } from '../config.js';
+import type { DB } from '../db/connect.js';
+import { deriveKey, generateSecret, sha256Hex } from '../lib/crypto.js';
+
+export const SESSION_TTL_SECONDS = 12 * 3600;
+const PRE_SESSION_TTL_SECONDS = 3600;
+
+export interface SessionUser {
+  /** The session id as the cookie holds it (needed for the CSRF binding). */
+  sessionId: string;
+  userId: number;
+  email: string;
+  name: string;
+}
+
+export interface CookieNames {
+  session: string;
+  preSession: string;
+}
+
+/** Whether cookies get `Secure` (and the `__Host-` prefix, which pins them to this host and path /). */
+export function cookieSecurity(config: Config): { secure: boolean; names: CookieNames } {
+  const secure = config.issuer.startsWith('https:');
+  const prefix = secure ? '__Host-' : '';
+  return { secure, names: { session: `${prefix}orgauth_session`, preSession: `${prefix}orgauth_csrf` } };
+}
+
+export async function createSession(db: DB, userId: number, ttlSeconds = SESSION_TTL_SECONDS): Promise<string> {
+  const id = generateSecret(32);
+  await db
+    .insertInto('sessions')
+    .values({ id_hash: sha256Hex(id), user_id: userId, expires_at: new Date(Date.now() + ttlSeconds * 1000) })
+    .execute();
+  // Housekeeping: this user's expired sessions are of no use to anyone.
+  await db.deleteFrom('sessions').where('user_id', '=', userId).where('expires_at', '<=', new Date()).execute();
+  return id;
+}
+
+/** The signed-in user for a session id, or undefined when it is unknown or expired. */
+export async function findSession(db: DB, sessionId: string | undefined): Promise<SessionUser | undefined> {
+  if (sessionId === undefined || sessionId === '' || sessionId.length > 100) return undefined;
+  const row = await db
+    .selectFrom('sessions')
+    .innerJoin('users', 'users.id', 'sessions.user_id')
+    .select(['users.id as userId', 'users.email', 'users.name'])
+    .where('sessions.id_hash', '=', sha256Hex(sessionId))
+    .where('sessions.expires_at', '>', new Date())
+    .executeTakeFirst();
+  return row ? { sessionId, ...row } : undefined;
+}
+
+export async function deleteSession(db: DB, sessionId: string): Promise<void> {
+  await db.deleteFrom('sessions').where('id_hash', '=', sha256Hex(sessionId)).execute();
+}
+
+/** Reads the session cookie and returns the signed-in user, if any. */
+export function currentUser(db: DB, config: Config, req: FastifyRequest): Promise<SessionUser | undefined> {
+  return findSession(db, req.cookies[cookieSecurity(config).names.session]);
+}
+
+export function setSessionCookie(reply: FastifyReply, config: Config, sessionId: string): void {
+  const { secure, names } = cookieSecurity(config);
+  reply.setCookie(names.session, sessionId, { httpOnly: true, sameSite: 'lax', path: '/', secure, maxAge: SESSION_TTL_SECONDS });
+  // The pre-session CSRF cookie has done its job.
+  reply.clearCookie(names.preSession, { httpOnly: true, sameSite: 'lax', path: '/', secure });
+}
+
+export function clearSessionCookie(reply: FastifyReply, config: Config): void {
+  const { secure, names } = cookieSecurity(config);
+  reply.clearCookie(names.session, { httpOnly: true, sameSite: 'lax', path: '/', secure });
+}
+
+/** The pre-session value from the request, or a new one set on the reply. */
+export function ensurePreSession(req: FastifyRequest, reply: FastifyReply, config: Config): string {
+  const { secure, names } = cookieSecurity(config);
+  const existing = req.cookies[names.preSession];
+  if (existing !== undefined && /^[A-Za-z0-9_-]{43}$/.test(existing)) return existing;
+  const value = generateSecret(32);
+  reply.setCookie(names.preSession, value, { httpOnly: true, sameSite: 'lax', path: '/', secure, maxAge: PRE_SESSION_TTL_SECONDS });
+  return value;
+}
+
+export type CsrfBinding = { session: string } | { preSession: string };
+
+function bindingString(binding: CsrfBinding): string {
+  return 'session' in binding ? `session:${binding.session}` : `pre-session:${binding.preSession}`;
+}
+
+export function csrfToken(config: Config, binding: CsrfBinding): string {
+  return createHmac('sha256', deriveKey(config.secretKey, 'csrf')).update(bindingString(binding), 'utf8').digest('base64url');
+}
+
+/** Whether `token` is the CSRF token for `binding`, compared in constant time. */
+export function csrfTokenMatches(config: Config, binding: CsrfBinding | undefined, token: unknown): boolean {
+  if (binding === undefined || typeof token !== 'string') return false;
+  const expected = Buffer.from(csrfToken(config, binding), 'utf8');
+  const actual = Buffer.from(token, 'utf8');
+  return actual.length === expected.length && timingSafeEqual(actual, expected);
+}
+
+/** The pre-session binding from the request's cookie, if it sent one. */
+export function preSessionBinding(req: FastifyRequest, config: Config): CsrfBinding | undefined {
+  const value = req.cookies[cookieSecurity(config).names.preSession];
+  return value === undefined || value === '' ? undefined : { preSession: value };
+}
+
+/**
+ * AZ-9: where to go after signing in. Only a same-origin path: one leading `/`, not `//` or
+ * `/\` (browsers read both as another host), no backslashes or control characters at all.
+ */
+export function safeReturnTo(value: unknown, fallback = '/dashboard'): string {
+  if (typeof value !== 'string' || value.length > 4096) return fallback;
+  if (!value.startsWith('/') || value.startsWith('//') || /[\\\x00-\x1f\x7f]/.test(value)) return fallback;
+  // Belt and braces: resolved against a dummy origin, it must stay on that origin.
+  const base = 'http://orgauth.invalid';
+  return URL.canParse(value, base) && new URL(value, base).origin === base ? value : fallback;
+}

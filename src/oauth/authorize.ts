@@ -1,0 +1,228 @@
+/**
+ * The authorization endpoint (RFC 6749 §4.1.1) and its consent form.
+ *
+ * GET /oauth/authorize checks the client and redirect_uri first: if either is wrong nothing is
+ * redirected anywhere, the user sees an error page (AZ-2). Then the user must be signed in
+ * before anything goes back to the client (AZ-6). Every other problem is reported to the
+ * client on its redirect_uri (AZ-3). POST /oauth/authorize (the consent form) repeats every
+ * check, verifies the CSRF token and the chosen organization (AZ-8), and answers with a 303.
+ */
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { listUserOrganizations, loginPath } from '../accounts/pages.js';
+import { csrfToken, csrfTokenMatches, currentUser, type SessionUser } from '../accounts/sessions.js';
+import type { Config } from '../config.js';
+import type { DB } from '../db/connect.js';
+import type { Application } from '../db/schema.js';
+import { InvalidRequestError, sanitizeDescription } from '../errors.js';
+import { ForbiddenError, renderError, renderPage, setUpPages } from '../pages/render.js';
+import { findApplicationByClientId } from './applications.js';
+import { createAuthorizationCode } from './codes.js';
+import { InvalidScopeError } from './errors.js';
+import { parseCanonicalId, readParams } from './params.js';
+import { grantableScopes, type Scope, SCOPE_DESCRIPTIONS } from './scopes.js';
+
+export const STATE_MIN_LENGTH = 16;
+/** RFC 7636 §4.2: a code challenge is 43 to 128 unreserved characters. */
+const CODE_CHALLENGE = /^[A-Za-z0-9\-._~]{43,128}$/;
+/** The OAuth parameters the consent form carries back, in hidden fields. */
+const CARRIED_PARAMS = ['client_id', 'redirect_uri', 'response_type', 'scope', 'state', 'code_challenge', 'code_challenge_method'] as const;
+
+type Raw = Record<string, unknown>;
+
+interface ClientTarget {
+  application: Application;
+  redirectUri: string;
+}
+
+interface AuthorizationRequest extends ClientTarget {
+  scopes: Scope[];
+  state: string;
+  codeChallenge: string | null;
+  /** The carried parameters as sent, for the consent form's hidden fields. */
+  carried: { name: string; value: string }[];
+}
+
+/** An error for the client, delivered on its redirect_uri (RFC 6749 §4.1.2.1). */
+interface RedirectError {
+  error: 'invalid_request' | 'unsupported_response_type' | 'invalid_scope' | 'unauthorized_client' | 'access_denied';
+  description: string;
+  /** The state as sent, echoed even when it is what was wrong. */
+  state: string | undefined;
+}
+
+/** Thrown for the errors that must not redirect (AZ-2): the error handler shows a 400 page. */
+class UntrustedRedirectError extends InvalidRequestError {}
+
+function asRaw(source: unknown): Raw {
+  return typeof source === 'object' && source !== null ? (source as Raw) : {};
+}
+
+/** The first value sent for `name` (strings only), whatever else is wrong with the request. */
+function firstValue(raw: Raw, name: string): string | undefined {
+  const value = Object.hasOwn(raw, name) ? raw[name] : undefined;
+  const first = Array.isArray(value) ? value[0] : value;
+  return typeof first === 'string' && first !== '' ? first : undefined;
+}
+
+/** A parameter the error page depends on: exactly one non-empty string without NUL. */
+function singleValue(raw: Raw, name: string): string | undefined {
+  const value = Object.hasOwn(raw, name) ? raw[name] : undefined;
+  if (Array.isArray(value)) throw new UntrustedRedirectError(`The ${name} parameter was sent more than once.`);
+  if (typeof value !== 'string' || value === '') return undefined;
+  if (value.includes('\u0000') || value.length > 2000) throw new UntrustedRedirectError(`The ${name} parameter is malformed.`);
+  return value;
+}
+
+/**
+ * AZ-1, AZ-2: the client must exist and be enabled, and redirect_uri must be one of its
+ * registered URIs, byte for byte (RFC 9700 §2.1: no case folding, prefix or normalization).
+ */
+async function identifyClient(db: DB, raw: Raw): Promise<ClientTarget> {
+  const clientId = singleValue(raw, 'client_id');
+  if (clientId === undefined) throw new UntrustedRedirectError('The request does not name an application (client_id is missing).');
+  const application = await findApplicationByClientId(db, clientId);
+  if (!application || application.disabled) throw new UntrustedRedirectError('The application is unknown or has been disabled.');
+  const redirectUri = singleValue(raw, 'redirect_uri');
+  if (redirectUri === undefined) throw new UntrustedRedirectError('The request has no redirect_uri.');
+  if (!application.redirect_uris.includes(redirectUri)) {
+    throw new UntrustedRedirectError('The redirect_uri is not registered for this application.');
+  }
+  return { application, redirectUri };
+}
+
+/** Everything else about the request; problems go back to the client (AZ-3). */
+function validateRequest(target: ClientTarget, raw: Raw): AuthorizationRequest | RedirectError {
+  const sentState = firstValue(raw, 'state');
+  const fail = (error: RedirectError['error'], description: string): RedirectError => ({ error, description, state: sentState });
+  let params;
+  try {
+    params = readParams(raw); // AZ-5: repeats refused, empty = absent, unknown ignored
+  } catch (err) {
+    return fail('invalid_request', err instanceof InvalidRequestError ? err.description : 'the request parameters could not be read');
+  }
+  const { response_type: responseType, state, scope } = params;
+  if (responseType === undefined) return fail('invalid_request', 'response_type is required');
+  if (responseType !== 'code') return fail('unsupported_response_type', 'response_type must be code');
+  if (state === undefined) return fail('invalid_request', 'state is required');
+  if (state.length < STATE_MIN_LENGTH) return fail('invalid_request', `state must be at least ${STATE_MIN_LENGTH} characters`);
+  if (target.application.type !== 'public') return fail('unauthorized_client', 'this application may not use the authorization code grant');
+  if (scope === undefined) return fail('invalid_scope', 'scope is required');
+  let scopes: Scope[];
+  try {
+    scopes = grantableScopes(scope, target.application.scopes);
+  } catch (err) {
+    if (err instanceof InvalidScopeError) return fail('invalid_scope', err.description);
+    throw err;
+  }
+  // RFC 7636, RFC 9700 §2.1.1: S256 only (PK-1); required when the application says so (PK-2).
+  const challenge = params.code_challenge;
+  const method = params.code_challenge_method;
+  if (challenge === undefined) {
+    if (method !== undefined) return fail('invalid_request', 'code_challenge_method was sent without code_challenge');
+    if (target.application.require_pkce) return fail('invalid_request', 'this application requires PKCE: code_challenge is required');
+  } else {
+    if (method !== 'S256') return fail('invalid_request', 'code_challenge_method must be S256');
+    if (!CODE_CHALLENGE.test(challenge)) return fail('invalid_request', 'code_challenge must be 43 to 128 characters of A-Z a-z 0-9 - . _ ~');
+  }
+  const carried = CARRIED_PARAMS.flatMap((name) => {
+    const value = params[name];
+    return value === undefined ? [] : [{ name, value }];
+  });
+  return { ...target, scopes, state, codeChallenge: challenge ?? null, carried };
+}
+
+/**
+ * The registered URI plus the response parameters. Appended as text, not through URL, so the
+ * registered query stays exactly as registered; registered URIs have no fragment (AZ-10).
+ */
+export function redirectLocation(redirectUri: string, params: Record<string, string | undefined>): string {
+  const query = new URLSearchParams();
+  for (const [name, value] of Object.entries(params)) if (value !== undefined) query.append(name, value);
+  const separator = !redirectUri.includes('?') ? '?' : /[?&]$/.test(redirectUri) ? '' : '&';
+  // A header value must be ASCII; percent-encode anything else the registered URI holds.
+  const base = redirectUri.replace(/[^\x21-\x7e]/gu, (c) => encodeURIComponent(c));
+  return `${base}${separator}${query.toString()}`;
+}
+
+export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { db: DB; config: Config }): Promise<void> {
+  await setUpPages(app, config);
+
+  const redirectError = (reply: FastifyReply, redirectUri: string, e: RedirectError) =>
+    reply.redirect(
+      redirectLocation(redirectUri, { error: e.error, error_description: sanitizeDescription(e.description), state: e.state, iss: config.issuer }),
+      303,
+    );
+
+  async function renderConsent(reply: FastifyReply, user: SessionUser, request: AuthorizationRequest) {
+    const organizations = await listUserOrganizations(db, user.userId);
+    if (organizations.length === 0) {
+      return renderPage(reply, 403, 'error', {
+        title: 'No organization',
+        message: `You are not a member of any organization, so ${request.application.name} cannot be given access. Ask an administrator to add you to one.`,
+      });
+    }
+    return renderPage(reply, 200, 'consent', {
+      title: `Authorize ${request.application.name}`,
+      applicationName: request.application.name,
+      userLabel: user.name ? `${user.name} (${user.email})` : user.email,
+      scopes: request.scopes.map((name) => ({ name, description: SCOPE_DESCRIPTIONS[name] })),
+      organizations,
+      hidden: request.carried,
+      redirectOrigin: new URL(request.redirectUri).origin,
+      csrfToken: csrfToken(config, { session: user.sessionId }),
+    });
+  }
+
+  app.get('/oauth/authorize', async (req: FastifyRequest, reply) => {
+    const raw = asRaw(req.query);
+    const target = await identifyClient(db, raw);
+    const user = await currentUser(db, config, req);
+    // AZ-6: sign in first; the login page brings the browser back to this very request.
+    if (!user) return reply.redirect(loginPath(req.url), 303);
+    const request = validateRequest(target, raw);
+    if ('error' in request) return redirectError(reply, target.redirectUri, request);
+    return renderConsent(reply, user, request);
+  });
+
+  app.post('/oauth/authorize', async (req, reply) => {
+    const raw = asRaw(req.body);
+    const target = await identifyClient(db, raw);
+    const user = await currentUser(db, config, req);
+    if (!user) throw new ForbiddenError('Your session has ended. Go back to the application and start again.');
+    const token = typeof raw.csrf_token === 'string' ? raw.csrf_token : undefined;
+    if (!csrfTokenMatches(config, { session: user.sessionId }, token)) {
+      throw new ForbiddenError('This form has expired or did not come from this site. Go back to the application and start again.');
+    }
+    const request = validateRequest(target, raw);
+    if ('error' in request) return redirectError(reply, target.redirectUri, request);
+
+    const decision = raw.decision;
+    if (decision === 'deny') {
+      return redirectError(reply, target.redirectUri, { error: 'access_denied', description: 'the user denied the request', state: request.state });
+    }
+    if (decision !== 'approve') throw new InvalidRequestError('Choose Allow or Deny.');
+
+    // AZ-8: the organization comes from the form, so it is checked against the user's memberships.
+    const organizationId = typeof raw.organization_id === 'string' ? parseCanonicalId(raw.organization_id) : undefined;
+    if (organizationId === undefined) throw new InvalidRequestError('Choose an organization.');
+    const membership = await db
+      .selectFrom('memberships')
+      .select('role')
+      .where('user_id', '=', user.userId)
+      .where('organization_id', '=', organizationId)
+      .executeTakeFirst();
+    if (!membership) throw new ForbiddenError('You are not a member of the organization you chose.');
+
+    const code = await createAuthorizationCode(db, {
+      organizationId,
+      applicationId: request.application.id,
+      userId: user.userId,
+      redirectUri: request.redirectUri,
+      scopes: request.scopes,
+      codeChallenge: request.codeChallenge,
+      ttlSeconds: config.authCodeTtl,
+    });
+    req.log.info({ client_id: request.application.client_id, organization_id: organizationId }, 'authorization code issued');
+    return reply.redirect(redirectLocation(request.redirectUri, { code, state: request.state, iss: config.issuer }), 303);
+  });
+}
