@@ -187,6 +187,22 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
     expect(await jsonError('app', 'rotate-secret', '--client-id', 'nope')).toEqual({ error: 'not_found', error_description: 'no application with client_id nope' });
   });
 
+  it('token create prints a client_credentials token response for a private application', async () => {
+    const app = await json('app', 'create', '--org', String(orgId), '--type', 'private', '--name', 'Tokens', '--scopes', 'contacts.read tasks.read');
+    const token = await json('token', 'create', '--client-id', app.client_id as string, '--scopes', 'tasks.read');
+    expect(token).toEqual({
+      token_type: 'Bearer', expires_in: 31_536_000, access_token: expect.stringMatching(/^eyJ/), scope: 'tasks.read',
+      organization_id: orgId, organization_name: 'Acme Corp',
+    });
+    expect((await json('token', 'create', '--client-id', app.client_id as string)).scope).toBe('contacts.read tasks.read');
+    expect(await jsonError('token', 'create', '--client-id', app.client_id as string, '--scopes', 'contacts.write')).toEqual({
+      error: 'invalid_scope', error_description: expect.stringMatching(/not allowed/),
+    });
+    const pub = await json('app', 'create', '--org', String(orgId), '--type', 'public', '--name', 'Pub', '--redirect-uri', 'https://p.example.com/cb');
+    expect((await jsonError('token', 'create', '--client-id', pub.client_id as string)).error).toBe('unauthorized_client');
+    expect((await jsonError('token', 'create', '--client-id', 'nope')).error).toBe('not_found');
+  });
+
   it('keys rotate makes a new active key of SIGNING_ALG', async () => {
     const first = await json('keys', 'rotate');
     expect(first).toEqual({ kid: expect.stringMatching(/^[A-Za-z0-9_-]{43}$/), alg: 'ES256' });
@@ -210,7 +226,7 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
   it('prints help, and refuses unknown commands and options', async () => {
     const help = await cli('--help');
     expect(help.code).toBe(0);
-    for (const command of ['migrate', 'user create', 'org create', 'member add', 'app create', 'app rotate-secret', 'keys rotate', 'seed-demo']) {
+    for (const command of ['migrate', 'user create', 'org create', 'member add', 'app create', 'app rotate-secret', 'token create', 'keys rotate', 'seed-demo']) {
       expect(help.stdout).toContain(command);
     }
     expect((await cli('app', 'create', '--help')).stdout).toMatch(/^usage: orgauth app create --org ID/);

@@ -13,6 +13,7 @@ import {
   type CryptoKey,
   type JWK,
 } from 'jose';
+import { sql } from 'kysely';
 import { ConfigError, type SigningAlg } from '../config.js';
 import type { DB } from '../db/connect.js';
 import { isUniqueViolation } from '../db/errors.js';
@@ -48,8 +49,22 @@ export async function rotateSigningKey(db: DB, options: { alg: SigningAlg; secre
   for (let attempt = 0; ; attempt++) {
     try {
       await db.transaction().execute(async (trx) => {
-        await trx.updateTable('signing_keys').set({ retired_at: new Date() }).where('retired_at', 'is', null).execute();
+        const retired = await trx.updateTable('signing_keys').set({ retired_at: new Date() }).where('retired_at', 'is', null).returning('kid').execute();
         await trx.insertInto('signing_keys').values(row).execute();
+        // Keys sign every organization's tokens, so the rotation goes into every organization's log.
+        await trx
+          .insertInto('audit_events')
+          .columns(['organization_id', 'action', 'details'])
+          .expression((eb) =>
+            eb
+              .selectFrom('organizations')
+              .select([
+                'id',
+                sql<string>`'signing_key.rotated'`.as('action'),
+                sql<string>`jsonb_build_object('kid', ${row.kid}::text, 'alg', ${row.alg}::text, 'retired', ${retired.map((k) => k.kid).join(' ')}::text)`.as('details'),
+              ]),
+          )
+          .execute();
       });
       return { kid: row.kid, alg: options.alg };
     } catch (err) {

@@ -1,5 +1,10 @@
 import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
+import argon2 from 'argon2';
+import { hashPassword, verifyPassword } from '../../src/accounts/passwords.js';
+import { connectDatabase } from '../../src/db/connect.js';
+import { migrateToLatest } from '../../src/db/migrate.js';
+import { sha256Hex } from '../../src/lib/crypto.js';
 import { createAuthorizationCode } from '../../src/oauth/codes.js';
 import { REVOCATION_CHANNEL, revokeGrant } from '../../src/oauth/grant-store.js';
 import { ensureSigningKey } from '../../src/oauth/keys.js';
@@ -187,9 +192,72 @@ describe(`refresh_token on ${BACKEND}`, () => {
       .selectFrom('refresh_tokens as r')
       .innerJoin('refresh_tokens as p', 'p.id', 'r.parent_id')
       .select('r.id')
-      .where('p.token_hash', '=', (await import('../../src/lib/crypto.js')).sha256Hex(first.refresh_token))
+      .where('p.token_hash', '=', sha256Hex(first.refresh_token))
       .execute();
     expect(successors).toHaveLength(1);
+  });
+});
+
+describe(`secrets at rest on ${BACKEND} (CD-4)`, () => {
+  it('keeps codes and refresh tokens only as SHA-256 digests of 256-bit random values', async () => {
+    const code = await newCode();
+    const issued = await tokens(code);
+    expect(code).toMatch(/^[A-Za-z0-9_-]{43}$/);
+    const dump = JSON.stringify([
+      await t.handle.db.selectFrom('authorization_codes').selectAll().execute(),
+      await t.handle.db.selectFrom('refresh_tokens').selectAll().execute(),
+    ]);
+    expect(dump).toContain(sha256Hex(code));
+    expect(dump).toContain(sha256Hex(issued.refresh_token));
+    expect(dump).not.toContain(code);
+    expect(dump).not.toContain(issued.refresh_token);
+  });
+});
+
+describe('no slow hashing on the token endpoint (argon2 is for passwords only)', () => {
+  it('authenticates clients and issues tokens without calling argon2', async () => {
+    const hash = vi.spyOn(argon2, 'hash');
+    const verify = vi.spyOn(argon2, 'verify');
+    try {
+      const issued = await tokens();
+      expect((await refresh(issued.refresh_token)).statusCode).toBe(200);
+      expectError(await post('/oauth/token', { grant_type: 'refresh_token', refresh_token: 'x' }, { authorization: basic(org.publicApp.client_id, 'wrong') }), 401, 'invalid_client');
+      expect(hash).not.toHaveBeenCalled();
+      expect(verify).not.toHaveBeenCalled();
+      // The spies do see argon2 where it is used: for passwords.
+      expect(await verifyPassword(await hashPassword('a password of some length'), 'a password of some length')).toBe(true);
+      expect(hash).toHaveBeenCalledTimes(1);
+      expect(verify).toHaveBeenCalledTimes(1);
+    } finally {
+      hash.mockRestore();
+      verify.mockRestore();
+    }
+  });
+});
+
+describe('when the database is away (MD-1)', () => {
+  it('revocation and introspection answer 503, never 200 or active', async () => {
+    const handle = await connectDatabase({ kind: 'pglite', dataDir: null });
+    await migrateToLatest(handle.db);
+    await ensureSigningKey(handle.db, { alg: 'ES256', secretKey: TEST_SECRET_KEY });
+    const fixture = await createOrgFixture(handle.db);
+    const down = await buildTestApp(handle.db);
+    try {
+      await handle.close();
+      for (const url of ['/oauth/revoke', '/oauth/introspect', '/oauth/token']) {
+        const res = await down.inject({
+          method: 'POST',
+          url,
+          headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(fixture.publicApp.client_id, fixture.publicApp.client_secret) },
+          payload: form({ token: 'anything', grant_type: 'refresh_token', refresh_token: 'x' }),
+        });
+        expect({ url, status: res.statusCode, body: res.json() }).toEqual({
+          url, status: 503, body: { error: 'temporarily_unavailable', error_description: expect.any(String) },
+        });
+      }
+    } finally {
+      await down.close();
+    }
   });
 });
 

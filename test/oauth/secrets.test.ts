@@ -110,6 +110,8 @@ describe(`signing keys on ${BACKEND}`, () => {
     const keys = await t.handle.db.selectFrom('signing_keys').select(['kid', 'alg', 'retired_at']).execute();
     expect(keys.find((k) => k.kid === before!.kid)?.retired_at).toBeInstanceOf(Date);
     expect(keys.filter((k) => k.retired_at === null)).toEqual([{ kid: rotated.kid, alg: 'EdDSA', retired_at: null }]);
+    const logged = await t.handle.db.selectFrom('audit_events').select('details').where('organization_id', '=', orgId).where('action', '=', 'signing_key.rotated').execute();
+    expect(logged).toEqual([{ details: { kid: rotated.kid, alg: 'EdDSA', retired: before!.kid } }]);
   });
 
   it('follow SIGNING_ALG: a changed algorithm rotates at start-up', async () => {
