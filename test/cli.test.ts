@@ -132,7 +132,7 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
   it('app create (private) prints client_id and client_secret; the database holds only the hash', async () => {
     const app = await json('app', 'create', '--org', String(orgId), '--type', 'private', '--name', 'X');
     expect(app).toEqual({
-      client_id: expect.stringMatching(/^[A-Za-z0-9_-]{22}$/),
+      client_id: expect.stringMatching(/^[0-9a-f]{32}$/),
       client_secret: expect.stringMatching(/^[A-Za-z0-9_-]{43}$/),
       type: 'private',
       organization_id: orgId,

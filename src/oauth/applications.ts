@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
 import { recordAuditEvent } from '../audit/events.js';
 import { type DB, inTransaction } from '../db/connect.js';
@@ -48,6 +49,14 @@ export interface ApplicationWithSecret {
   scopes: string[];
 }
 
+/**
+ * 128 random bits in hex: public, but unguessable, and safe wherever it goes (a URL, a Basic
+ * header, a shell argument: base64url could start with "-" and read as an option).
+ */
+function newClientId(): string {
+  return randomBytes(16).toString('hex');
+}
+
 function newClientSecret(): { secret: string; hash: string } {
   const secret = generateSecret(32);
   return { secret, hash: sha256Hex(secret) };
@@ -68,7 +77,7 @@ export async function createApplication(db: DB, input: NewApplicationInput): Pro
         .insertInto('applications')
         .values({
           organization_id: app.organizationId,
-          client_id: generateSecret(16),
+          client_id: newClientId(),
           client_secret_hash: hash,
           type: app.type,
           name: app.name,

@@ -39,7 +39,7 @@ describe(`applications on ${BACKEND}`, () => {
   it('keep only the hash of the client secret', async () => {
     const app = await createApplication(t.handle.db, { organizationId: orgId, type: 'private', name: 'Sync' });
     expect(app.client_secret).toMatch(/^[A-Za-z0-9_-]{43}$/);
-    expect(app.client_id).toMatch(/^[A-Za-z0-9_-]{22}$/);
+    expect(app.client_id).toMatch(/^[0-9a-f]{32}$/);
     const row = await findApplicationByClientId(t.handle.db, app.client_id);
     expect(row?.client_secret_hash).toBe(sha256Hex(app.client_secret));
     const dump = JSON.stringify(await t.handle.db.selectFrom('applications').selectAll().execute());
