@@ -7,6 +7,7 @@ import cookie from '@fastify/cookie';
 import formbody from '@fastify/formbody';
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, LogController } from 'fastify';
 import { accountPages } from './accounts/pages.js';
+import { API_PREFIX, apiRoutes } from './api/index.js';
 import type { Config } from './config.js';
 import type { DB, Listen } from './db/connect.js';
 import { isDatabaseUnavailable } from './db/errors.js';
@@ -48,8 +49,12 @@ function toAppError(err: FastifyError | Error): AppError | undefined {
   if (err instanceof AppError) return err;
   if (isDatabaseUnavailable(err)) return new ServiceUnavailableError(undefined, { cause: err });
   if ('validation' in err && Array.isArray(err.validation)) {
-    const details = err.validation.map((v) => ({ path: String(v.instancePath ?? ''), message: String(v.message ?? 'invalid') }));
-    return new InvalidRequestError(err.message, { details, cause: err });
+    const context = 'validationContext' in err && typeof err.validationContext === 'string' ? err.validationContext : '';
+    const details = err.validation.map((v) => ({
+      path: String(v.instancePath ?? '').replace(/^\//, '').replace(/\//g, '.') || context,
+      message: String(v.message ?? 'invalid'),
+    }));
+    return new InvalidRequestError(`invalid ${context || 'request'}: ${details.map((d) => `${d.path} ${d.message}`).join('; ')}`, { details, cause: err });
   }
   const status = 'statusCode' in err ? err.statusCode : undefined;
   if (typeof status === 'number' && status >= 400 && status < 500) {
@@ -107,6 +112,7 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await app.register(tokenEndpoint, oauth);
   await app.register(revocationEndpoint, oauth);
   await app.register(introspectionEndpoint, oauth);
+  await app.register(apiRoutes, { ...oauth, prefix: API_PREFIX });
 
   // Browser pages: each plugin sets up its own security headers and HTML error pages (AZ-7).
   await app.register(pageAssets);

@@ -1,5 +1,6 @@
 import { z } from 'zod';
 import { recordAuditEvent } from '../audit/events.js';
+import { revokeGrant } from '../oauth/grant-store.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import { isUniqueViolation } from '../db/errors.js';
 import type { Organization, Role } from '../db/schema.js';
@@ -77,5 +78,41 @@ export async function addMember(
       if (isUniqueViolation(err)) throw new ConflictError(`user ${input.userId} is already a member of organization ${input.organizationId}`);
       throw err;
     }
+  });
+}
+
+/**
+ * Removes a user from an organization and revokes every grant that user gave there, so their
+ * tokens stop working on every instance (the API never has to re-check membership). The last
+ * owner cannot be removed.
+ */
+export async function removeMember(db: DB, input: { organizationId: number; userId: number; actorUserId?: number | null }): Promise<void> {
+  await inTransaction(db, async (trx) => {
+    const owners = await trx
+      .selectFrom('memberships')
+      .select(['user_id', 'role'])
+      .where('organization_id', '=', input.organizationId)
+      .forUpdate()
+      .execute();
+    const member = owners.find((m) => m.user_id === input.userId);
+    if (!member) throw new NotFoundError(`user ${input.userId} is not a member of organization ${input.organizationId}`);
+    if (member.role === 'owner' && owners.filter((m) => m.role === 'owner').length === 1) {
+      throw new ConflictError('the last owner of an organization cannot be removed');
+    }
+    await trx.deleteFrom('memberships').where('organization_id', '=', input.organizationId).where('user_id', '=', input.userId).execute();
+    await recordAuditEvent(trx, {
+      organizationId: input.organizationId,
+      action: 'member.removed',
+      actorUserId: input.actorUserId ?? null,
+      details: { user_id: input.userId, role: member.role },
+    });
+    const grants = await trx
+      .selectFrom('grants')
+      .select('id')
+      .where('organization_id', '=', input.organizationId)
+      .where('user_id', '=', input.userId)
+      .where('revoked_at', 'is', null)
+      .execute();
+    for (const grant of grants) await revokeGrant(trx, grant.id, 'member_removed', { actorUserId: input.actorUserId ?? null });
   });
 }

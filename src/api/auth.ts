@@ -1,0 +1,110 @@
+/**
+ * The one gate in front of everything under /api/v1/:organization_id: a canonical organization
+ * id in the path, a live bearer token (RFC 6750) for that organization, JSON accepted, and the
+ * route's scope. Routes inside the plugin cannot forget any of it.
+ */
+import type { FastifyRequest } from 'fastify';
+import type { Config } from '../config.js';
+import { AppError, NotFoundError } from '../errors.js';
+import { type AccessTokenClaims, InvalidTokenError, verifyLiveAccessToken } from '../oauth/access-tokens.js';
+import type { KeyStore } from '../oauth/key-store.js';
+import type { RevocationList } from '../oauth/revocations.js';
+
+export interface ApiAuth {
+  organizationId: number;
+  claims: AccessTokenClaims;
+  scopes: ReadonlySet<string>;
+  /** The user the token acts for, or null when the application acts for itself. */
+  userId: number | null;
+}
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    auth: ApiAuth | null;
+  }
+  interface FastifyContextConfig {
+    /** The scope a route needs (RFC 6750 §3.1 insufficient_scope otherwise); null: any valid token. */
+    scope?: string | null;
+  }
+}
+
+const REALM = 'Bearer realm="orgauth"';
+/** A canonical positive bigint: one spelling per organization (no 01, +1, 1.0, 1e3, " 1"). */
+const CANONICAL_ID = /^[1-9][0-9]{0,18}$/;
+const MAX_BIGINT = 9_223_372_036_854_775_807n;
+
+/** Parses a path id; undefined for anything that is not the canonical spelling of a bigint we can hold. */
+export function parsePathId(value: unknown): number | undefined {
+  if (typeof value !== 'string' || !CANONICAL_ID.test(value) || BigInt(value) > MAX_BIGINT) return undefined;
+  const n = Number(value);
+  // Ids beyond 2^53 are valid bigints no row of ours can have.
+  return Number.isSafeInteger(n) ? n : undefined;
+}
+
+/** Whether an Accept header admits application/json (absent means anything). */
+export function acceptsJson(accept: string | undefined): boolean {
+  if (accept === undefined || accept.trim() === '') return true;
+  return accept.split(',').some((range) => {
+    const [type = '', ...params] = range.split(';').map((p) => p.trim().toLowerCase());
+    const q = params.find((p) => p.startsWith('q='));
+    if (q !== undefined && !(Number(q.slice(2)) > 0)) return false;
+    return type === 'application/json' || type === 'application/*' || type === '*/*';
+  });
+}
+
+/** RFC 6750 §2.1: `Bearer <token>`, the scheme case-insensitive; anything else counts as no token. */
+export function bearerToken(authorization: string | undefined): string | undefined {
+  const match = authorization === undefined ? null : /^Bearer +([A-Za-z0-9\-._~+/]+=*) *$/i.exec(authorization);
+  return match?.[1];
+}
+
+export class InsufficientScopeError extends AppError {
+  constructor(scope: string) {
+    super(403, 'insufficient_scope', `this request needs the ${scope} scope`, {
+      headers: { 'www-authenticate': `${REALM}, error="insufficient_scope", scope="${scope}"` },
+    });
+  }
+}
+
+export function authenticateApiRequest(ctx: { keys: KeyStore; revocations: RevocationList; config: Config }) {
+  return async (req: FastifyRequest): Promise<void> => {
+    const params = req.params as { organization_id?: unknown };
+    const organizationId = parsePathId(params.organization_id);
+    if (organizationId === undefined) throw new NotFoundError('no such organization');
+    if (!acceptsJson(req.headers.accept)) throw new AppError(406, 'not_acceptable', 'this API answers application/json only');
+
+    // RFC 6750 §2: the header only; a token in the query string is ignored.
+    const token = bearerToken(req.headers.authorization);
+    if (token === undefined) {
+      throw new AppError(401, 'invalid_request', 'an access token is required (Authorization: Bearer <token>)', { headers: { 'www-authenticate': REALM } });
+    }
+    let claims: AccessTokenClaims;
+    try {
+      claims = await verifyLiveAccessToken(ctx, token);
+    } catch (err) {
+      if (!(err instanceof InvalidTokenError)) throw err;
+      req.log.info({ reason: err.reason }, 'access token refused');
+      throw new AppError(401, 'invalid_token', 'the access token is invalid, expired or revoked', {
+        headers: { 'www-authenticate': `${REALM}, error="invalid_token"` },
+      });
+    }
+    // The contract: the organization in the token is the organization in the path (BR-3).
+    if (claims.organization_id !== organizationId) {
+      throw new AppError(403, 'organization_mismatch', 'the access token was issued for another organization');
+    }
+    const userId = claims.sub === claims.client_id ? null : Number(claims.sub);
+    req.auth = { organizationId, claims, scopes: new Set(claims.scope.split(' ')), userId };
+  };
+}
+
+/** preHandler: the route's declared scope must be in the token (BR-2). */
+export async function requireRouteScope(req: FastifyRequest): Promise<void> {
+  const scope = req.routeOptions.config.scope;
+  if (scope && !req.auth?.scopes.has(scope)) throw new InsufficientScopeError(scope);
+}
+
+/** The authenticated request's auth; routes inside the API plugin always have it. */
+export function authOf(req: FastifyRequest): ApiAuth {
+  if (!req.auth) throw new Error('API route reached without authentication');
+  return req.auth;
+}
