@@ -8,6 +8,7 @@ import formbody from '@fastify/formbody';
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, LogController } from 'fastify';
 import { accountPages } from './accounts/pages.js';
 import { API_PREFIX, apiRoutes } from './api/index.js';
+import { openApiRoutes, registerOpenApi } from './api/openapi.js';
 import type { Config } from './config.js';
 import type { DB, Listen } from './db/connect.js';
 import { isDatabaseUnavailable } from './db/errors.js';
@@ -112,7 +113,9 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await app.register(tokenEndpoint, oauth);
   await app.register(revocationEndpoint, oauth);
   await app.register(introspectionEndpoint, oauth);
+  await registerOpenApi(app, config);
   await app.register(apiRoutes, { ...oauth, prefix: API_PREFIX });
+  await app.register(openApiRoutes);
 
   // Browser pages: each plugin sets up its own security headers and HTML error pages (AZ-7).
   await app.register(pageAssets);

@@ -1,0 +1,65 @@
+/**
+ * The OpenAPI 3.1 document, generated from the API routes' zod schemas (one definition for
+ * validation, serialization and documentation), with the OAuth 2.0 security scheme and each
+ * operation's scope; GET /openapi.json, and a browsable GET /docs served from npm packages.
+ */
+import swagger from '@fastify/swagger';
+import swaggerUi from '@fastify/swagger-ui';
+import type { FastifyInstance } from 'fastify';
+import { jsonSchemaTransform, jsonSchemaTransformObject } from 'fastify-type-provider-zod';
+import type { Config } from '../config.js';
+import { SCOPE_DESCRIPTIONS } from '../oauth/scopes.js';
+
+const API_PATH = /^\/api\/v1\//;
+
+export async function registerOpenApi(app: FastifyInstance, config: Config): Promise<void> {
+  await app.register(swagger, {
+    openapi: {
+      openapi: '3.1.0',
+      info: {
+        title: 'orgauth API',
+        version: '1.0.0',
+        description:
+          'Organization-scoped API. Every path starts with the organization_id of the token response; a token for another organization is refused with 403 organization_mismatch.',
+      },
+      servers: [{ url: config.issuer }],
+      components: {
+        securitySchemes: {
+          oauth2: {
+            type: 'oauth2',
+            description: 'Access tokens from the authorization code grant (public applications) or client_credentials (private ones).',
+            flows: {
+              authorizationCode: {
+                authorizationUrl: `${config.issuer}/oauth/authorize`,
+                tokenUrl: `${config.issuer}/oauth/token`,
+                refreshUrl: `${config.issuer}/oauth/token`,
+                scopes: SCOPE_DESCRIPTIONS,
+              },
+              clientCredentials: { tokenUrl: `${config.issuer}/oauth/token`, scopes: SCOPE_DESCRIPTIONS },
+            },
+          },
+        },
+      },
+    },
+    transform: (input) => {
+      // Only the API is documented here; the OAuth endpoints are described by RFC 8414 metadata.
+      if (!API_PATH.test(input.url)) return { schema: { ...input.schema, hide: true }, url: input.url };
+      const out = jsonSchemaTransform(input);
+      const scope = input.route.config?.scope;
+      return { ...out, schema: { ...out.schema, security: [{ oauth2: scope ? [scope] : [] }] } };
+    },
+    transformObject: jsonSchemaTransformObject,
+  });
+}
+
+/** Registered after the routes: the document can only be built once they exist. */
+export async function openApiRoutes(app: FastifyInstance): Promise<void> {
+  app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
+  await app.register(swaggerUi, {
+    routePrefix: '/docs',
+    // No validator badge (it would call another origin) and a CSP built from the assets' hashes.
+    uiConfig: { validatorUrl: null, deepLinking: false },
+    staticCSP: true,
+    transformStaticCSP: (header) => `${header}; frame-ancestors 'none'`,
+  });
+}
