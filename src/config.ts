@@ -38,6 +38,10 @@ export interface Config {
   readonly refreshReuseGrace: number;
   readonly signingAlg: SigningAlg;
   readonly logLevel: (typeof LOG_LEVELS)[number];
+  /** API requests per minute per (application, organization); 0 disables the limit. */
+  readonly apiRateLimit: number;
+  /** Redis for rate limits shared by every instance; null keeps them in memory, per instance. */
+  readonly redisUrl: string | null;
   /** Passed to Fastify's trustProxy: false, true, or the proxies' addresses/CIDR ranges. */
   readonly trustProxy: boolean | string[];
 }
@@ -94,6 +98,10 @@ const envSchema = z
   REFRESH_REUSE_GRACE: optional(wholeNumber(0, 3600, 'must be a whole number of seconds between 0 and 3600')),
   SIGNING_ALG: optional(z.enum(SIGNING_ALGS, { error: `must be one of ${SIGNING_ALGS.join(', ')}` })),
   LOG_LEVEL: optional(z.enum(LOG_LEVELS, { error: `must be one of ${LOG_LEVELS.join(', ')}` })),
+  API_RATE_LIMIT: optional(wholeNumber(0, 1_000_000, 'must be a whole number of requests per minute (0 disables the limit)')),
+  REDIS_URL: optional(
+    z.string().refine((v) => /^rediss?:\/\//.test(v) && URL.canParse(v), { message: 'must be a redis:// or rediss:// URL' }),
+  ),
   TRUST_PROXY: optional(
     z.string().refine((v) => parseTrustProxy(v) !== undefined, {
       message: 'must be true, false or a comma-separated list of IP addresses/CIDR ranges of the proxies',
@@ -171,6 +179,8 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
     refreshReuseGrace: e.REFRESH_REUSE_GRACE ?? 10,
     signingAlg: e.SIGNING_ALG ?? 'ES256',
     logLevel: e.LOG_LEVEL ?? 'info',
+    apiRateLimit: e.API_RATE_LIMIT ?? 600,
+    redisUrl: e.REDIS_URL ?? null,
     trustProxy: e.TRUST_PROXY === undefined ? false : (parseTrustProxy(e.TRUST_PROXY) ?? false),
   } satisfies Config);
 }

@@ -33,6 +33,8 @@ describe('parseConfig', () => {
       refreshReuseGrace: 10,
       signingAlg: 'ES256',
       logLevel: 'info',
+      apiRateLimit: 600,
+      redisUrl: null,
       trustProxy: false,
     });
     expect(Object.isFrozen(config)).toBe(true);
@@ -54,6 +56,8 @@ describe('parseConfig', () => {
       SIGNING_ALG: 'EdDSA',
       LOG_LEVEL: 'warn',
       TRUST_PROXY: '10.0.0.0/8, 127.0.0.1',
+      API_RATE_LIMIT: '0',
+      REDIS_URL: 'redis://cache:6379/2',
     });
     expect(config).toMatchObject({
       database: { kind: 'postgres', url: 'postgres://u:p@db:5432/orgauth' },
@@ -70,6 +74,8 @@ describe('parseConfig', () => {
       signingAlg: 'EdDSA',
       logLevel: 'warn',
       trustProxy: ['10.0.0.0/8', '127.0.0.1'],
+      apiRateLimit: 0,
+      redisUrl: 'redis://cache:6379/2',
     });
   });
 
@@ -111,6 +117,8 @@ describe('parseConfig', () => {
     ['REFRESH_REUSE_GRACE', 'ten', 'REFRESH_REUSE_GRACE: must be a whole number of seconds between 0 and 3600'],
     ['SIGNING_ALG', 'HS256', 'SIGNING_ALG: must be one of ES256, RS256, EdDSA'],
     ['LOG_LEVEL', 'loud', 'LOG_LEVEL: must be one of fatal, error, warn, info, debug, trace, silent'],
+    ['API_RATE_LIMIT', '-5', 'API_RATE_LIMIT: must be a whole number of requests per minute (0 disables the limit)'],
+    ['REDIS_URL', 'http://cache:6379', 'REDIS_URL: must be a redis:// or rediss:// URL'],
     ['TRUST_PROXY', 'yes', 'TRUST_PROXY: must be true, false or a comma-separated list of IP addresses/CIDR ranges of the proxies'],
     ['TRUST_PROXY', '10.0.0.0/33', 'TRUST_PROXY: must be true, false or a comma-separated list of IP addresses/CIDR ranges of the proxies'],
   ])('names %s when it is %j', (name, value, line) => {

@@ -13,6 +13,7 @@ import type { KeyStore } from '../oauth/key-store.js';
 import type { RevocationList } from '../oauth/revocations.js';
 import { authenticateApiRequest, authOf, requireRouteScope } from './auth.js';
 import { contactRoutes } from './contacts.js';
+import { registerApiRateLimit } from './rate-limit.js';
 import { errorResponses, orgParams } from './schemas.js';
 import { taskRoutes } from './tasks.js';
 
@@ -28,6 +29,7 @@ export async function apiRoutes(app: FastifyInstance, options: { db: DB; keys: K
   app.decorateRequest('auth', null);
   app.addHook('onRequest', authenticateApiRequest(options));
   app.addHook('preHandler', requireRouteScope);
+  await registerApiRateLimit(app, options.config);
   app.addHook('onSend', async (_req, reply, payload) => {
     reply.header('cache-control', 'no-store');
     return payload;

@@ -1,0 +1,39 @@
+/**
+ * API rate limits per (application, organization): API_RATE_LIMIT requests a minute, 429 with
+ * Retry-After and the IETF RateLimit-* headers. In memory per instance by default; through Redis
+ * (REDIS_URL) every instance counts against one limit. If Redis is away, requests are let
+ * through rather than refused: the limit protects the service, it must not take it down.
+ */
+import rateLimit from '@fastify/rate-limit';
+import type { FastifyInstance } from 'fastify';
+import { Redis } from 'ioredis';
+import type { Config } from '../config.js';
+import { TooManyAttemptsError } from '../oauth/errors.js';
+import { authOf } from './auth.js';
+
+export async function registerApiRateLimit(app: FastifyInstance, config: Pick<Config, 'apiRateLimit' | 'redisUrl'>): Promise<void> {
+  if (config.apiRateLimit === 0) return;
+  const redis = config.redisUrl
+    ? new Redis(config.redisUrl, { connectTimeout: 500, maxRetriesPerRequest: 1, enableOfflineQueue: false, lazyConnect: false })
+    : undefined;
+  redis?.on('error', (err) => app.log.warn({ err }, 'Redis for rate limits is unavailable; requests are not limited meanwhile'));
+  if (redis) app.addHook('onClose', async () => void (await redis.quit().catch(() => redis.disconnect())));
+
+  await app.register(rateLimit, {
+    global: true,
+    // After authentication (onRequest), so the key is the token's application and organization.
+    hook: 'preHandler',
+    max: config.apiRateLimit,
+    timeWindow: 60_000,
+    keyGenerator: (req) => {
+      const auth = authOf(req);
+      return `${auth.claims.client_id}:${auth.organizationId}`;
+    },
+    enableDraftSpec: true,
+    skipOnError: true,
+    nameSpace: 'orgauth-api-rl:',
+    ...(redis ? { redis } : {}),
+    errorResponseBuilder: (_req, ctx) =>
+      new TooManyAttemptsError(Math.max(1, Math.ceil(ctx.ttl / 1000)), `rate limit of ${ctx.max} requests per minute exceeded; retry in ${ctx.after}`),
+  });
+}
