@@ -1,0 +1,63 @@
+/**
+ * Browser tests: Debian's Chromium driven by playwright-core against the app listening on a
+ * real port. Without /usr/bin/chromium they are skipped with a notice (CI installs it).
+ */
+import { existsSync, mkdirSync } from 'node:fs';
+import path from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import { type Browser, chromium, type Page } from 'playwright-core';
+import { buildApp } from '../../src/app.js';
+import { parseConfig } from '../../src/config.js';
+import { ensureSigningKey } from '../../src/oauth/keys.js';
+import { createLogger } from '../../src/logger.js';
+import { TEST_SECRET_KEY } from '../helpers/app.js';
+import { createTestDatabase } from '../helpers/db.js';
+import { freePort, ROOT } from '../helpers/process.js';
+
+export const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
+export const HAS_CHROMIUM = existsSync(CHROMIUM);
+if (!HAS_CHROMIUM && process.env.REQUIRE_BROWSER) throw new Error(`REQUIRE_BROWSER is set but there is no Chromium at ${CHROMIUM}`);
+if (!HAS_CHROMIUM) {
+  console.warn(`\n*** Browser tests SKIPPED: no Chromium at ${CHROMIUM}. Install it (apt-get install -y chromium) to run them. ***\n`);
+}
+
+/** Screenshots land here (git-ignored), to be looked at. */
+export const SCREENSHOTS = path.join(ROOT, 'test-results', 'screenshots');
+
+export interface BrowserWorld {
+  app: FastifyInstance;
+  baseUrl: string;
+  browser: Browser;
+  db: Awaited<ReturnType<typeof createTestDatabase>>;
+  close(): Promise<void>;
+}
+
+export async function startWorld(): Promise<BrowserWorld> {
+  const db = await createTestDatabase();
+  const port = await freePort();
+  const baseUrl = `http://127.0.0.1:${port}`;
+  const config = parseConfig({ SECRET_KEY: TEST_SECRET_KEY, LOG_LEVEL: 'silent', PORT: String(port), ISSUER: baseUrl, DATA_DIR: '/nonexistent-orgauth-test' });
+  await ensureSigningKey(db.handle.db, { alg: config.signingAlg, secretKey: config.secretKey });
+  const app = await buildApp(config, { db: db.handle.db, logger: createLogger(config), listen: db.handle.listen });
+  await app.listen({ host: '127.0.0.1', port });
+  const browser = await chromium.launch({
+    executablePath: CHROMIUM,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'],
+  });
+  mkdirSync(SCREENSHOTS, { recursive: true });
+  return {
+    app,
+    baseUrl,
+    browser,
+    db,
+    close: async () => {
+      await browser.close();
+      await app.close();
+      await db.close();
+    },
+  };
+}
+
+export async function screenshot(page: Page, name: string): Promise<void> {
+  await page.screenshot({ path: path.join(SCREENSHOTS, `${name}.png`), fullPage: true });
+}
