@@ -1,0 +1,406 @@
+/**
+ * npm run bench [-- --quick]: load benchmark against real PostgreSQL, reported as ratios to
+ * baseline routes served by the same process, because absolute numbers on a shared 2-core
+ * machine mean little.
+ *
+ * A template database with the bulk data (an organization of 10,000 contacts and one of
+ * 1,000,000) is built once and kept, marked with the seed version; each run clones it into a
+ * fresh database, adds applications and distinct pre-issued refresh tokens and codes, starts
+ * bench/server.ts, and drops its database at the end.
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import autocannon from 'autocannon';
+import { sql } from 'kysely';
+import pg from 'pg';
+import { createOrganization } from '../src/accounts/organizations.js';
+import { createUser } from '../src/accounts/users.js';
+import { connectDatabase, type DB } from '../src/db/connect.js';
+import { migrateToLatest } from '../src/db/migrate.js';
+import { generateSecret, sha256Hex } from '../src/lib/crypto.js';
+import { createApplication } from '../src/oauth/applications.js';
+import { encodeCursor } from '../src/api/pagination.js';
+import { KeyStore } from '../src/oauth/key-store.js';
+import { ensureSigningKey } from '../src/oauth/keys.js';
+import { issueClientToken } from '../src/oauth/token-response.js';
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+const QUICK = process.argv.includes('--quick');
+const ADMIN_URL = process.env.BENCH_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
+const SECRET_KEY = 'bench-secret-key-0123456789-abcdefghijklmnop';
+const SEED_VERSION = 'contacts-10k-1m-v1';
+const TEMPLATE = 'orgauth_bench_template';
+const CONNECTIONS = 50;
+const WARMUP_S = QUICK ? 0.5 : 3;
+const ROUND_S = QUICK ? 1 : 8;
+const ROUNDS = QUICK ? 1 : 3;
+/** Distinct refresh tokens and codes per scenario: more than the run can use. */
+const PRE_ISSUED = QUICK ? 4_000 : 80_000;
+const REDIRECT = 'https://bench.example.com/cb';
+
+const dbUrl = (name: string) => {
+  const url = new URL(ADMIN_URL);
+  url.pathname = `/${name}`;
+  return url.toString();
+};
+
+async function admin<T>(fn: (client: pg.Client) => Promise<T>): Promise<T> {
+  const client = new pg.Client({ connectionString: ADMIN_URL });
+  await client.connect();
+  try {
+    return await fn(client);
+  } finally {
+    await client.end();
+  }
+}
+
+/** The bulk data, built once per machine and reused while its marker matches. */
+async function ensureTemplate(): Promise<void> {
+  const marker = await admin(async (c) => {
+    const exists = await c.query('select 1 from pg_database where datname = $1', [TEMPLATE]);
+    if (exists.rowCount === 0) return undefined;
+    const t = new pg.Client({ connectionString: dbUrl(TEMPLATE) });
+    await t.connect();
+    try {
+      const r = await t.query<{ version: string }>('select version from bench_marker').catch(() => ({ rows: [] as { version: string }[] }));
+      return r.rows[0]?.version;
+    } finally {
+      await t.end();
+    }
+  });
+  if (marker === SEED_VERSION) return;
+  console.log(`building the bench template database ${TEMPLATE} (once): 1,010,000 contacts...`);
+  await admin(async (c) => {
+    await c.query(`drop database if exists ${TEMPLATE} with (force)`);
+    await c.query(`create database ${TEMPLATE}`);
+  });
+  const handle = await connectDatabase({ kind: 'postgres', url: dbUrl(TEMPLATE) });
+  try {
+    await migrateToLatest(handle.db);
+    const db = handle.db;
+    const [small, big] = await db.insertInto('organizations').values([{ name: 'Small Org' }, { name: 'Big Org' }]).returning('id').execute();
+    await sql`insert into contacts (organization_id, name, email, company)
+      select ${small!.id}, 'Contact ' || g, 'contact' || g || '@example.com', 'Company ' || (g % 100) from generate_series(1, 10000) g`.execute(db);
+    await sql`insert into contacts (organization_id, name, email, company)
+      select ${big!.id}, 'Contact ' || g, 'contact' || g || '@example.com', 'Company ' || (g % 100) from generate_series(1, 1000000) g`.execute(db);
+    await sql`create table bench_marker (version text not null, small_org bigint not null, big_org bigint not null)`.execute(db);
+    await sql`insert into bench_marker values (${SEED_VERSION}, ${small!.id}, ${big!.id})`.execute(db);
+    await sql`analyze`.execute(db);
+  } finally {
+    await handle.close();
+  }
+}
+
+interface Fixture {
+  smallOrg: number;
+  bigOrg: number;
+  privateBasic: string;
+  publicBasic: string;
+  smallToken: string;
+  bigToken: string;
+  deepCursor: string;
+  refreshTokens: string[];
+  codes: string[];
+}
+
+/** Per run: applications, a token for the API scenarios, and distinct refresh tokens and codes. */
+async function seedRun(db: DB): Promise<Fixture> {
+  const { rows } = await sql<{ small_org: number; big_org: number }>`select small_org, big_org from bench_marker`.execute(db);
+  const smallOrg = Number(rows[0]!.small_org);
+  const bigOrg = Number(rows[0]!.big_org);
+  const user = await createUser(db, { email: 'bench@example.com', password: 'bench-password-1' });
+  await sql`insert into memberships (organization_id, user_id, role) values (${smallOrg}, ${user.id}, 'owner'), (${bigOrg}, ${user.id}, 'owner')`.execute(db);
+  const owned = await createOrganization(db, { name: 'Bench Developer', ownerUserId: user.id });
+  const priv = await createApplication(db, { organizationId: smallOrg, type: 'private', name: 'Bench Integration' });
+  const privBig = await createApplication(db, { organizationId: bigOrg, type: 'private', name: 'Bench Integration Big' });
+  const pub = await createApplication(db, { organizationId: owned.id, type: 'public', name: 'Bench Web', redirectUris: [REDIRECT] });
+  const pubApp = await db.selectFrom('applications').select('id').where('client_id', '=', pub.client_id).executeTakeFirstOrThrow();
+  await ensureSigningKey(db, { alg: 'ES256', secretKey: SECRET_KEY });
+  const keys = new KeyStore(db, { secretKey: SECRET_KEY, accessTokenTtl: 3600 });
+  const ctx = { db, keys, config: { issuer: `http://127.0.0.1:${PORT}`, accessTokenTtl: 3600 } };
+  const privRow = await db.selectFrom('applications').selectAll().where('client_id', '=', priv.client_id).executeTakeFirstOrThrow();
+  const bigRow = await db.selectFrom('applications').selectAll().where('client_id', '=', privBig.client_id).executeTakeFirstOrThrow();
+  const accessToken = (await issueClientToken(ctx, privRow, ['contacts.read'])).access_token;
+  const bigToken = (await issueClientToken(ctx, bigRow, ['contacts.read'])).access_token;
+
+  // Page 40,000 of 25 in the big organization starts after its 999,975th contact.
+  const { rows: deep } = await sql<{ id: number }>`select id from contacts where organization_id = ${bigOrg} order by id offset 999974 limit 1`.execute(db);
+
+  const refreshTokens: string[] = [];
+  const codes: string[] = [];
+  const expires = sql<Date>`now() + interval '1 day'`;
+  for (let start = 0; start < PRE_ISSUED; start += 2000) {
+    const n = Math.min(2000, PRE_ISSUED - start);
+    const grants = await db
+      .insertInto('grants')
+      .values(Array.from({ length: n }, () => ({ organization_id: smallOrg, application_id: pubApp.id, user_id: user.id, scopes: ['contacts.read'] })))
+      .returning('id')
+      .execute();
+    const batch = grants.map((g) => ({ grant: g.id, token: generateSecret(32) }));
+    await db
+      .insertInto('refresh_tokens')
+      .values(batch.map((b) => ({ token_hash: sha256Hex(b.token), organization_id: smallOrg, grant_id: b.grant, scopes: ['contacts.read'], expires_at: expires })))
+      .execute();
+    refreshTokens.push(...batch.map((b) => b.token));
+    const codeBatch = Array.from({ length: n }, () => generateSecret(32));
+    await db
+      .insertInto('authorization_codes')
+      .values(
+        codeBatch.map((code) => ({
+          code_hash: sha256Hex(code), organization_id: smallOrg, application_id: pubApp.id, user_id: user.id, redirect_uri: REDIRECT,
+          scopes: ['contacts.read'], code_challenge: null, code_challenge_method: null, expires_at: expires,
+        })),
+      )
+      .execute();
+    codes.push(...codeBatch);
+  }
+  const basic = (id: string, secret: string) => `Basic ${Buffer.from(`${id}:${secret}`).toString('base64')}`;
+  return {
+    smallOrg,
+    bigOrg,
+    privateBasic: basic(priv.client_id, priv.client_secret),
+    publicBasic: basic(pub.client_id, pub.client_secret),
+    smallToken: accessToken,
+    bigToken,
+    deepCursor: encodeCursor(deep[0]!.id),
+    refreshTokens,
+    codes,
+  };
+}
+
+let PORT = 0;
+
+async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const s = createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const a = s.address();
+      s.close(() => (typeof a === 'object' && a ? resolve(a.port) : reject(new Error('no port'))));
+    });
+  });
+}
+
+function startServer(databaseUrl: string): Promise<ChildProcess> {
+  const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, 'bench/server.ts')], {
+    cwd: ROOT,
+    env: {
+      PATH: process.env.PATH,
+      DATABASE_URL: databaseUrl,
+      SECRET_KEY,
+      PORT: String(PORT),
+      ISSUER: `http://127.0.0.1:${PORT}`,
+      LOG_LEVEL: 'warn',
+      API_RATE_LIMIT: '0',
+      DATABASE_POOL_MAX: '10',
+    },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  return new Promise((resolve, reject) => {
+    child.stdout?.on('data', (d: Buffer) => {
+      if (d.toString().includes('bench server ready')) resolve(child);
+    });
+    child.once('exit', (code) => reject(new Error(`bench server exited with ${code}`)));
+  });
+}
+
+/** Peak resident set of the server so far (VmHWM), in MB. */
+function peakRssMb(pid: number): number {
+  const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+  return Number(/VmHWM:\s+(\d+) kB/.exec(status)?.[1] ?? 0) / 1024;
+}
+
+interface Load {
+  name: string;
+  method: 'GET' | 'POST';
+  path: string;
+  headers?: Record<string, string>;
+  /** A body per request (distinct tokens), or none. */
+  body?: () => string;
+}
+
+interface Measured {
+  rps: number;
+  p50: number;
+  p99: number;
+  non2xx: number;
+}
+
+async function measure(load: Load, seconds: number): Promise<Measured> {
+  const form = { 'content-type': 'application/x-www-form-urlencoded' };
+  const result = await autocannon({
+    url: `http://127.0.0.1:${PORT}`,
+    connections: CONNECTIONS,
+    pipelining: 1,
+    duration: seconds,
+    requests: [
+      {
+        method: load.method,
+        path: load.path,
+        headers: { ...(load.body ? form : {}), ...load.headers },
+        ...(load.body ? { setupRequest: (req: autocannon.Request) => ({ ...req, body: load.body!() }) } : {}),
+      },
+    ],
+  });
+  return { rps: result.requests.average, p50: result.latency.p50, p99: result.latency.p99, non2xx: result.non2xx + result.errors + result.timeouts };
+}
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+
+interface ScenarioResult {
+  scenario: string;
+  baseline: string;
+  metric: 'throughput' | 'p50 latency';
+  target: string;
+  rounds: { scenario: Measured; baseline: Measured }[];
+  ratio: number;
+  pass: boolean;
+}
+
+async function runScenario(
+  scenario: Load,
+  baseline: Load,
+  metric: 'throughput' | 'p50 latency',
+  target: number,
+): Promise<ScenarioResult> {
+  await measure(baseline, WARMUP_S);
+  await measure(scenario, WARMUP_S);
+  const rounds: ScenarioResult['rounds'] = [];
+  for (let i = 0; i < ROUNDS; i++) {
+    const b = await measure(baseline, ROUND_S);
+    const s = await measure(scenario, ROUND_S);
+    rounds.push({ scenario: s, baseline: b });
+  }
+  const ratios = rounds.map((r) => (metric === 'throughput' ? r.scenario.rps / r.baseline.rps : r.scenario.p50 / Math.max(r.baseline.p50, 0.001)));
+  const ratio = median(ratios);
+  const failedRequests = rounds.some((r) => r.scenario.non2xx > 0 || r.baseline.non2xx > 0);
+  const meets = metric === 'throughput' ? ratio >= target : ratio <= target;
+  return {
+    scenario: scenario.name,
+    baseline: baseline.name,
+    metric,
+    target: `${metric === 'throughput' ? '≥' : '≤'} ${target}`,
+    rounds,
+    ratio,
+    pass: !failedRequests && (QUICK || meets),
+  };
+}
+
+async function main(): Promise<void> {
+  PORT = await freePort();
+  await ensureTemplate();
+  const runDb = `orgauth_bench_run_${process.pid}`;
+  await admin((c) => c.query(`create database ${runDb} template ${TEMPLATE}`));
+  let server: ChildProcess | undefined;
+  try {
+    const handle = await connectDatabase({ kind: 'postgres', url: dbUrl(runDb) });
+    const fx = await seedRun(handle.db);
+    await handle.close();
+    server = await startServer(dbUrl(runDb));
+
+    const { smallToken, bigToken } = fx;
+    let refreshIndex = 0;
+    let codeIndex = 0;
+    const take = (list: string[], i: number) => {
+      if (i >= list.length) throw new Error('ran out of pre-issued tokens: raise PRE_ISSUED');
+      return list[i]!;
+    };
+    const hello: Load = { name: 'GET /bench/hello', method: 'GET', path: '/bench/hello' };
+    const results: ScenarioResult[] = [];
+    results.push(
+      await runScenario(
+        { name: 'GET /api/v1/:org/contacts?limit=50', method: 'GET', path: `/api/v1/${fx.smallOrg}/contacts?limit=50`, headers: { authorization: `Bearer ${smallToken}`, accept: 'application/json' } },
+        { name: 'GET /bench/contacts', method: 'GET', path: `/bench/contacts?org=${fx.smallOrg}&limit=50` },
+        'throughput',
+        0.85,
+      ),
+    );
+    results.push(
+      await runScenario(
+        {
+          name: 'POST /oauth/token client_credentials',
+          method: 'POST',
+          path: '/oauth/token',
+          headers: { authorization: fx.privateBasic },
+          body: () => `grant_type=client_credentials&organization_id=${fx.smallOrg}&scope=contacts.read`,
+        },
+        hello,
+        'throughput',
+        0.15,
+      ),
+    );
+    results.push(
+      await runScenario(
+        {
+          name: 'POST /oauth/token refresh_token',
+          method: 'POST',
+          path: '/oauth/token',
+          headers: { authorization: fx.publicBasic },
+          body: () => `grant_type=refresh_token&refresh_token=${take(fx.refreshTokens, refreshIndex++)}`,
+        },
+        hello,
+        'throughput',
+        0.07,
+      ),
+    );
+    results.push(
+      await runScenario(
+        {
+          name: 'POST /oauth/token authorization_code',
+          method: 'POST',
+          path: '/oauth/token',
+          headers: { authorization: fx.publicBasic },
+          body: () => `grant_type=authorization_code&code=${take(fx.codes, codeIndex++)}&redirect_uri=${encodeURIComponent(REDIRECT)}`,
+        },
+        hello,
+        'throughput',
+        0.06,
+      ),
+    );
+    results.push(
+      await runScenario(
+        {
+          name: 'contacts page 40,000 of 1,000,000',
+          method: 'GET',
+          path: `/api/v1/${fx.bigOrg}/contacts?limit=25&cursor=${fx.deepCursor}`,
+          headers: { authorization: `Bearer ${bigToken}`, accept: 'application/json' },
+        },
+        { name: 'first page of 10,000', method: 'GET', path: `/api/v1/${fx.smallOrg}/contacts?limit=25`, headers: { authorization: `Bearer ${smallToken}`, accept: 'application/json' } },
+        'p50 latency',
+        1.3,
+      ),
+    );
+    const rssMb = peakRssMb(server.pid!);
+
+    const line = (cells: string[]) => `| ${cells.join(' | ')} |`;
+    console.log(`\norgauth benchmark${QUICK ? ' (--quick: one short round, no thresholds)' : ''}: ${CONNECTIONS} connections, ${ROUNDS} × ${ROUND_S} s rounds after ${WARMUP_S} s warm-up`);
+    console.log(line(['scenario', 'req/s', 'p50 ms', 'p99 ms', 'baseline', 'baseline req/s', 'ratio (median)', 'target', 'result']));
+    console.log(line(Array(9).fill('---')));
+    for (const r of results) {
+      const last = r.rounds.at(-1)!;
+      console.log(
+        line([
+          r.scenario, last.scenario.rps.toFixed(0), String(last.scenario.p50), String(last.scenario.p99), r.baseline, last.baseline.rps.toFixed(0),
+          `${r.ratio.toFixed(3)} (${r.metric})`, r.target, r.pass ? 'pass' : 'FAIL',
+        ]),
+      );
+    }
+    const rssPass = QUICK || rssMb <= 250;
+    console.log(line(['peak RSS of the server', `${rssMb.toFixed(0)} MB`, '', '', '', '', '', '≤ 250 MB', rssPass ? 'pass' : 'FAIL']));
+    mkdirSync(path.join(ROOT, 'bench/results'), { recursive: true });
+    writeFileSync(path.join(ROOT, 'bench/results/latest.json'), `${JSON.stringify({ quick: QUICK, date: new Date().toISOString(), results, peakRssMb: rssMb }, null, 2)}\n`);
+    if (!results.every((r) => r.pass) || !rssPass) process.exitCode = 1;
+  } finally {
+    server?.kill('SIGTERM');
+    await new Promise((r) => setTimeout(r, 300));
+    await admin((c) => c.query(`drop database if exists ${runDb} with (force)`));
+  }
+}
+
+main().catch((err: unknown) => {
+  console.error(err);
+  process.exit(1);
+});
