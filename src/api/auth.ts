@@ -6,7 +6,7 @@
 import type { FastifyRequest } from 'fastify';
 import type { Config } from '../config.js';
 import { AppError, NotFoundError } from '../errors.js';
-import { type AccessTokenClaims, InvalidTokenError, verifyLiveAccessToken } from '../oauth/access-tokens.js';
+import { type AccessTokenClaims, AccessTokenVerifier, InvalidTokenError } from '../oauth/access-tokens.js';
 import type { KeyStore } from '../oauth/key-store.js';
 import type { RevocationList } from '../oauth/revocations.js';
 
@@ -67,6 +67,7 @@ export class InsufficientScopeError extends AppError {
 }
 
 export function authenticateApiRequest(ctx: { keys: KeyStore; revocations: RevocationList; config: Config }) {
+  const verifier = new AccessTokenVerifier(ctx);
   return async (req: FastifyRequest): Promise<void> => {
     const params = req.params as { organization_id?: unknown };
     const organizationId = parsePathId(params.organization_id);
@@ -80,7 +81,7 @@ export function authenticateApiRequest(ctx: { keys: KeyStore; revocations: Revoc
     }
     let claims: AccessTokenClaims;
     try {
-      claims = await verifyLiveAccessToken(ctx, token);
+      claims = await verifier.verify(token);
     } catch (err) {
       if (!(err instanceof InvalidTokenError)) throw err;
       req.log.info({ reason: err.reason }, 'access token refused');

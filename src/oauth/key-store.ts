@@ -4,6 +4,7 @@
  * (RFC 8725 §3.10); an unknown kid triggers at most one reload per second, so a key rotated on
  * another instance is picked up while a flood of made-up kids costs one query a second.
  */
+import { KeyObject } from 'node:crypto';
 import { type CryptoKey, importJWK, type JWK } from 'jose';
 import type { SigningAlg } from '../config.js';
 import type { DB } from '../db/connect.js';
@@ -16,6 +17,10 @@ export interface SigningKeyMaterial {
   kid: string;
   alg: SigningAlg;
   key: CryptoKey;
+  /** The same key for node:crypto, which signs about three times faster than WebCrypto here. */
+  keyObject: KeyObject;
+  /** The base64url JWS header for this key (alg, kid, typ at+jwt), computed once. */
+  header: string;
 }
 
 interface VerificationKey {
@@ -39,7 +44,9 @@ export class KeyStore {
     this.signing ??= (async () => {
       const row = await this.db.selectFrom('signing_keys').selectAll().where('retired_at', 'is', null).executeTakeFirst();
       if (!row) throw new Error('no active signing key: the server creates one at start, `orgauth keys rotate` makes a new one');
-      return { kid: row.kid, alg: row.alg, key: await importPrivateKey(row, this.options.secretKey) };
+      const key = await importPrivateKey(row, this.options.secretKey);
+      const header = Buffer.from(JSON.stringify({ alg: row.alg, kid: row.kid, typ: 'at+jwt' })).toString('base64url');
+      return { kid: row.kid, alg: row.alg, key, keyObject: KeyObject.from(key), header };
     })().catch((err: unknown) => {
       this.signing = undefined;
       throw err;

@@ -1,6 +1,7 @@
 import { generateKeyPair, SignJWT, UnsecuredJWT, exportSPKI, base64url } from 'jose';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type AccessTokenClaims, InvalidTokenError, signAccessToken, verifyAccessToken } from '../../src/oauth/access-tokens.js';
+import { type AccessTokenClaims, AccessTokenVerifier, InvalidTokenError, signAccessToken, verifyAccessToken } from '../../src/oauth/access-tokens.js';
+import type { RevocationList } from '../../src/oauth/revocations.js';
 import { KeyStore } from '../../src/oauth/key-store.js';
 import { ensureSigningKey, getActiveSigningKey, importPrivateKey, rotateSigningKey } from '../../src/oauth/keys.js';
 import { testConfig, TEST_SECRET_KEY } from '../helpers/app.js';
@@ -46,6 +47,29 @@ describe(`access tokens on ${BACKEND}`, () => {
     expect(header).toEqual({ alg: 'ES256', kid: (await getActiveSigningKey(t.handle.db))!.kid, typ: 'at+jwt' });
     expect(await verifyAccessToken(keys, config, token)).toEqual(claims);
     expect(claims).toMatchObject({ sub: 'client-1', scope: 'contacts.read', organization_id: 7, grant_id: 42, aud: `${config.issuer}/api` });
+  });
+
+  it.each(['ES256', 'RS256', 'EdDSA'] as const)('signs with node:crypto in a form jose verifies: %s', async (alg) => {
+    const other = await createTestDatabase();
+    try {
+      await ensureSigningKey(other.handle.db, { alg, secretKey: TEST_SECRET_KEY });
+      const store = new KeyStore(other.handle.db, config);
+      const { token, claims } = await signAccessToken(await store.signingKey(), config, input);
+      expect(await verifyAccessToken(store, config, token)).toEqual(claims);
+    } finally {
+      await other.close();
+    }
+  });
+
+  it('caches verified tokens for the API but re-checks revocation every time', async () => {
+    const revoked = new Set<number>();
+    const verifier = new AccessTokenVerifier({ keys, config, revocations: { isRevoked: (id: number) => revoked.has(id) } as unknown as RevocationList });
+    const { token } = await signAccessToken(await keys.signingKey(), config, input);
+    expect((await verifier.verify(token)).grant_id).toBe(42);
+    expect((await verifier.verify(token)).grant_id).toBe(42);
+    revoked.add(42);
+    await expect(verifier.verify(token)).rejects.toMatchObject({ reason: 'grant revoked' });
+    await expect(verifier.verify(`${token}x`)).rejects.toBeInstanceOf(InvalidTokenError);
   });
 
   it('rejects alg none (JW-1)', async () => {
