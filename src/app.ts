@@ -11,7 +11,7 @@ import { API_PREFIX, apiRoutes } from './api/index.js';
 import { openApiRoutes, registerOpenApi } from './api/openapi.js';
 import type { Config } from './config.js';
 import type { DB, Listen } from './db/connect.js';
-import { isDatabaseUnavailable } from './db/errors.js';
+import { isBadValue, isDatabaseUnavailable, isTransactionConflict } from './db/errors.js';
 import { AppError, InvalidRequestError, sanitizeDescription, ServiceUnavailableError } from './errors.js';
 import { HEALTH_PATHS, healthRoutes } from './health.js';
 import { deriveKey } from './lib/crypto.js';
@@ -49,6 +49,8 @@ const CODE_FOR_STATUS: Record<number, string> = {
 function toAppError(err: FastifyError | Error): AppError | undefined {
   if (err instanceof AppError) return err;
   if (isDatabaseUnavailable(err)) return new ServiceUnavailableError(undefined, { cause: err });
+  if (isTransactionConflict(err)) return new ServiceUnavailableError('a concurrent request got there first; retry', { cause: err });
+  if (isBadValue(err)) return new InvalidRequestError('a value in the request is not acceptable', { cause: err });
   if ('validation' in err && Array.isArray(err.validation)) {
     const context = 'validationContext' in err && typeof err.validationContext === 'string' ? err.validationContext : '';
     const details = err.validation.map((v) => ({

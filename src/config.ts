@@ -88,7 +88,7 @@ const envSchema = z
   PORT: optional(wholeNumber(0, 65535, 'must be a port number between 0 and 65535')),
   ISSUER: optional(
     z.string().refine(isValidIssuer, {
-      message: 'must be an absolute http(s) URL without query, fragment or user info',
+      message: 'must be an absolute http(s) URL without path, query, fragment or user info',
     }),
   ),
   SECRET_KEY: optional(z.string().min(SECRET_KEY_MIN_LENGTH, `must be at least ${SECRET_KEY_MIN_LENGTH} characters`)),
@@ -123,6 +123,8 @@ function isValidIssuer(value: string): boolean {
   const url = new URL(value);
   return (
     (url.protocol === 'https:' || url.protocol === 'http:') &&
+    // RFC 8414 §3: metadata lives at /.well-known/... of the issuer; we serve it at the root only.
+    url.pathname === '/' &&
     url.search === '' &&
     url.hash === '' &&
     url.username === '' &&

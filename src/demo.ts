@@ -4,7 +4,7 @@
  * secrets are random and shown once.
  */
 import { createOrganization } from './accounts/organizations.js';
-import { createUser, type PublicUser } from './accounts/users.js';
+import { insertUser, prepareUser, type PublicUser } from './accounts/users.js';
 import { type DB, inTransaction } from './db/connect.js';
 import { generateSecret } from './lib/crypto.js';
 import { type ApplicationWithSecret, createApplication } from './oauth/applications.js';
@@ -31,8 +31,9 @@ export async function isDatabaseEmpty(db: DB): Promise<boolean> {
 /** Seeds the demo in one transaction. Fails with ConflictError when the demo user exists. */
 export async function seedDemo(db: DB): Promise<DemoSeed> {
   const password = generateSecret(12);
+  const prepared = await prepareUser({ email: DEMO_EMAIL, password, name: 'Demo User' });
   return inTransaction(db, async (trx) => {
-    const user = await createUser(trx, { email: DEMO_EMAIL, password, name: 'Demo User' });
+    const user = await insertUser(trx, prepared);
     const organization = await createOrganization(trx, { name: 'Demo Organization', ownerUserId: user.id });
     const public_application = await createApplication(trx, {
       organizationId: organization.id,

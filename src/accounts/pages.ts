@@ -27,7 +27,7 @@ import {
   safeReturnTo,
   setSessionCookie,
 } from './sessions.js';
-import { createUser, emailSchema, findUserByEmail } from './users.js';
+import { emailSchema, findUserByEmail, insertUser, prepareUser } from './users.js';
 
 export const LOGIN_WINDOW_MS = 15 * 60 * 1000;
 export const LOGIN_MAX_FAILURES_PER_EMAIL = 5;
@@ -170,8 +170,9 @@ export async function accountPages(app: FastifyInstance, { db, config }: { db: D
     let userId: number;
     try {
       // One transaction: never a user without the organization they asked for.
+      const prepared = await prepareUser({ email, password, name });
       userId = await inTransaction(db, async (trx) => {
-        const user = await createUser(trx, { email, password, name });
+        const user = await insertUser(trx, prepared);
         await createOrganization(trx, { name: organizationName, ownerUserId: user.id });
         return user.id;
       });

@@ -94,14 +94,12 @@ export function authenticateApiRequest(ctx: { keys: KeyStore; revocations: Revoc
       throw new AppError(403, 'organization_mismatch', 'the access token was issued for another organization');
     }
     const userId = claims.sub === claims.client_id ? null : Number(claims.sub);
-    req.auth = { organizationId, claims, scopes: new Set(claims.scope.split(' ')), userId };
+    const scopes = new Set(claims.scope.split(' '));
+    // BR-2, before the body is even validated: a token without the scope learns nothing else.
+    const needed = req.routeOptions.config.scope;
+    if (needed && !scopes.has(needed)) throw new InsufficientScopeError(needed);
+    req.auth = { organizationId, claims, scopes, userId };
   };
-}
-
-/** preHandler: the route's declared scope must be in the token (BR-2). */
-export async function requireRouteScope(req: FastifyRequest): Promise<void> {
-  const scope = req.routeOptions.config.scope;
-  if (scope && !req.auth?.scopes.has(scope)) throw new InsufficientScopeError(scope);
 }
 
 /** The authenticated request's auth; routes inside the API plugin always have it. */

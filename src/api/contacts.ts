@@ -10,7 +10,13 @@ import { authOf, parsePathId } from './auth.js';
 import { decodeCursor, listQuery, page } from './pagination.js';
 import { errorResponses, idParams, listOf, orgParams } from './schemas.js';
 
-const text = (max: number) => z.string().trim().max(max);
+/** PostgreSQL text cannot hold NUL: refuse it here (400) rather than fail in the database. */
+export const text = (max: number) =>
+  z
+    .string()
+    .trim()
+    .max(max)
+    .refine((v) => !v.includes('\u0000'), 'must not contain NUL characters');
 const nullableText = (max: number) => text(max).nullable().optional().transform((v) => (v === '' ? null : v));
 
 export const contactSchema = z
@@ -77,7 +83,7 @@ export const contactRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { db
         tags: ['contacts'],
         summary: 'List contacts',
         params: orgParams,
-        querystring: z.object({ ...listQuery, q: z.string().max(200).optional().describe('matches name, email or company, case-insensitively') }),
+        querystring: z.object({ ...listQuery, q: text(200).optional().describe('matches name, email or company, case-insensitively') }),
         response: { 200: listOf(contactSchema), ...errorResponses },
       },
     },

@@ -11,7 +11,7 @@ import type { DB } from '../db/connect.js';
 import { getOrganization } from '../accounts/organizations.js';
 import type { KeyStore } from '../oauth/key-store.js';
 import type { RevocationList } from '../oauth/revocations.js';
-import { authenticateApiRequest, authOf, requireRouteScope } from './auth.js';
+import { authenticateApiRequest, authOf } from './auth.js';
 import { contactRoutes } from './contacts.js';
 import { registerApiRateLimit } from './rate-limit.js';
 import { errorResponses, orgParams } from './schemas.js';
@@ -28,7 +28,6 @@ export async function apiRoutes(app: FastifyInstance, options: { db: DB; keys: K
   app.removeContentTypeParser('application/x-www-form-urlencoded');
   app.decorateRequest('auth', null);
   app.addHook('onRequest', authenticateApiRequest(options));
-  app.addHook('preHandler', requireRouteScope);
   await registerApiRateLimit(app, options.config);
   app.addHook('onSend', async (_req, reply, payload) => {
     reply.header('cache-control', 'no-store');

@@ -8,7 +8,7 @@ import { isForeignKeyViolation } from '../db/errors.js';
 import type { Task } from '../db/schema.js';
 import { InvalidRequestError, NotFoundError } from '../errors.js';
 import { authOf } from './auth.js';
-import { pathId } from './contacts.js';
+import { pathId, text } from './contacts.js';
 import { decodeCursor, listQuery, page } from './pagination.js';
 import { errorResponses, idParams, listOf, orgParams } from './schemas.js';
 
@@ -26,11 +26,14 @@ export const taskSchema = z
   })
   .meta({ id: 'Task' });
 
+/** An ISO date PostgreSQL accepts (it has no year 0). */
+const dueOn = z.iso.date().refine((d) => !d.startsWith('0000'), 'must be a date from year 0001 on');
+
 const taskFields = {
-  title: z.string().trim().min(1, 'must not be empty').max(200),
-  description: z.string().trim().max(10_000).nullable().optional(),
+  title: text(200).min(1, 'must not be empty'),
+  description: text(10_000).nullable().optional(),
   status: z.enum(['open', 'done']).optional(),
-  due_on: z.iso.date().nullable().optional(),
+  due_on: dueOn.nullable().optional(),
   contact_id: z.number().int().positive().max(Number.MAX_SAFE_INTEGER).nullable().optional(),
 };
 const newTaskSchema = z.strictObject(taskFields);

@@ -36,3 +36,15 @@ export function isDatabaseUnavailable(err: unknown): boolean {
     ) || (err.cause !== undefined && err.cause !== err && isDatabaseUnavailable(err.cause))
   );
 }
+
+/** 40001 serialization failure, 40P01 deadlock: the transaction lost a race and may be retried. */
+export function isTransactionConflict(err: unknown): boolean {
+  const code = sqlState(err);
+  return code === '40001' || code === '40P01';
+}
+
+/** Class 22 (data exception: bad value for a type) and 23514 (check constraint): the input, not the server. */
+export function isBadValue(err: unknown): boolean {
+  const code = sqlState(err);
+  return code !== undefined && (code.startsWith('22') || code === '23514');
+}

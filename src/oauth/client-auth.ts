@@ -12,6 +12,9 @@ import { FailureThrottle } from '../lib/throttle.js';
 import { InvalidClientError, TooManyAttemptsError } from './errors.js';
 import type { Params } from './params.js';
 
+/** Client ids are 128 random bits in hex (see applications.ts). */
+const CLIENT_ID = /^[0-9a-f]{32}$/;
+
 export type ClientAuthMethod = 'client_secret_basic' | 'client_secret_post';
 
 export interface AuthenticatedClient {
@@ -35,14 +38,14 @@ function readBasic(header: string): { clientId: string; secret: string } {
   const encoded = /^Basic +([A-Za-z0-9+/=]+) *$/i.exec(header)?.[1];
   const decoded = encoded === undefined ? '' : Buffer.from(encoded, 'base64').toString('utf8');
   const colon = decoded.indexOf(':');
-  if (colon < 1) throw new InvalidClientError({ basic: true, cause: new Error('malformed Basic credentials') });
+  if (colon < 1) throw new InvalidClientError({ cause: new Error('malformed Basic credentials') });
   return { clientId: formDecode(decoded.slice(0, colon)), secret: formDecode(decoded.slice(colon + 1)) };
 }
 
 export async function authenticateClient(
   db: DB,
   throttle: FailureThrottle,
-  request: { authorization: string | undefined; query: Params; body: Params },
+  request: { authorization: string | undefined; query: Params; body: Params; ip: string },
 ): Promise<AuthenticatedClient> {
   const { authorization, query, body } = request;
   if (query.client_secret !== undefined || query.client_id !== undefined) {
@@ -64,16 +67,21 @@ export async function authenticateClient(
     secret = body.client_secret;
     method = 'client_secret_post';
   } else {
-    throw new InvalidClientError({ basic: false, cause: new Error('no client credentials') });
+    throw new InvalidClientError({ cause: new Error('no client credentials') });
   }
 
-  const retryAfter = throttle.retryAfter(clientId);
+  // Not one of our client ids: no throttle entry, no query (and no unbounded keys in memory).
+  if (!CLIENT_ID.test(clientId)) throw new InvalidClientError({ cause: new Error('malformed client_id') });
+  // Keyed by client and address: guessing from one address is slowed, while failures from
+  // elsewhere cannot lock the real client out (its client_id is public).
+  const throttleKey = `${clientId}:${request.ip}`;
+  const retryAfter = throttle.retryAfter(throttleKey);
   if (retryAfter > 0) throw new TooManyAttemptsError(retryAfter);
   const application = await db.selectFrom('applications').selectAll().where('client_id', '=', clientId).executeTakeFirst();
   if (!application || application.disabled || !secretMatches(secret, application.client_secret_hash)) {
-    throttle.recordFailure(clientId);
+    throttle.recordFailure(throttleKey);
     const reason = !application ? 'unknown client_id' : application.disabled ? 'application disabled' : 'wrong client secret';
-    throw new InvalidClientError({ basic, cause: new Error(reason) });
+    throw new InvalidClientError({ cause: new Error(reason) });
   }
   return { application, method };
 }

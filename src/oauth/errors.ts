@@ -8,11 +8,11 @@ export { InvalidRequestError } from '../errors.js';
 
 /** 401: the client could not be authenticated (RFC 6749 §5.2). */
 export class InvalidClientError extends AppError {
-  constructor(options: { basic: boolean; cause?: unknown }) {
+  constructor(options: { cause?: unknown }) {
     super(401, 'invalid_client', 'client authentication failed', {
       cause: options.cause,
-      // RFC 6749 §5.2: a client that tried Basic gets the challenge for it.
-      headers: options.basic ? { 'www-authenticate': 'Basic realm="orgauth", charset="UTF-8"' } : {},
+      // RFC 6749 §5.2 and RFC 9110 §15.5.2: every 401 carries a challenge; Basic is the scheme.
+      headers: { 'www-authenticate': 'Basic realm="orgauth", charset="UTF-8"' },
     });
   }
 }

@@ -12,6 +12,7 @@ import type { SigningKey } from '../db/schema.js';
 import { importPrivateKey } from './keys.js';
 
 const RELOAD_INTERVAL_MS = 1000;
+const ACTIVE_CHECK_MS = 1000;
 
 export interface SigningKeyMaterial {
   kid: string;
@@ -30,6 +31,7 @@ interface VerificationKey {
 
 export class KeyStore {
   private signing: Promise<SigningKeyMaterial> | undefined;
+  private signingCheckedAt = 0;
   private verification = new Map<string, VerificationKey>();
   private lastReload = 0;
   private reloading: Promise<void> | undefined;
@@ -39,8 +41,20 @@ export class KeyStore {
     private readonly options: { secretKey: string; accessTokenTtl: number },
   ) {}
 
-  /** The active key, decrypted once and cached until `invalidate()`. */
-  signingKey(): Promise<SigningKeyMaterial> {
+  /**
+   * The active key, decrypted once and cached. At most once a second the active kid is read
+   * again, so a key rotated by another instance (or the CLI) is signed with within a second.
+   */
+  async signingKey(): Promise<SigningKeyMaterial> {
+    if (this.signing && Date.now() - this.signingCheckedAt > ACTIVE_CHECK_MS) {
+      this.signingCheckedAt = Date.now();
+      const [current, active] = await Promise.all([
+        this.signing.catch(() => undefined),
+        this.db.selectFrom('signing_keys').select('kid').where('retired_at', 'is', null).executeTakeFirst(),
+      ]);
+      if (current?.kid !== active?.kid) this.signing = undefined;
+    }
+    this.signingCheckedAt ||= Date.now();
     this.signing ??= (async () => {
       const row = await this.db.selectFrom('signing_keys').selectAll().where('retired_at', 'is', null).executeTakeFirst();
       if (!row) throw new Error('no active signing key: the server creates one at start, `orgauth keys rotate` makes a new one');
@@ -61,12 +75,6 @@ export class KeyStore {
     if (Date.now() - this.lastReload < RELOAD_INTERVAL_MS) return undefined;
     await this.reload();
     return this.verification.get(kid);
-  }
-
-  /** Forget cached keys (another instance rotated them); the next use reloads. */
-  invalidate(): void {
-    this.signing = undefined;
-    this.lastReload = 0;
   }
 
   /** Keys that may still have live tokens: the active one and those retired less than a token lifetime ago. */

@@ -37,6 +37,7 @@ export async function revocationEndpoint(app: FastifyInstance, options: OAuthEnd
       authorization: req.headers.authorization,
       query: readParams(req.query),
       body,
+      ip: req.ip,
     });
     const found = await findClientToken(options, application, requireParam(body, 'token'));
     // RFC 7009 §2.2: revoking a token revokes its grant, so every token of it stops working
@@ -56,6 +57,7 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
       authorization: req.headers.authorization,
       query: readParams(req.query),
       body,
+      ip: req.ip,
     });
     const found = await findClientToken(options, application, requireParam(body, 'token'));
     if (!found) return { active: false };

@@ -84,6 +84,7 @@ export async function tokenEndpoint(app: FastifyInstance, { db, keys, revocation
       authorization: req.headers.authorization,
       query: readParams(req.query),
       body,
+      ip: req.ip,
     });
     const grant = GRANTS.get(requireParam(body, 'grant_type'));
     if (!grant) throw new UnsupportedGrantTypeError();

@@ -193,6 +193,18 @@ describe(`contacts on ${BACKEND}`, () => {
     expectError(await api('GET', `${A()}/contacts/01`), 404, 'not_found');
   });
 
+  it('refuse NUL characters and dates PostgreSQL cannot store with 400, never 500', async () => {
+    expectError(await api('POST', `${A()}/contacts`, { body: { name: 'a\u0000b' } }), 400, 'invalid_request');
+    expectError(await api('GET', `${A()}/contacts?q=%00`), 400, 'invalid_request');
+    expectError(await api('POST', `${A()}/tasks`, { body: { title: 't', due_on: '0000-01-01' } }), 400, 'invalid_request');
+    expectError(await api('POST', `${A()}/tasks`, { body: { title: 't', description: '\u0000' } }), 400, 'invalid_request');
+  });
+
+  it('check the scope before the body: a token without it learns nothing about validation (BR-2)', async () => {
+    const readOnly = await clientToken(a, 'contacts.read');
+    expectError(await api('POST', `${A()}/contacts`, { token: readOnly, body: { bogus: true } }), 403, 'insufficient_scope');
+  });
+
   it('search name, email and company case-insensitively, treating % and _ literally', async () => {
     for (const c of [{ name: 'Zed Search' }, { name: 'Other', email: 'ZED@example.com' }, { name: 'Third', company: 'zedcorp' }, { name: '100% real' }]) {
       await api('POST', `${A()}/contacts`, { body: c });

@@ -126,6 +126,14 @@ describe(`access tokens on ${BACKEND}`, () => {
     expect(await reason('')).not.toBe('accepted');
   });
 
+  it('signs with a key rotated elsewhere within a second', async () => {
+    const here = new KeyStore(t.handle.db, config);
+    const before = (await here.signingKey()).kid;
+    const rotated = await rotateSigningKey(t.handle.db, { alg: 'ES256', secretKey: TEST_SECRET_KEY });
+    await expect.poll(async () => (await here.signingKey()).kid, { timeout: 2500, interval: 100 }).toBe(rotated.kid);
+    expect(rotated.kid).not.toBe(before);
+  });
+
   it('keeps verifying tokens of a retired key, and sees a key rotated by another instance', async () => {
     const { token: old } = await signAccessToken(await keys.signingKey(), config, input);
     // "Another instance": its own KeyStore over the same database.
@@ -136,6 +144,6 @@ describe(`access tokens on ${BACKEND}`, () => {
     await new Promise((r) => setTimeout(r, 1100)); // the unknown-kid reload runs at most once a second
     expect(await reason(fresh)).toBe('accepted');
     expect(await reason(old)).toBe('accepted');
-    expect((await keys.jwks()).keys.map((k) => k.alg).sort()).toEqual(['ES256', 'EdDSA']);
+    expect((await keys.jwks()).keys.map((k) => k.alg).sort()).toEqual(['ES256', 'ES256', 'EdDSA']);
   });
 });

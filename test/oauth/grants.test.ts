@@ -128,6 +128,19 @@ describe(`authorization_code on ${BACKEND}`, () => {
     expectError(await redeem(await newCode(), { code_verifier: VERIFIER }), 400, 'invalid_grant');
   });
 
+  it('refuses a code whose user has left the organization since consent', async () => {
+    const { addMember, removeMember } = await import('../../src/accounts/organizations.js');
+    const { createUser } = await import('../../src/accounts/users.js');
+    const leaver = await createUser(t.handle.db, { email: `leaver-${Date.now()}@example.com`, password: 'leaver-password-1' });
+    await addMember(t.handle.db, { organizationId: org.organizationId, userId: leaver.id, role: 'member' });
+    const applicationId = (await t.handle.db.selectFrom('applications').select('id').where('client_id', '=', org.publicApp.client_id).executeTakeFirstOrThrow()).id;
+    const code = await createAuthorizationCode(t.handle.db, {
+      organizationId: org.organizationId, applicationId, userId: leaver.id, redirectUri: REDIRECT, scopes: ['contacts.read'], codeChallenge: null, ttlSeconds: 60,
+    });
+    await removeMember(t.handle.db, { organizationId: org.organizationId, userId: leaver.id });
+    expectError(await redeem(code), 400, 'invalid_grant');
+  });
+
   it('gives exactly one of 20 parallel redemptions of a code its tokens, and no 5xx (R-1)', async () => {
     const code = await newCode();
     const results = await Promise.all(Array.from({ length: 20 }, () => redeem(code)));
@@ -181,6 +194,19 @@ describe(`refresh_token on ${BACKEND}`, () => {
     expect(narrowed.json()).toMatchObject({ scope: 'tasks.read', organization_id: org.organizationId });
     // The new refresh token keeps the original scope (RFC 6749 §6).
     expect((await refresh(narrowed.json().refresh_token)).json().scope).toBe('contacts.read tasks.read');
+  });
+
+  it('never answers 5xx when a revocation races a refresh, and no token outlives the revocation', async () => {
+    for (let i = 0; i < 8; i++) {
+      const issued = await tokens();
+      const [refreshed, revoked] = await Promise.all([refresh(issued.refresh_token), post('/oauth/revoke', { token: issued.access_token })]);
+      expect(revoked.statusCode).toBe(200);
+      expect([200, 400]).toContain(refreshed.statusCode);
+      if (refreshed.statusCode === 200) {
+        expect(await introspect(refreshed.json().access_token)).toEqual({ active: false });
+        expect(await introspect(refreshed.json().refresh_token)).toEqual({ active: false });
+      }
+    }
   });
 
   it('gives exactly one of 20 parallel refreshes a new token, and no 5xx (R-2)', async () => {

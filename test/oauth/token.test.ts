@@ -126,10 +126,15 @@ describe('client authentication at the token endpoint', () => {
     expect(res.headers['www-authenticate']).toBe('Basic realm="orgauth", charset="UTF-8"');
   });
 
-  it('answers a wrong secret in the body with 401 and no Basic challenge', async () => {
+  it('answers a wrong secret in the body with 401 and a challenge too (RFC 9110 §15.5.2)', async () => {
     const res = await token(cc({ client_id: org.privateApp.client_id, client_secret: 'wrong' }));
     expectError(res, 401, 'invalid_client');
-    expect(res.headers['www-authenticate']).toBeUndefined();
+    expect(res.headers['www-authenticate']).toBe('Basic realm="orgauth", charset="UTF-8"');
+  });
+
+  it('refuses a client_id that cannot be ours without looking it up or remembering it', async () => {
+    expectError(await token(cc({ client_id: 'x'.repeat(60_000), client_secret: 'y' })), 401, 'invalid_client');
+    expectError(await token(cc({ client_id: org.privateApp.client_id.toUpperCase(), client_secret: org.privateApp.client_secret })), 401, 'invalid_client');
   });
 
   it('answers an unknown client, a disabled one and no credentials with 401', async () => {
@@ -162,8 +167,17 @@ describe('client authentication at the token endpoint', () => {
     const blocked = await token(body, { authorization: basic(victim.privateApp.client_id, victim.privateApp.client_secret) });
     expectError(blocked, 429, 'too_many_requests');
     expect(Number(blocked.headers['retry-after'])).toBeGreaterThan(0);
-    // Other clients are not affected.
+    // Other clients are not affected, nor is the same client from another address: failures
+    // cannot lock a client out, since its client_id is public.
     expect((await token(cc(), { authorization: basic(org.privateApp.client_id, org.privateApp.client_secret) })).statusCode).toBe(200);
+    const elsewhere = await app.inject({
+      method: 'POST',
+      url: '/oauth/token',
+      remoteAddress: '198.51.100.7',
+      headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(victim.privateApp.client_id, victim.privateApp.client_secret) },
+      payload: body,
+    });
+    expect(elsewhere.statusCode).toBe(200);
   });
 });
 

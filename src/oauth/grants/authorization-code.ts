@@ -52,6 +52,16 @@ export const authorizationCode: GrantHandler = {
         .returning('id')
         .executeTakeFirst();
       if (!consumed) return undefined;
+      // The user may have left the organization, or the application lost scopes, since consent.
+      const member = await trx
+        .selectFrom('memberships')
+        .select('role')
+        .where('organization_id', '=', row.organization_id)
+        .where('user_id', '=', row.user_id)
+        .forShare()
+        .executeTakeFirst();
+      if (!member) throw new InvalidGrantError('the user is no longer a member of the organization');
+      if (!row.scopes.every((s) => application.scopes.includes(s))) throw new InvalidGrantError('the application may no longer use the scope granted');
       const grant = await trx
         .insertInto('grants')
         .values({ organization_id: row.organization_id, application_id: application.id, user_id: row.user_id, scopes: row.scopes })

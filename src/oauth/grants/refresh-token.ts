@@ -40,6 +40,18 @@ export const refreshToken: GrantHandler = {
     const userId = token.user_id;
     const signingKey = await ctx.keys.signingKey();
     const issued = await inTransaction(ctx.db, async (trx) => {
+      // The grant first, then the token: the order revokeGrant locks them in, so a refresh and a
+      // revocation of the same grant queue behind each other instead of deadlocking. A grant
+      // revoked before us means no row (refuse); a revocation after us also revokes the token
+      // issued here, since its refresh_tokens update runs once we commit.
+      const live = await trx
+        .updateTable('grants')
+        .set({ last_used_at: sql`now()` })
+        .where('id', '=', token.grant_id)
+        .where('revoked_at', 'is', null)
+        .returning('id')
+        .executeTakeFirst();
+      if (!live) throw new InvalidGrantError('the refresh token was revoked');
       // Exactly one concurrent refresh wins this update (R-2).
       const retired = await trx
         .updateTable('refresh_tokens')
@@ -50,16 +62,6 @@ export const refreshToken: GrantHandler = {
         .returning('id')
         .executeTakeFirst();
       if (!retired) return undefined;
-      // Locks the grant row: a concurrent revocation either committed before (no row: refuse)
-      // or waits for this transaction and then revokes the refresh token issued here as well.
-      const live = await trx
-        .updateTable('grants')
-        .set({ last_used_at: sql`now()` })
-        .where('id', '=', token.grant_id)
-        .where('revoked_at', 'is', null)
-        .returning('id')
-        .executeTakeFirst();
-      if (!live) throw new InvalidGrantError('the refresh token was revoked');
       return issueUserTokens(trx, ctx, signingKey, {
         grantId: token.grant_id,
         organizationId: token.organization_id,
