@@ -1,7 +1,7 @@
 import { sql } from 'kysely';
 import { inTransaction } from '../../db/connect.js';
 import { sha256Hex } from '../../lib/crypto.js';
-import { InvalidGrantError } from '../errors.js';
+import { UnauthorizedClientError, InvalidGrantError } from '../errors.js';
 import { requireParam } from '../params.js';
 import { verifyPkce } from '../pkce.js';
 import { issueUserTokens } from '../token-response.js';
@@ -15,6 +15,8 @@ import type { GrantHandler } from './types.js';
 export const authorizationCode: GrantHandler = {
   grantType: 'authorization_code',
   async handle(ctx, { application }, params) {
+    // Private applications act for their organization only (client_credentials), never for users.
+    if (application.type !== 'public') throw new UnauthorizedClientError('this grant type is for public applications');
     const code = requireParam(params, 'code');
     // RFC 6749 §4.1.3: required here because /authorize requires it.
     const redirectUri = requireParam(params, 'redirect_uri');

@@ -1,6 +1,6 @@
 import { sql } from 'kysely';
 import { inTransaction } from '../../db/connect.js';
-import { InvalidGrantError, InvalidScopeError } from '../errors.js';
+import { UnauthorizedClientError, InvalidGrantError, InvalidScopeError } from '../errors.js';
 import { findRefreshToken } from '../refresh-tokens.js';
 import { requireParam } from '../params.js';
 import { issueUserTokens } from '../token-response.js';
@@ -15,6 +15,8 @@ import type { GrantHandler } from './types.js';
 export const refreshToken: GrantHandler = {
   grantType: 'refresh_token',
   async handle(ctx, { application }, params) {
+    // Private applications act for their organization only (client_credentials), never for users.
+    if (application.type !== 'public') throw new UnauthorizedClientError('this grant type is for public applications');
     const presented = requireParam(params, 'refresh_token');
     const token = await findRefreshToken(ctx.db, presented);
     // RT-1: another client's refresh token is as good as unknown to this one.
