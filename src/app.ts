@@ -10,6 +10,7 @@ import { accountPages } from './accounts/pages.js';
 import { API_PREFIX, apiRoutes } from './api/index.js';
 import { openApiRoutes, registerOpenApi } from './api/openapi.js';
 import type { Config } from './config.js';
+import { dashboardPages } from './dashboard/index.js';
 import type { DB, Listen } from './db/connect.js';
 import { isBadValue, isDatabaseUnavailable, isTransactionConflict } from './db/errors.js';
 import { AppError, InvalidRequestError, sanitizeDescription, ServiceUnavailableError } from './errors.js';
@@ -123,6 +124,7 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await app.register(pageAssets);
   await app.register(accountPages, { db: deps.db, config });
   await app.register(authorizeEndpoint, { db: deps.db, config });
+  await app.register(dashboardPages, { db: deps.db, config, keys, revocations });
 
   return app;
 }

@@ -1,5 +1,5 @@
 /**
- * Sign-up, sign-in, sign-out and the minimal dashboard: the browser side of accounts.
+ * Sign-up, sign-in and sign-out: the browser side of accounts (the dashboard is src/dashboard/).
  *
  * Every form carries a CSRF token (see sessions.ts); every redirect after a POST is a 303
  * (AZ-9); failed sign-ins are throttled per email and per client IP and never say whether the
@@ -8,6 +8,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Config } from '../config.js';
 import { type DB, inTransaction } from '../db/connect.js';
+import type { Role } from '../db/schema.js';
 import { ConflictError, InvalidRequestError } from '../errors.js';
 import { FailureThrottle } from '../lib/throttle.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
@@ -194,22 +195,10 @@ export async function accountPages(app: FastifyInstance, { db, config }: { db: D
     clearSessionCookie(reply, config);
     return reply.redirect('/login', 303);
   });
-
-  app.get('/dashboard', async (req, reply) => {
-    const session = await currentUser(db, config, req);
-    if (!session) return reply.redirect(loginPath('/dashboard'), 303);
-    const organizations = await listUserOrganizations(db, session.userId);
-    return renderPage(reply, 200, 'dashboard', {
-      title: 'Dashboard',
-      user: { email: session.email, name: session.name },
-      organizations,
-      csrfToken: csrfToken(config, { session: session.sessionId }),
-    });
-  });
 }
 
 /** The organizations a user belongs to, with their role in each (dashboard, consent page). */
-export async function listUserOrganizations(db: DB, userId: number): Promise<{ id: number; name: string; role: string }[]> {
+export async function listUserOrganizations(db: DB, userId: number): Promise<{ id: number; name: string; role: Role }[]> {
   return db
     .selectFrom('memberships')
     .innerJoin('organizations', 'organizations.id', 'memberships.organization_id')

@@ -1,0 +1,62 @@
+/** The account page: change the password, sign out of every session. */
+import type { FastifyInstance } from 'fastify';
+import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH, verifyPassword } from '../accounts/passwords.js';
+import { clearSessionCookie, csrfTokenMatches } from '../accounts/sessions.js';
+import { recordAuditEvent } from '../audit/events.js';
+import { inTransaction } from '../db/connect.js';
+import { ForbiddenError } from '../errors.js';
+import { sha256Hex } from '../lib/crypto.js';
+import { renderPage } from '../pages/render.js';
+import type { DashboardDeps } from './applications.js';
+import { CSRF_FAILED, dashboardContext, readForm } from './context.js';
+
+export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): Promise<void> {
+  const { db, config } = deps;
+
+  const page = (ctx: unknown, view: { errors?: string[]; message?: string } = {}) => ({
+    title: 'Account',
+    ctx,
+    active: 'account',
+    errors: view.errors ?? [],
+    message: view.message ?? '',
+    passwordMinLength: PASSWORD_MIN_LENGTH,
+  });
+
+  app.get('/dashboard/account', async (req, reply) => renderPage(reply, 200, 'dashboard/account', page(dashboardContext(req))));
+
+  // The account is the user's own: no organization or role is needed, only the session's CSRF token.
+  app.post('/dashboard/account/password', async (req, reply) => {
+    const { params } = readForm(req.body);
+    const ctx = dashboardContext(req);
+    if (!csrfTokenMatches(config, { session: ctx.session.sessionId }, params.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
+    const current = params.current_password ?? '';
+    const next = params.new_password ?? '';
+    const user = await db.selectFrom('users').select(['id', 'password_hash']).where('id', '=', ctx.session.userId).executeTakeFirstOrThrow();
+    if (current.length > PASSWORD_MAX_LENGTH || !(await verifyPassword(user.password_hash, current))) {
+      return renderPage(reply, 400, 'dashboard/account', page(ctx, { errors: ['The current password is not correct.'] }));
+    }
+    if (next.length < PASSWORD_MIN_LENGTH || next.length > PASSWORD_MAX_LENGTH) {
+      return renderPage(reply, 400, 'dashboard/account', page(ctx, { errors: [`The new password must be ${PASSWORD_MIN_LENGTH} to ${PASSWORD_MAX_LENGTH} characters long.`] }));
+    }
+    const hash = await hashPassword(next);
+    await inTransaction(db, async (trx) => {
+      await trx.updateTable('users').set({ password_hash: hash, updated_at: new Date() }).where('id', '=', user.id).execute();
+      // Whoever else held a session (the reason to change a password, often) is signed out.
+      await trx.deleteFrom('sessions').where('user_id', '=', user.id).where('id_hash', '!=', sha256Hex(ctx.session.sessionId)).execute();
+      // Account events have no organization of their own: each organization the user is in sees it.
+      for (const org of ctx.organizations) {
+        await recordAuditEvent(trx, { organizationId: org.id, action: 'user.password_changed', actorUserId: user.id, details: { user_id: user.id } });
+      }
+    });
+    return renderPage(reply, 200, 'dashboard/account', page(ctx, { message: 'Password changed. Your other sessions were signed out.' }));
+  });
+
+  app.post('/dashboard/account/sessions', async (req, reply) => {
+    const { params } = readForm(req.body);
+    const ctx = dashboardContext(req);
+    if (!csrfTokenMatches(config, { session: ctx.session.sessionId }, params.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
+    await db.deleteFrom('sessions').where('user_id', '=', ctx.session.userId).execute();
+    clearSessionCookie(reply, config);
+    return reply.redirect('/login', 303);
+  });
+}

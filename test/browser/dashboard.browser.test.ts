@@ -1,0 +1,142 @@
+/**
+ * The dashboard's five scenarios in Debian's Chromium, as a user would go through them.
+ * Screenshots of each page land in test-results/screenshots (git-ignored).
+ */
+import type { Page } from 'playwright-core';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { addMember } from '../../src/accounts/organizations.js';
+import { createUser } from '../../src/accounts/users.js';
+import { basic, form } from '../helpers/oauth.js';
+import { HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld } from './harness.js';
+
+const CALLBACK = 'http://localhost:8766/callback';
+const PASSWORD = 'a long dashboard password';
+
+describe.runIf(HAS_CHROMIUM)('the dashboard in a real browser', () => {
+  let world: BrowserWorld;
+  let page: Page;
+  let orgId: number;
+  let privateApp: { clientId: string; secret: string };
+  let publicApp: { clientId: string; secret: string };
+  let userToken: string;
+
+  beforeAll(async () => {
+    world = await startWorld();
+    page = await world.browser.newPage({ viewport: { width: 1280, height: 800 } });
+  }, 60_000);
+  afterAll(() => world?.close());
+
+  const api = (token: string) =>
+    fetch(`${world.baseUrl}/api/v1/${orgId}/contacts`, { headers: { authorization: `Bearer ${token}`, accept: 'application/json' } });
+  const tokenRequest = (clientId: string, secret: string, fields: Record<string, string>) =>
+    fetch(`${world.baseUrl}/oauth/token`, {
+      method: 'POST',
+      headers: { authorization: basic(clientId, secret), 'content-type': 'application/x-www-form-urlencoded' },
+      body: form(fields),
+    });
+
+  it('1. sign up → create a private application → Generate Token → the API answers 200', async () => {
+    await page.goto(`${world.baseUrl}/signup`);
+    await page.fill('input[name="email"]', 'owner@dashboard.example.com');
+    await page.fill('input[name="name"]', 'Dana Owner');
+    await page.fill('input[name="password"]', PASSWORD);
+    await page.fill('input[name="organization_name"]', 'Dashboard Org');
+    await Promise.all([page.waitForURL(/\/dashboard/), page.click('button[type="submit"]')]);
+    orgId = (await world.db.handle.db.selectFrom('organizations').select('id').where('name', '=', 'Dashboard Org').executeTakeFirstOrThrow()).id;
+
+    await page.goto(`${world.baseUrl}/dashboard/applications`);
+    await screenshot(page, 'applications');
+    const privateForm = page.locator('form', { has: page.locator('button', { hasText: 'Create private application' }) });
+    await privateForm.locator('input[name="name"]').fill('Nightly Sync');
+    await Promise.all([page.waitForLoadState('load'), privateForm.locator('button', { hasText: 'Create private application' }).click()]);
+    privateApp = { clientId: (await page.locator('#client-id').textContent())!.trim(), secret: await page.locator('#client-secret').inputValue() };
+    expect(privateApp.secret).toMatch(/^[A-Za-z0-9_-]{43}$/);
+    await screenshot(page, 'application-created-secret-shown-once');
+    // Shown once: the application page itself never shows it again.
+    await page.goto(`${world.baseUrl}/dashboard/applications/${privateApp.clientId}`);
+    expect(await page.locator('#client-secret').count()).toBe(0);
+    expect(await page.content()).not.toContain(privateApp.secret);
+
+    await Promise.all([page.waitForLoadState('load'), page.locator('button', { hasText: 'Generate Token' }).click()]);
+    const token = (await page.locator('#access-token').inputValue()).trim();
+    await screenshot(page, 'generate-token');
+    expect((await api(token)).status).toBe(200);
+  });
+
+  it('2. create a public application → authorize it in the browser → exchange the code → the API answers 200', async () => {
+    await page.goto(`${world.baseUrl}/dashboard/applications`);
+    const publicForm = page.locator('form', { has: page.locator('button', { hasText: /^Create application$/ }) });
+    await publicForm.locator('input[name="name"]').fill('Partner Web App');
+    await publicForm.locator('textarea[name="redirect_uris"]').fill(CALLBACK);
+    await Promise.all([page.waitForLoadState('load'), publicForm.locator('button', { hasText: /^Create application$/ }).click()]);
+    publicApp = { clientId: (await page.locator('#client-id').textContent())!.trim(), secret: await page.locator('#client-secret').inputValue() };
+
+    let callback: URL | undefined;
+    await page.route(`${CALLBACK}**`, async (route) => {
+      callback = new URL(route.request().url());
+      await route.fulfill({ status: 200, contentType: 'text/plain', body: 'client callback' });
+    });
+    const state = 'dashboard-browser-state-0123456';
+    await page.goto(
+      `${world.baseUrl}/oauth/authorize?${new URLSearchParams({ client_id: publicApp.clientId, redirect_uri: CALLBACK, response_type: 'code', scope: 'contacts.read', state })}`,
+    );
+    await screenshot(page, 'consent-dashboard-app');
+    await page.click('button[name="decision"][value="approve"]');
+    await expect.poll(() => callback?.searchParams.get('code') ?? null, { timeout: 5000 }).not.toBeNull();
+    expect(callback!.searchParams.get('state')).toBe(state);
+    const res = await tokenRequest(publicApp.clientId, publicApp.secret, { grant_type: 'authorization_code', code: callback!.searchParams.get('code')!, redirect_uri: CALLBACK });
+    expect(res.status).toBe(200);
+    const body = (await res.json()) as { access_token: string; organization_id: number };
+    expect(body.organization_id).toBe(orgId);
+    userToken = body.access_token;
+    expect((await api(userToken)).status).toBe(200);
+  });
+
+  it('3. revoke it under Connected apps → the API answers 401', async () => {
+    await page.goto(`${world.baseUrl}/dashboard/connected-apps`);
+    await screenshot(page, 'connected-apps');
+    const row = page.locator('tr', { hasText: 'Partner Web App' });
+    await Promise.all([page.waitForLoadState('load'), row.locator('button', { hasText: 'Revoke' }).click()]);
+    expect((await api(userToken)).status).toBe(401);
+  });
+
+  it('4. rotate a secret → the old one gets invalid_client', async () => {
+    await page.goto(`${world.baseUrl}/dashboard/applications/${privateApp.clientId}`);
+    await Promise.all([page.waitForLoadState('load'), page.locator('button', { hasText: 'Rotate secret' }).click()]);
+    const fresh = await page.locator('#client-secret').inputValue();
+    expect(fresh).not.toBe(privateApp.secret);
+    const fields = { grant_type: 'client_credentials', organization_id: String(orgId) };
+    const old = await tokenRequest(privateApp.clientId, privateApp.secret, fields);
+    expect(old.status).toBe(401);
+    expect(((await old.json()) as { error: string }).error).toBe('invalid_client');
+    expect((await tokenRequest(privateApp.clientId, fresh, fields)).status).toBe(200);
+  });
+
+  it('5. a member (not an admin) cannot create an application', async () => {
+    const member = await createUser(world.db.handle.db, { email: 'member@dashboard.example.com', password: PASSWORD, name: 'Mo Member' });
+    await addMember(world.db.handle.db, { organizationId: orgId, userId: member.id, role: 'member' });
+    await page.goto(`${world.baseUrl}/dashboard/members`);
+    await screenshot(page, 'members');
+
+    const context = await world.browser.newContext();
+    const memberPage = await context.newPage();
+    await memberPage.goto(`${world.baseUrl}/login`);
+    await memberPage.fill('input[name="email"]', 'member@dashboard.example.com');
+    await memberPage.fill('input[name="password"]', PASSWORD);
+    await Promise.all([memberPage.waitForURL(/\/dashboard/), memberPage.click('button[type="submit"]')]);
+    await memberPage.goto(`${world.baseUrl}/dashboard/applications`);
+    await screenshot(memberPage, 'applications-as-member');
+    expect(await memberPage.locator('button', { hasText: /Create (private )?application/ }).count()).toBe(0);
+    // Posting the form anyway, with a valid CSRF token of the member's session, is refused.
+    await memberPage.goto(`${world.baseUrl}/dashboard/account`);
+    const csrf = await memberPage.locator('input[name="csrf_token"]').first().inputValue({ timeout: 5000 });
+    const forced = await memberPage.request.post(`${world.baseUrl}/dashboard/applications`, {
+      form: { csrf_token: csrf, type: 'private', name: 'Sneaky', scope: 'contacts.read' },
+      maxRedirects: 0,
+    });
+    expect(forced.status()).toBe(403);
+    const apps = await world.db.handle.db.selectFrom('applications').select('name').where('organization_id', '=', orgId).execute();
+    expect(apps.map((a) => a.name)).not.toContain('Sneaky');
+    await context.close();
+  });
+});

@@ -1,0 +1,291 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { BACKEND } from '../helpers/db.js';
+import { expectPageSecurityHeaders } from '../accounts/browser.js';
+import {
+  accessTokenIn,
+  clientCredentials,
+  createWorld,
+  grantRow,
+  listContacts,
+  newOrganization,
+  type RoleName,
+  secretIn,
+  submit,
+  userGrant,
+  type World,
+} from './fixture.js';
+
+let w: World;
+beforeAll(async () => {
+  w = await createWorld();
+});
+afterAll(async () => {
+  await w?.close();
+});
+
+const auditActions = async (organizationId: number) =>
+  (await w.db.selectFrom('audit_events').select('action').where('organization_id', '=', organizationId).orderBy('id').execute()).map((e) => e.action);
+
+describe(`dashboard applications on ${BACKEND}`, () => {
+  it('lists the applications of the current organization, with create forms for owners and admins only', async () => {
+    const org = await newOrganization(w);
+    for (const role of ['owner', 'admin'] as const) {
+      const res = await w.browsers[role].get('/dashboard/applications');
+      expect(res.statusCode).toBe(200);
+      expectPageSecurityHeaders(res);
+      expect(res.body).toContain(`href="/dashboard/applications/${org.privateApp.client_id}"`);
+      expect(res.body).toContain('>Create application</button>');
+      expect(res.body).toContain('>Create private application</button>');
+      expect(res.body).not.toMatch(/(src|href|action)="https?:/);
+    }
+    const member = await w.browsers.member.get('/dashboard/applications');
+    expect(member.statusCode).toBe(200);
+    expect(member.body).toContain(`href="/dashboard/applications/${org.publicApp.client_id}"`);
+    expect(member.body).not.toContain('<form method="post" action="/dashboard/applications"');
+    const page = await w.browsers.member.get(`/dashboard/applications/${org.privateApp.client_id}`);
+    expect(page.statusCode).toBe(200);
+    expect(page.body).toContain(org.privateApp.client_id);
+    expect(page.body).not.toMatch(/Rotate secret|Generate Token|Save changes|Disable application|Delete application/);
+  });
+
+  it('sends a signed-out visitor to the login page and refuses a signed-out POST', async () => {
+    const res = await w.app.inject({ method: 'GET', url: '/dashboard/applications' });
+    expect(res.statusCode).toBe(303);
+    expect(res.headers.location).toBe('/login?return_to=%2Fdashboard%2Fapplications');
+    expectPageSecurityHeaders(res);
+    const post = await w.app.inject({ method: 'POST', url: '/dashboard/applications', payload: { name: 'x' } });
+    expect(post.statusCode).toBe(403);
+  });
+
+  it('creates a public application, showing its secret once and never on the application page', async () => {
+    const org = await newOrganization(w);
+    const res = await submit(w.browsers.admin, '/dashboard/applications', {
+      type: 'public',
+      name: 'Mobile <app>',
+      redirect_uris: 'https://app.example.com/cb\r\nhttp://localhost:8080/cb\r\n',
+      scopes: ['contacts.read', 'tasks.read'],
+      require_pkce: 'on',
+    });
+    expect(res.statusCode).toBe(201);
+    expect(res.headers['cache-control']).toBe('no-store');
+    expect(res.headers.location).toBeUndefined();
+    expect(res.body).toContain('Mobile &lt;app&gt;');
+    const secret = secretIn(res.body);
+    expect(secret).toMatch(/^[A-Za-z0-9_-]{43}$/);
+    const row = await w.db.selectFrom('applications').selectAll().where('organization_id', '=', org.id).where('name', '=', 'Mobile <app>').executeTakeFirstOrThrow();
+    expect(row).toMatchObject({
+      type: 'public',
+      redirect_uris: ['https://app.example.com/cb', 'http://localhost:8080/cb'],
+      scopes: ['contacts.read', 'tasks.read'],
+      require_pkce: true,
+    });
+    expect(row.client_secret_hash).not.toContain(secret);
+    expect(res.body).toContain(row.client_id);
+    const again = await w.browsers.admin.get(`/dashboard/applications/${row.client_id}`);
+    expect(again.statusCode).toBe(200);
+    expect(again.body).toContain(row.client_id);
+    expect(again.body).not.toContain(secret);
+    expect(secretIn(again.body)).toBeUndefined();
+    expect(await auditActions(org.id)).toContain('application.created');
+  });
+
+  it('creates a private application whose secret works for client_credentials', async () => {
+    const org = await newOrganization(w);
+    const res = await submit(w.browsers.owner, '/dashboard/applications', { type: 'private', name: 'Cron', scopes: ['tasks.read'] });
+    expect(res.statusCode).toBe(201);
+    const row = await w.db.selectFrom('applications').selectAll().where('organization_id', '=', org.id).where('name', '=', 'Cron').executeTakeFirstOrThrow();
+    expect(row).toMatchObject({ type: 'private', redirect_uris: [], scopes: ['tasks.read'] });
+    const token = await clientCredentials(w.app, org.id, row.client_id, secretIn(res.body) ?? '');
+    expect(token.statusCode).toBe(200);
+    expect(token.json()).toMatchObject({ scope: 'tasks.read', organization_id: org.id });
+  });
+
+  it('re-shows the form with the problems for a bad redirect URI, no name or no scope, and creates nothing', async () => {
+    const org = await newOrganization(w);
+    const res = await submit(w.browsers.owner, '/dashboard/applications', {
+      type: 'public',
+      name: '',
+      redirect_uris: 'http://evil.example.com/cb\nhttps://ok.example.com/cb#frag',
+    });
+    expect(res.statusCode).toBe(400);
+    expect(res.body).toContain('Enter a name.');
+    expect(res.body).toContain('http is allowed only for loopback hosts');
+    expect(res.body).toContain('must not contain a fragment');
+    expect(res.body).toContain('Choose at least one scope.');
+    expect(res.body).toContain('http://evil.example.com/cb\nhttps://ok.example.com/cb#frag</textarea>');
+    expect(await w.db.selectFrom('applications').select('id').where('organization_id', '=', org.id).execute()).toHaveLength(2);
+  });
+
+  it('refuses members (403) and creates nothing', async () => {
+    const org = await newOrganization(w);
+    const res = await submit(w.browsers.member, '/dashboard/applications', { type: 'private', name: 'Nope', scopes: ['tasks.read'] });
+    expect(res.statusCode).toBe(403);
+    expectPageSecurityHeaders(res);
+    expect(await w.db.selectFrom('applications').select('id').where('organization_id', '=', org.id).execute()).toHaveLength(2);
+  });
+
+  it('rotates the secret: the new one is shown once and works, the old one stops at once', async () => {
+    const org = await newOrganization(w);
+    const res = await submit(w.browsers.owner, `/dashboard/applications/${org.privateApp.client_id}/secret`);
+    expect(res.statusCode).toBe(200);
+    expect(res.headers['cache-control']).toBe('no-store');
+    const secret = secretIn(res.body) ?? '';
+    expect(secret).not.toBe(org.privateApp.client_secret);
+    expect((await clientCredentials(w.app, org.id, org.privateApp.client_id, org.privateApp.client_secret)).statusCode).toBe(401);
+    expect((await clientCredentials(w.app, org.id, org.privateApp.client_id, secret)).statusCode).toBe(200);
+    expect((await w.browsers.owner.get(`/dashboard/applications/${org.privateApp.client_id}`)).body).not.toContain(secret);
+    expect(await auditActions(org.id)).toContain('application.secret_rotated');
+  });
+
+  it('generates a token for the current organization that works on the API, shown once', async () => {
+    const org = await newOrganization(w);
+    const res = await submit(w.browsers.admin, `/dashboard/applications/${org.privateApp.client_id}/token`, { scopes: ['contacts.read'] });
+    expect(res.statusCode).toBe(200);
+    expect(res.headers['cache-control']).toBe('no-store');
+    const token = accessTokenIn(res.body) ?? '';
+    expect(token).toMatch(/^ey/);
+    const api = await listContacts(w.app, org.id, token);
+    expect(api.statusCode).toBe(200);
+    // The scope chosen, not all of the application's.
+    expect((await w.app.inject({ method: 'GET', url: `/api/v1/${org.id}/tasks`, headers: { authorization: `Bearer ${token}` } })).statusCode).toBe(403);
+    expect((await w.browsers.admin.get(`/dashboard/applications/${org.privateApp.client_id}`)).body).not.toContain(token);
+    expect(await auditActions(org.id)).toEqual(expect.arrayContaining(['grant.created', 'application.token_generated']));
+  });
+
+  it('refuses to generate a token with a scope the application does not have, or for a public application', async () => {
+    const org = await newOrganization(w);
+    const res = await submit(w.browsers.owner, `/dashboard/applications/${org.privateApp.client_id}/token`, { scopes: ['contacts.write'] });
+    expect(res.statusCode).toBe(400);
+    expect(accessTokenIn(res.body)).toBeUndefined();
+    expect((await submit(w.browsers.owner, `/dashboard/applications/${org.publicApp.client_id}/token`, { scopes: ['contacts.read'] })).statusCode).toBe(404);
+    expect(await w.db.selectFrom('grants').select('id').where('organization_id', '=', org.id).execute()).toEqual([]);
+  });
+
+  it('edits name and redirect URIs without revoking anything when no scope is removed', async () => {
+    const org = await newOrganization(w);
+    const grant = await userGrant(w, org, w.users.member.id, ['contacts.read']);
+    const res = await submit(w.browsers.owner, `/dashboard/applications/${org.publicApp.client_id}`, {
+      name: 'Web 2',
+      redirect_uris: 'https://client.example.com/cb2',
+      scopes: ['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write'],
+    });
+    expect(res.statusCode).toBe(303);
+    expect(res.headers.location).toBe(`/dashboard/applications/${org.publicApp.client_id}`);
+    const row = await w.db.selectFrom('applications').selectAll().where('client_id', '=', org.publicApp.client_id).executeTakeFirstOrThrow();
+    expect(row).toMatchObject({ name: 'Web 2', redirect_uris: ['https://client.example.com/cb2'], scopes: ['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write'] });
+    expect((await grantRow(w, grant)).revoked_at).toBeNull();
+    expect(await auditActions(org.id)).toContain('application.updated');
+  });
+
+  it('narrowing scopes asks for confirmation, then revokes only the grants holding a removed scope', async () => {
+    const org = await newOrganization(w);
+    const narrow = await userGrant(w, org, w.users.member.id, ['contacts.read']);
+    const wide = await userGrant(w, org, w.users.owner.id, ['contacts.read', 'contacts.write']);
+    const fields = { name: 'Web', redirect_uris: 'https://client.example.com/cb', scopes: ['contacts.read', 'tasks.read'] };
+    const ask = await submit(w.browsers.admin, `/dashboard/applications/${org.publicApp.client_id}`, fields);
+    expect(ask.statusCode).toBe(200);
+    expect(ask.body).toContain('<strong>1</strong> grant that holds it');
+    expect(ask.body).toContain('>Save and revoke</button>');
+    expect(ask.body).toContain('name="confirm" value="revoke"');
+    // Nothing changed before the confirmation.
+    expect((await grantRow(w, wide)).revoked_at).toBeNull();
+    expect((await w.db.selectFrom('applications').select('scopes').where('client_id', '=', org.publicApp.client_id).executeTakeFirstOrThrow()).scopes).toContain('contacts.write');
+
+    const done = await submit(w.browsers.admin, `/dashboard/applications/${org.publicApp.client_id}`, { ...fields, confirm: 'revoke' });
+    expect(done.statusCode).toBe(303);
+    expect(await grantRow(w, wide)).toMatchObject({ revoked_reason: 'scopes_narrowed' });
+    expect((await grantRow(w, narrow)).revoked_at).toBeNull();
+    expect((await w.db.selectFrom('applications').select('scopes').where('client_id', '=', org.publicApp.client_id).executeTakeFirstOrThrow()).scopes).toEqual([
+      'contacts.read',
+      'tasks.read',
+    ]);
+  });
+
+  it('disables an application: every grant is revoked and its token refused at once', async () => {
+    const org = await newOrganization(w);
+    const token = accessTokenIn((await submit(w.browsers.owner, `/dashboard/applications/${org.privateApp.client_id}/token`, { scopes: ['contacts.read'] })).body) ?? '';
+    expect((await listContacts(w.app, org.id, token)).statusCode).toBe(200);
+    const other = await userGrant(w, org, w.users.member.id, ['contacts.read']);
+    const res = await submit(w.browsers.owner, `/dashboard/applications/${org.privateApp.client_id}/disable`);
+    expect(res.statusCode).toBe(303);
+    expect((await listContacts(w.app, org.id, token)).statusCode).toBe(401);
+    const grants = await w.db
+      .selectFrom('grants')
+      .innerJoin('applications', 'applications.id', 'grants.application_id')
+      .select(['grants.revoked_reason'])
+      .where('applications.client_id', '=', org.privateApp.client_id)
+      .execute();
+    expect(grants).toEqual([{ revoked_reason: 'application_disabled' }]);
+    expect((await grantRow(w, other)).revoked_at).toBeNull(); // the public application's grant is untouched
+    expect((await clientCredentials(w.app, org.id, org.privateApp.client_id, org.privateApp.client_secret)).statusCode).toBe(401);
+    expect(await auditActions(org.id)).toEqual(expect.arrayContaining(['application.disabled', 'grant.revoked']));
+  });
+
+  it('deletes an application after revoking its grants', async () => {
+    const org = await newOrganization(w);
+    const token = accessTokenIn((await submit(w.browsers.admin, `/dashboard/applications/${org.privateApp.client_id}/token`, { scopes: ['contacts.read'] })).body) ?? '';
+    const res = await submit(w.browsers.admin, `/dashboard/applications/${org.privateApp.client_id}/delete`);
+    expect(res.statusCode).toBe(303);
+    expect(res.headers.location).toBe('/dashboard/applications');
+    expect(await w.db.selectFrom('applications').select('id').where('client_id', '=', org.privateApp.client_id).execute()).toEqual([]);
+    expect((await listContacts(w.app, org.id, token)).statusCode).toBe(401);
+    expect((await w.browsers.admin.get(`/dashboard/applications/${org.privateApp.client_id}`)).statusCode).toBe(404);
+    expect(await auditActions(org.id)).toContain('application.deleted');
+  });
+
+  // The actions on one application, each with a valid form.
+  const actions: { name: string; path: (clientId: string) => string; fields: Record<string, string | string[]> }[] = [
+    { name: 'rotate secret', path: (c) => `/dashboard/applications/${c}/secret`, fields: {} },
+    { name: 'generate token', path: (c) => `/dashboard/applications/${c}/token`, fields: { scopes: ['contacts.read'] } },
+    { name: 'edit', path: (c) => `/dashboard/applications/${c}`, fields: { name: 'Changed', scopes: ['tasks.read'], confirm: 'revoke' } },
+    { name: 'disable', path: (c) => `/dashboard/applications/${c}/disable`, fields: {} },
+    { name: 'delete', path: (c) => `/dashboard/applications/${c}/delete`, fields: {} },
+  ];
+
+  async function unchanged(organizationId: number, clientId: string, secret: string) {
+    const row = await w.db.selectFrom('applications').select(['name', 'disabled', 'scopes']).where('client_id', '=', clientId).executeTakeFirst();
+    expect(row).toEqual({ name: 'Backend', disabled: false, scopes: ['contacts.read', 'tasks.read'] });
+    expect((await clientCredentials(w.app, organizationId, clientId, secret)).statusCode).toBe(200);
+  }
+
+  it.each(actions)('$name: owner and admin may, a member gets 403 and an outsider 404, and nothing changes', async ({ path, fields }) => {
+    const refusals: [RoleName, number][] = [
+      ['member', 403],
+      ['outsider', 404],
+    ];
+    const org = await newOrganization(w);
+    const before = await w.db.selectFrom('grants').select('id').where('organization_id', '=', org.id).execute();
+    for (const [role, status] of refusals) {
+      const res = await submit(w.browsers[role], path(org.privateApp.client_id), fields);
+      expect(res.statusCode, role).toBe(status);
+      expectPageSecurityHeaders(res);
+    }
+    // The checks above minted no token for client_credentials... only the helper's own calls did.
+    await unchanged(org.id, org.privateApp.client_id, org.privateApp.client_secret);
+    expect((await w.db.selectFrom('grants').select('id').where('organization_id', '=', org.id).execute()).length).toBe(before.length + 1);
+    for (const role of ['owner', 'admin'] as const) {
+      const fresh = await newOrganization(w);
+      const res = await submit(w.browsers[role], path(fresh.privateApp.client_id), fields);
+      expect([200, 303], role).toContain(res.statusCode);
+    }
+  });
+
+  it.each(actions)('$name: CSRF token missing or of another session is refused with 403', async ({ path, fields }) => {
+    const org = await newOrganization(w);
+    const b = w.browsers.owner;
+    expect((await b.post(path(org.privateApp.client_id), fields)).statusCode).toBe(403);
+    const foreign = await w.browsers.admin.csrf('/dashboard');
+    expect((await b.post(path(org.privateApp.client_id), { ...fields, csrf_token: foreign })).statusCode).toBe(403);
+    await unchanged(org.id, org.privateApp.client_id, org.privateApp.client_secret);
+  });
+
+  it.each(actions)('$name: an owner of two organizations cannot reach the other one by client_id while one is selected', async ({ path, fields }) => {
+    const b = await newOrganization(w);
+    const a = await newOrganization(w); // selected last: A is current
+    const res = await submit(w.browsers.owner, path(b.privateApp.client_id), fields);
+    expect(res.statusCode).toBe(404);
+    await unchanged(b.id, b.privateApp.client_id, b.privateApp.client_secret);
+    expect((await w.browsers.owner.get(`/dashboard/applications/${b.privateApp.client_id}`)).statusCode).toBe(404);
+    expect((await w.browsers.owner.get(`/dashboard/applications/${a.privateApp.client_id}`)).statusCode).toBe(200);
+  });
+});
