@@ -117,6 +117,14 @@ describe.runIf(HAS_CHROMIUM)('the dashboard in a real browser', () => {
     await addMember(world.db.handle.db, { organizationId: orgId, userId: member.id, role: 'member' });
     await page.goto(`${world.baseUrl}/dashboard/members`);
     await screenshot(page, 'members');
+    // The same pages at phone width: nothing may need horizontal scrolling of the page itself.
+    await page.setViewportSize({ width: 390, height: 844 });
+    for (const [path, name] of [['/dashboard/applications', 'applications-phone'], [`/dashboard/applications/${privateApp.clientId}`, 'application-phone'], ['/dashboard/members', 'members-phone']]) {
+      await page.goto(`${world.baseUrl}${path}`);
+      await screenshot(page, name!);
+      expect(await page.evaluate('document.documentElement.scrollWidth')).toBeLessThanOrEqual(390);
+    }
+    await page.setViewportSize({ width: 1280, height: 800 });
 
     const context = await world.browser.newContext();
     const memberPage = await context.newPage();
