@@ -2,13 +2,12 @@
  * POST /oauth/revoke (RFC 7009) and POST /oauth/introspect (RFC 7662), both client-authenticated.
  * A client sees and revokes only its own tokens: anything else is "unknown" to it.
  */
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { Application } from '../db/schema.js';
 import { type AccessTokenClaims, InvalidTokenError, verifyAccessToken } from './access-tokens.js';
-import { authenticateClient } from './client-auth.js';
-import { requireParam, readParams } from './params.js';
+import { requireParam } from './params.js';
 import { findRefreshToken } from './refresh-tokens.js';
-import { formParams, type OAuthEndpointOptions, registerFormEndpoint } from './token.js';
+import { authenticatedForm, type OAuthEndpointOptions, registerFormEndpoint } from './token.js';
 
 type Found =
   | { kind: 'access_token'; claims: AccessTokenClaims }
@@ -30,16 +29,15 @@ async function findClientToken(options: OAuthEndpointOptions, client: Applicatio
   return refresh && refresh.application_id === client.id ? { kind: 'refresh_token', token: refresh } : undefined;
 }
 
+/** Both endpoints: authenticate the client, then find the `token` parameter among its tokens. */
+async function clientAndToken(req: FastifyRequest, options: OAuthEndpointOptions): Promise<{ application: Application; found: Found | undefined }> {
+  const { body, client } = await authenticatedForm(req, options);
+  return { application: client.application, found: await findClientToken(options, client.application, requireParam(body, 'token')) };
+}
+
 export async function revocationEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
   await registerFormEndpoint(app, '/oauth/revoke', async (req) => {
-    const body = formParams(req.body);
-    const { application } = await authenticateClient(options.db, options.clientThrottle, {
-      authorization: req.headers.authorization,
-      query: readParams(req.query),
-      body,
-      ip: req.ip,
-    });
-    const found = await findClientToken(options, application, requireParam(body, 'token'));
+    const { application, found } = await clientAndToken(req, options);
     // RFC 7009 §2.2: revoking a token revokes its grant, so every token of it stops working
     // (MD-1). Unknown, invalid or another client's tokens: 200 all the same.
     if (found) {
@@ -52,14 +50,7 @@ export async function revocationEndpoint(app: FastifyInstance, options: OAuthEnd
 
 export async function introspectionEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
   await registerFormEndpoint(app, '/oauth/introspect', async (req) => {
-    const body = formParams(req.body);
-    const { application } = await authenticateClient(options.db, options.clientThrottle, {
-      authorization: req.headers.authorization,
-      query: readParams(req.query),
-      body,
-      ip: req.ip,
-    });
-    const found = await findClientToken(options, application, requireParam(body, 'token'));
+    const { application, found } = await clientAndToken(req, options);
     if (!found) return { active: false };
     if (found.kind === 'refresh_token') {
       const t = found.token;

@@ -7,7 +7,7 @@ import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
 import { InvalidRequestError } from '../errors.js';
 import { type FailureThrottle } from '../lib/throttle.js';
-import { authenticateClient } from './client-auth.js';
+import { type AuthenticatedClient, authenticateClient } from './client-auth.js';
 import { UnsupportedGrantTypeError } from './errors.js';
 import { authorizationCode } from './grants/authorization-code.js';
 import { clientCredentials } from './grants/client-credentials.js';
@@ -15,7 +15,7 @@ import { refreshToken } from './grants/refresh-token.js';
 import type { GrantHandler } from './grants/types.js';
 import type { KeyStore } from './key-store.js';
 import type { RevocationList } from './revocations.js';
-import { readParams, requireParam } from './params.js';
+import { type Params, readParams, requireParam } from './params.js';
 
 const GRANTS: ReadonlyMap<string, GrantHandler> = new Map([authorizationCode, refreshToken, clientCredentials].map((g) => [g.grantType, g]));
 
@@ -67,7 +67,7 @@ export async function registerFormEndpoint(
 }
 
 /** URLSearchParams (from the form parser) → one value per name, or invalid_request for repeats. */
-export function formParams(body: unknown) {
+export function formParams(body: unknown): Params {
   if (!(body instanceof URLSearchParams)) return readParams(undefined);
   const grouped: Record<string, string | string[]> = Object.create(null);
   for (const [name, value] of body) {
@@ -77,15 +77,20 @@ export function formParams(body: unknown) {
   return readParams(grouped);
 }
 
-export async function tokenEndpoint(app: FastifyInstance, { db, keys, revocations, config, clientThrottle }: OAuthEndpointOptions): Promise<void> {
+/** The form parameters of a client-authenticated endpoint, and the client that sent them. */
+export async function authenticatedForm(
+  req: FastifyRequest,
+  { db, clientThrottle }: Pick<OAuthEndpointOptions, 'db' | 'clientThrottle'>,
+): Promise<{ body: Params; client: AuthenticatedClient }> {
+  const body = formParams(req.body);
+  const client = await authenticateClient(db, clientThrottle, { authorization: req.headers.authorization, query: readParams(req.query), body, ip: req.ip });
+  return { body, client };
+}
+
+export async function tokenEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
+  const { db, keys, revocations, config } = options;
   await registerFormEndpoint(app, '/oauth/token', async (req) => {
-    const body = formParams(req.body);
-    const client = await authenticateClient(db, clientThrottle, {
-      authorization: req.headers.authorization,
-      query: readParams(req.query),
-      body,
-      ip: req.ip,
-    });
+    const { body, client } = await authenticatedForm(req, options);
     const grant = GRANTS.get(requireParam(body, 'grant_type'));
     if (!grant) throw new UnsupportedGrantTypeError();
     return grant.handle({ db, keys, revocations, config }, client, body);
