@@ -8,7 +8,7 @@
  * fresh database, adds applications and distinct pre-issued refresh tokens and codes, starts
  * bench/server.ts, and drops its database at the end.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
+import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import path from 'node:path';
@@ -184,8 +184,19 @@ async function freePort(): Promise<number> {
   });
 }
 
+/**
+ * The server runs compiled, as in production: under tsx its resident memory was about 80 MB
+ * higher (measured idle: 203 MB with tsx, 122 MB for dist/src/server.js).
+ */
+function buildServer(): void {
+  for (const args of [['run', 'build'], ['exec', '--', 'tsc', '-p', 'tsconfig.bench.json']]) {
+    const result = spawnSync('npm', args, { cwd: ROOT, stdio: ['ignore', 'ignore', 'inherit'] });
+    if (result.status !== 0) throw new Error(`npm ${args.join(' ')} failed`);
+  }
+}
+
 function startServer(databaseUrl: string): Promise<ChildProcess> {
-  const child = spawn(process.execPath, ['--import', 'tsx', path.join(ROOT, 'bench/server.ts')], {
+  const child = spawn(process.execPath, [path.join(ROOT, 'dist/bench/server.js')], {
     cwd: ROOT,
     env: {
       PATH: process.env.PATH,
@@ -291,6 +302,7 @@ async function runScenario(
 
 async function main(): Promise<void> {
   PORT = await freePort();
+  buildServer();
   await ensureTemplate();
   const runDb = `orgauth_bench_run_${process.pid}`;
   await admin((c) => c.query(`create database ${runDb} template ${TEMPLATE}`));
