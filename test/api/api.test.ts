@@ -6,7 +6,7 @@ import { createAuthorizationCode } from '../../src/oauth/codes.js';
 import { ensureSigningKey } from '../../src/oauth/keys.js';
 import { buildTestApp, TEST_SECRET_KEY } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
-import { basic, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
+import { basic, clientCredentialsToken, createOrgFixture, form, type OrgFixture, revokeToken } from '../helpers/oauth.js';
 
 let t: Awaited<ReturnType<typeof createTestDatabase>>;
 let app: FastifyInstance;
@@ -15,16 +15,7 @@ let b: OrgFixture;
 let tokenA: string;
 let tokenB: string;
 
-async function clientToken(org: OrgFixture, scope?: string): Promise<string> {
-  const res = await app.inject({
-    method: 'POST',
-    url: '/oauth/token',
-    headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(org.privateApp.client_id, org.privateApp.client_secret) },
-    payload: form({ grant_type: 'client_credentials', organization_id: String(org.organizationId), ...(scope ? { scope } : {}) }),
-  });
-  expect(res.statusCode, res.body).toBe(200);
-  return res.json().access_token;
-}
+const clientToken = (fixture: OrgFixture, scope?: string) => clientCredentialsToken(app, fixture, scope);
 
 beforeAll(async () => {
   t = await createTestDatabase();
@@ -92,13 +83,7 @@ describe(`the API hook on ${BACKEND}`, () => {
 
     const doomed = await clientToken(a);
     expect((await api('GET', A(), { token: doomed })).statusCode).toBe(200);
-    const revoke = await app.inject({
-      method: 'POST',
-      url: '/oauth/revoke',
-      headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(a.privateApp.client_id, a.privateApp.client_secret) },
-      payload: form({ token: doomed }),
-    });
-    expect(revoke.statusCode).toBe(200);
+    expect(await revokeToken(app, a, doomed)).toBe(200);
     expectError(await api('GET', A(), { token: doomed }), 401, 'invalid_token');
   });
 

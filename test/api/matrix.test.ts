@@ -9,7 +9,7 @@ import { KNOWN_SCOPES } from '../../src/oauth/scopes.js';
 import { ensureSigningKey } from '../../src/oauth/keys.js';
 import { buildTestApp, TEST_SECRET_KEY } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
-import { basic, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
+import { clientCredentialsToken, createOrgFixture, type OrgFixture, revokeToken } from '../helpers/oauth.js';
 
 let t: Awaited<ReturnType<typeof createTestDatabase>>;
 let app: FastifyInstance;
@@ -20,15 +20,7 @@ const tokens: Record<string, string> = {};
 let full: string;
 let bIds: { contact: number; task: number };
 
-async function token(fixture: OrgFixture, scope?: string): Promise<string> {
-  const res = await app.inject({
-    method: 'POST',
-    url: '/oauth/token',
-    headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(fixture.privateApp.client_id, fixture.privateApp.client_secret) },
-    payload: form({ grant_type: 'client_credentials', organization_id: String(fixture.organizationId), ...(scope ? { scope } : {}) }),
-  });
-  return res.json().access_token;
-}
+const token = (fixture: OrgFixture, scope?: string) => clientCredentialsToken(app, fixture, scope);
 
 beforeAll(async () => {
   t = await createTestDatabase();
@@ -111,13 +103,7 @@ describe(`revocation across instances on ${BACKEND} (BR-5)`, () => {
     const doomed = await token(a);
     const route = ROUTES[0]!;
     expect((await call(second, route, a.organizationId, bIds, doomed)).statusCode).toBe(200);
-    const revoke = await app.inject({
-      method: 'POST',
-      url: '/oauth/revoke',
-      headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(a.privateApp.client_id, a.privateApp.client_secret) },
-      payload: form({ token: doomed }),
-    });
-    expect(revoke.statusCode).toBe(200);
+    expect(await revokeToken(app, a, doomed)).toBe(200);
     expect((await call(app, route, a.organizationId, bIds, doomed)).statusCode).toBe(401);
     await expect.poll(async () => (await call(second, route, a.organizationId, bIds, doomed)).statusCode, { timeout: 1000, interval: 20 }).toBe(401);
   });

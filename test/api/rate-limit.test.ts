@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ensureSigningKey } from '../../src/oauth/keys.js';
 import { buildTestApp, TEST_SECRET_KEY } from '../helpers/app.js';
 import { createTestDatabase } from '../helpers/db.js';
-import { basic, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
+import { clientCredentialsToken as token, createOrgFixture, type OrgFixture } from '../helpers/oauth.js';
 
 let t: Awaited<ReturnType<typeof createTestDatabase>>;
 let org: OrgFixture;
@@ -39,16 +39,6 @@ async function appWith(env: Record<string, string>): Promise<FastifyInstance> {
   const app = await buildTestApp(t.handle.db, { env });
   apps.push(app);
   return app;
-}
-
-async function token(app: FastifyInstance, fixture: OrgFixture): Promise<string> {
-  const res = await app.inject({
-    method: 'POST',
-    url: '/oauth/token',
-    headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(fixture.privateApp.client_id, fixture.privateApp.client_secret) },
-    payload: form({ grant_type: 'client_credentials', organization_id: String(fixture.organizationId) }),
-  });
-  return res.json().access_token;
 }
 
 const get = (app: FastifyInstance, fixture: OrgFixture, bearer: string) =>

@@ -1,6 +1,7 @@
 /** Fixtures for OAuth tests: an organization with a private and a public application. */
 import { createOrganization } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
+import type { FastifyInstance } from 'fastify';
 import type { DB } from '../../src/db/connect.js';
 import { createApplication, type ApplicationWithSecret } from '../../src/oauth/applications.js';
 
@@ -37,3 +38,26 @@ export const form = (fields: Record<string, string | string[]>): string => {
 
 /** RFC 6749 §5.2 / TK-3: error_description uses only %x20-21 / %x23-5B / %x5D-7E. */
 export const SAFE_DESCRIPTION = /^[\x20\x21\x23-\x5b\x5d-\x7e]*$/;
+
+/** A client_credentials access token for the fixture's private application (optionally narrowed). */
+export async function clientCredentialsToken(app: FastifyInstance, fixture: OrgFixture, scope?: string): Promise<string> {
+  const res = await app.inject({
+    method: 'POST',
+    url: '/oauth/token',
+    headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(fixture.privateApp.client_id, fixture.privateApp.client_secret) },
+    payload: form({ grant_type: 'client_credentials', organization_id: String(fixture.organizationId), ...(scope ? { scope } : {}) }),
+  });
+  if (res.statusCode !== 200) throw new Error(`client_credentials failed: ${res.statusCode} ${res.body}`);
+  return res.json().access_token;
+}
+
+/** Revokes a token of the fixture's private application through /oauth/revoke; returns the status. */
+export async function revokeToken(app: FastifyInstance, fixture: OrgFixture, token: string): Promise<number> {
+  const res = await app.inject({
+    method: 'POST',
+    url: '/oauth/revoke',
+    headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(fixture.privateApp.client_id, fixture.privateApp.client_secret) },
+    payload: form({ token }),
+  });
+  return res.statusCode;
+}
