@@ -26,9 +26,12 @@ import { encodeCursor } from '../src/api/pagination.js';
 import { KeyStore } from '../src/oauth/key-store.js';
 import { ensureSigningKey } from '../src/oauth/keys.js';
 import { issueClientToken } from '../src/oauth/token-response.js';
+import { ClientGrants } from '../src/oauth/client-grants.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const QUICK = process.argv.includes('--quick');
+/** `--only <text>`: run just the scenarios whose name contains text (for profiling one path). */
+const ONLY = process.argv.includes('--only') ? process.argv[process.argv.indexOf('--only') + 1] : undefined;
 const ADMIN_URL = process.env.BENCH_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
 const SECRET_KEY = 'bench-secret-key-0123456789-abcdefghijklmnop';
 const SEED_VERSION = 'contacts-10k-1m-v1';
@@ -120,7 +123,7 @@ async function seedRun(db: DB): Promise<Fixture> {
   const pubApp = await db.selectFrom('applications').select('id').where('client_id', '=', pub.client_id).executeTakeFirstOrThrow();
   await ensureSigningKey(db, { alg: 'ES256', secretKey: SECRET_KEY });
   const keys = new KeyStore(db, { secretKey: SECRET_KEY, accessTokenTtl: 3600 });
-  const ctx = { db, keys, config: { issuer: `http://127.0.0.1:${PORT}`, accessTokenTtl: 3600 } };
+  const ctx = { db, keys, config: { issuer: `http://127.0.0.1:${PORT}`, accessTokenTtl: 3600 }, clientGrants: new ClientGrants(db) };
   const privRow = await db.selectFrom('applications').selectAll().where('client_id', '=', priv.client_id).executeTakeFirstOrThrow();
   const bigRow = await db.selectFrom('applications').selectAll().where('client_id', '=', privBig.client_id).executeTakeFirstOrThrow();
   const accessToken = (await issueClientToken(ctx, privRow, ['contacts.read'])).access_token;
@@ -196,7 +199,9 @@ function buildServer(): void {
 }
 
 function startServer(databaseUrl: string): Promise<ChildProcess> {
-  const child = spawn(process.execPath, [path.join(ROOT, 'dist/bench/server.js')], {
+  // BENCH_CPU_PROF=1: the server writes a V8 CPU profile to bench/results/ when it stops.
+  const profile = process.env.BENCH_CPU_PROF ? ['--cpu-prof', `--cpu-prof-dir=${path.join(ROOT, 'bench/results')}`] : [];
+  const child = spawn(process.execPath, [...profile, path.join(ROOT, 'dist/bench/server.js')], {
     cwd: ROOT,
     env: {
       PATH: process.env.PATH,
@@ -276,7 +281,8 @@ async function runScenario(
   baseline: Load,
   metric: 'throughput' | 'p50 latency',
   target: number,
-): Promise<ScenarioResult> {
+): Promise<ScenarioResult | undefined> {
+  if (ONLY !== undefined && !scenario.name.includes(ONLY)) return undefined;
   await measure(baseline, WARMUP_S);
   await measure(scenario, WARMUP_S);
   const rounds: ScenarioResult['rounds'] = [];
@@ -322,7 +328,8 @@ async function main(): Promise<void> {
     };
     const hello: Load = { name: 'GET /bench/hello', method: 'GET', path: '/bench/hello' };
     const results: ScenarioResult[] = [];
-    results.push(
+    const add = (result: ScenarioResult | undefined) => void (result && results.push(result));
+    add(
       await runScenario(
         { name: 'GET /api/v1/:org/contacts?limit=50', method: 'GET', path: `/api/v1/${fx.smallOrg}/contacts?limit=50`, headers: { authorization: `Bearer ${smallToken}`, accept: 'application/json' } },
         { name: 'GET /bench/contacts', method: 'GET', path: `/bench/contacts?org=${fx.smallOrg}&limit=50` },
@@ -330,7 +337,7 @@ async function main(): Promise<void> {
         0.85,
       ),
     );
-    results.push(
+    add(
       await runScenario(
         {
           name: 'POST /oauth/token client_credentials',
@@ -344,7 +351,7 @@ async function main(): Promise<void> {
         0.15,
       ),
     );
-    results.push(
+    add(
       await runScenario(
         {
           name: 'POST /oauth/token refresh_token',
@@ -358,7 +365,7 @@ async function main(): Promise<void> {
         0.07,
       ),
     );
-    results.push(
+    add(
       await runScenario(
         {
           name: 'POST /oauth/token authorization_code',
@@ -372,7 +379,7 @@ async function main(): Promise<void> {
         0.06,
       ),
     );
-    results.push(
+    add(
       await runScenario(
         {
           name: 'contacts page 40,000 of 1,000,000',

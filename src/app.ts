@@ -22,6 +22,8 @@ import { KeyStore } from './oauth/key-store.js';
 import { metadataRoutes } from './oauth/metadata.js';
 import { introspectionEndpoint, revocationEndpoint } from './oauth/revocation.js';
 import { RevocationList } from './oauth/revocations.js';
+import { ApplicationCache } from './oauth/application-cache.js';
+import { ClientGrants } from './oauth/client-grants.js';
 import { tokenEndpoint } from './oauth/token.js';
 import { pageAssets } from './pages/render.js';
 
@@ -111,7 +113,11 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   const revocations = new RevocationList(deps.db, { accessTokenTtl: config.accessTokenTtl, listen: deps.listen, logger: deps.logger });
   await revocations.start();
   app.addHook('onClose', () => revocations.stop());
-  const oauth = { db: deps.db, keys, revocations, config, clientThrottle: clientAuthThrottle() };
+  const applications = new ApplicationCache(deps.db, { listen: deps.listen, logger: deps.logger });
+  await applications.start();
+  app.addHook('onClose', () => applications.stop());
+  const clientGrants = new ClientGrants(deps.db, revocations);
+  const oauth = { db: deps.db, keys, revocations, config, clientThrottle: clientAuthThrottle(), applications, clientGrants };
   await app.register(metadataRoutes, oauth);
   await app.register(tokenEndpoint, oauth);
   await app.register(revocationEndpoint, oauth);
@@ -124,7 +130,7 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await app.register(pageAssets);
   await app.register(accountPages, { db: deps.db, config });
   await app.register(authorizeEndpoint, { db: deps.db, config });
-  await app.register(dashboardPages, { db: deps.db, config, keys, revocations });
+  await app.register(dashboardPages, { db: deps.db, config, keys, revocations, applications, clientGrants });
 
   return app;
 }

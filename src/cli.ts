@@ -17,6 +17,7 @@ import { UnauthorizedClientError } from './oauth/errors.js';
 import { KeyStore } from './oauth/key-store.js';
 import { grantableScopes } from './oauth/scopes.js';
 import { issueClientToken } from './oauth/token-response.js';
+import { ClientGrants } from './oauth/client-grants.js';
 import { ensureSigningKey, rotateSigningKey } from './oauth/keys.js';
 import { describeStartupError, openDatabase } from './runtime.js';
 
@@ -161,7 +162,7 @@ const COMMANDS: Record<string, Command> = {
       if (application.disabled) throw new UnauthorizedClientError('the application is disabled');
       const scopes = grantableScopes(optionalString(v, 'scopes'), application.scopes);
       await ensureSigningKey(db, { alg: config.signingAlg, secretKey: config.secretKey });
-      const response = await issueClientToken({ db, keys: new KeyStore(db, config), config }, application, scopes);
+      const response = await issueClientToken({ db, keys: new KeyStore(db, config), config, clientGrants: new ClientGrants(db) }, application, scopes);
       return {
         json: response,
         text: [

@@ -9,7 +9,9 @@ import type { Config } from '../config.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import type { Application, ApplicationUpdate } from '../db/schema.js';
 import { NotFoundError } from '../errors.js';
+import type { ApplicationCache } from '../oauth/application-cache.js';
 import { createApplication, rotateClientSecret } from '../oauth/applications.js';
+import type { ClientGrants } from '../oauth/client-grants.js';
 import { InvalidScopeError } from '../oauth/errors.js';
 import type { KeyStore } from '../oauth/key-store.js';
 import { redirectUriProblem } from '../oauth/redirect-uris.js';
@@ -24,6 +26,9 @@ export interface DashboardDeps {
   config: Config;
   keys: KeyStore;
   revocations: RevocationList;
+  /** Told of every change made here, so client authentication on this instance sees it at once. */
+  applications: ApplicationCache;
+  clientGrants: ClientGrants;
 }
 
 const MAX_REDIRECT_URIS = 20;
@@ -104,7 +109,14 @@ function parseName(value: string | undefined): { name: string; errors: string[] 
 }
 
 export async function applicationRoutes(app: FastifyInstance, deps: DashboardDeps): Promise<void> {
-  const { db, config, keys, revocations } = deps;
+  const { db, config, keys, revocations, applications, clientGrants } = deps;
+
+  // Every action on an application has committed by the time its response is sent: drop the
+  // cached copy here and now (other instances hear of it by NOTIFY from the database trigger).
+  app.addHook('onSend', async (req) => {
+    const clientId = (req.params as { clientId?: unknown } | undefined)?.clientId;
+    if (req.method === 'POST' && typeof clientId === 'string') applications.forget(clientId);
+  });
 
   async function listApplications(organizationId: number) {
     return db
@@ -263,7 +275,7 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
       if (!(err instanceof InvalidScopeError)) throw err;
       return renderApplication(reply, ctx, application, 400, { errors: ['Choose at least one of the application’s scopes.'] });
     }
-    const token = await issueClientToken({ db, keys, config }, application, scopes);
+    const token = await issueClientToken({ db, keys, config, clientGrants }, application, scopes);
     await recordAuditEvent(db, {
       organizationId: ctx.organization.id,
       action: 'application.token_generated',

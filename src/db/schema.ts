@@ -68,6 +68,15 @@ export interface GrantsTable {
   revoked_reason: string | null;
 }
 
+/** An access token revoked by itself (its grant lives on), kept until it expires. */
+export interface RevokedAccessTokensTable {
+  jti: string;
+  organization_id: number;
+  grant_id: number;
+  expires_at: Date;
+  revoked_at: Generated<Date>;
+}
+
 export interface AuthorizationCodesTable {
   id: Generated<number>;
   code_hash: string;
@@ -158,6 +167,7 @@ export interface Database {
   grants: GrantsTable;
   authorization_codes: AuthorizationCodesTable;
   refresh_tokens: RefreshTokensTable;
+  revoked_access_tokens: RevokedAccessTokensTable;
   signing_keys: SigningKeysTable;
   sessions: SessionsTable;
   audit_events: AuditEventsTable;

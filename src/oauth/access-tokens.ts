@@ -40,6 +40,11 @@ const claimsSchema = z.object({
 
 export type AccessTokenClaims = z.infer<typeof claimsSchema>;
 
+/** A token a private application got for itself (client_credentials): its subject is its client. */
+export function isApplicationToken(claims: Pick<AccessTokenClaims, 'sub' | 'client_id'>): boolean {
+  return claims.sub === claims.client_id;
+}
+
 /** Any reason an access token is not acceptable; RFC 6750 §3.1 `invalid_token`. */
 export class InvalidTokenError extends AppError {
   constructor(reason: string, options?: ErrorOptions) {
@@ -120,7 +125,7 @@ export async function verifyAccessToken(keys: KeyStore, config: Pick<Config, 'is
 }
 
 /**
- * What the API accepts: a verified token whose grant is not revoked. Tokens are used for many
+ * What the API accepts: a verified token, not revoked, nor its grant. Tokens are used for many
  * calls, so verified claims are kept (bounded, keyed by the whole token, dropped at exp): a
  * repeat costs a Map lookup instead of a signature check. Revocation is checked every time.
  */
@@ -141,7 +146,7 @@ export class AccessTokenVerifier {
       if (this.verified.size >= this.maxEntries) this.verified.clear();
       this.verified.set(token, claims);
     }
-    if (this.ctx.revocations.isRevoked(claims.grant_id)) throw new InvalidTokenError('grant revoked');
+    if (this.ctx.revocations.isTokenRevoked(claims)) throw new InvalidTokenError('token revoked');
     return claims;
   }
 }

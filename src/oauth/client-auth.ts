@@ -4,10 +4,10 @@
  * compared as SHA-256 digests in constant time: no slow hash on this path. Repeated failures for
  * one client_id are throttled (TK-6).
  */
-import type { DB } from '../db/connect.js';
 import type { Application } from '../db/schema.js';
 import { InvalidRequestError } from '../errors.js';
 import { secretMatches } from '../lib/crypto.js';
+import type { FindApplication } from './application-cache.js';
 import { FailureThrottle } from '../lib/throttle.js';
 import { InvalidClientError, TooManyAttemptsError } from './errors.js';
 import type { Params } from './params.js';
@@ -43,7 +43,7 @@ function readBasic(header: string): { clientId: string; secret: string } {
 }
 
 export async function authenticateClient(
-  db: DB,
+  findApplication: FindApplication,
   throttle: FailureThrottle,
   request: { authorization: string | undefined; query: Params; body: Params; ip: string },
 ): Promise<AuthenticatedClient> {
@@ -77,7 +77,7 @@ export async function authenticateClient(
   const throttleKey = `${clientId}:${request.ip}`;
   const retryAfter = throttle.retryAfter(throttleKey);
   if (retryAfter > 0) throw new TooManyAttemptsError(retryAfter);
-  const application = await db.selectFrom('applications').selectAll().where('client_id', '=', clientId).executeTakeFirst();
+  const application = await findApplication(clientId);
   if (!application || application.disabled || !secretMatches(secret, application.client_secret_hash)) {
     throttle.recordFailure(throttleKey);
     const reason = !application ? 'unknown client_id' : application.disabled ? 'application disabled' : 'wrong client secret';

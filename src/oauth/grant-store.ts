@@ -8,7 +8,10 @@ import type { DB } from '../db/connect.js';
 import { inTransaction } from '../db/connect.js';
 import { recordAuditEvent } from '../audit/events.js';
 
-/** The channel revocations are published on; the payload is the grant id. */
+/**
+ * The channel revocations are published on. The payload is a grant id, or for one access token
+ * `jti <jti> <exp>` (see revokeAccessToken).
+ */
 export const REVOCATION_CHANNEL = 'orgauth_revocations';
 
 export type RevocationReason =
@@ -30,19 +33,31 @@ export interface NewGrant {
 
 /**
  * Creates a grant and its `grant.created` audit event, returning the grant id with the
- * organization's name: one statement, one round trip (this is on the token endpoint's hot path).
+ * organization's name: one statement, one round trip. Nothing is created, and undefined is
+ * returned, when the application is disabled: an instance that read it before it was disabled
+ * must not add a grant after the disabling revoked them all.
  */
-export async function createGrant(db: DB, grant: NewGrant): Promise<{ id: number; organizationName: string }> {
+export async function createGrant(db: DB, grant: NewGrant): Promise<{ id: number; organizationName: string } | undefined> {
   const row = await db
     .with('g', (qb) =>
       qb
         .insertInto('grants')
-        .values({
-          organization_id: grant.organizationId,
-          application_id: grant.applicationId,
-          user_id: grant.userId,
-          scopes: [...grant.scopes],
-        })
+        .columns(['organization_id', 'application_id', 'user_id', 'scopes', 'last_used_at'])
+        .expression((eb) =>
+          eb
+            .selectFrom('applications')
+            .select([
+              'organization_id',
+              'id',
+              sql<number | null>`${grant.userId}::bigint`.as('user_id'),
+              sql<string[]>`${[...grant.scopes]}::text[]`.as('scopes'),
+              // Created to issue a token at once.
+              sql<Date>`now()`.as('last_used_at'),
+            ])
+            .where('id', '=', grant.applicationId)
+            .where('organization_id', '=', grant.organizationId)
+            .where('disabled', '=', false),
+        )
         .returning(['id', 'organization_id', 'application_id']),
     )
     .with('a', (qb) =>
@@ -60,8 +75,8 @@ export async function createGrant(db: DB, grant: NewGrant): Promise<{ id: number
     .selectFrom('g')
     .innerJoin('organizations', 'organizations.id', 'g.organization_id')
     .select(['g.id', 'organizations.name'])
-    .executeTakeFirstOrThrow();
-  return { id: row.id, organizationName: row.name };
+    .executeTakeFirst();
+  return row && { id: row.id, organizationName: row.name };
 }
 
 /**
@@ -99,6 +114,38 @@ export async function revokeGrant(
       details: { grant_id: grant.id, application_id: grant.application_id, user_id: grant.user_id, reason },
     });
     await sql`select pg_notify(${REVOCATION_CHANNEL}, ${String(grant.id)})`.execute(trx);
+    return true;
+  });
+}
+
+/**
+ * Revokes one access token and not its grant: for the tokens a private application gets for
+ * itself, which share one grant (client-grants.ts). Kept until the token expires; expired rows
+ * of the organization are pruned on the way. Returns false when it was revoked already.
+ */
+export async function revokeAccessToken(
+  db: DB,
+  token: { jti: string; organizationId: number; grantId: number; exp: number },
+  reason: RevocationReason,
+  actor: { actorUserId?: number | null; actorClientId?: string | null } = {},
+): Promise<boolean> {
+  return inTransaction(db, async (trx) => {
+    await trx.deleteFrom('revoked_access_tokens').where('organization_id', '=', token.organizationId).where('expires_at', '<', sql<Date>`now()`).execute();
+    const inserted = await trx
+      .insertInto('revoked_access_tokens')
+      .values({ jti: token.jti, organization_id: token.organizationId, grant_id: token.grantId, expires_at: new Date(token.exp * 1000) })
+      .onConflict((oc) => oc.column('jti').doNothing())
+      .returning('jti')
+      .executeTakeFirst();
+    if (!inserted) return false;
+    await recordAuditEvent(trx, {
+      organizationId: token.organizationId,
+      action: 'access_token.revoked',
+      actorUserId: actor.actorUserId ?? null,
+      actorClientId: actor.actorClientId ?? null,
+      details: { grant_id: token.grantId, jti: token.jti, reason },
+    });
+    await sql`select pg_notify(${REVOCATION_CHANNEL}, ${`jti ${token.jti} ${token.exp}`})`.execute(trx);
     return true;
   });
 }

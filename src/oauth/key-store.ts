@@ -12,7 +12,7 @@ import type { SigningKey } from '../db/schema.js';
 import { importPrivateKey } from './keys.js';
 
 const RELOAD_INTERVAL_MS = 1000;
-const ACTIVE_CHECK_MS = 1000;
+const ACTIVE_CHECK_MS = 500;
 
 export interface SigningKeyMaterial {
   kid: string;

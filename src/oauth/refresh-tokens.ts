@@ -1,26 +1,7 @@
 /** Refresh tokens: 256-bit random values stored as SHA-256, each bound to a grant (and so a client). */
 import { sql } from 'kysely';
 import type { DB } from '../db/connect.js';
-import { generateSecret, sha256Hex } from '../lib/crypto.js';
-
-export async function insertRefreshToken(
-  db: DB,
-  input: { organizationId: number; grantId: number; parentId: number | null; scopes: readonly string[]; ttlSeconds: number },
-): Promise<string> {
-  const token = generateSecret(32);
-  await db
-    .insertInto('refresh_tokens')
-    .values({
-      token_hash: sha256Hex(token),
-      organization_id: input.organizationId,
-      grant_id: input.grantId,
-      parent_id: input.parentId,
-      scopes: [...input.scopes],
-      expires_at: sql<Date>`now() + make_interval(secs => ${input.ttlSeconds})`,
-    })
-    .execute();
-  return token;
-}
+import { sha256Hex } from '../lib/crypto.js';
 
 /** A refresh token with what checking it needs: its grant's client, user, organization and state. */
 export async function findRefreshToken(db: DB, token: string) {

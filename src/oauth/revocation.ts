@@ -4,7 +4,7 @@
  */
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { Application } from '../db/schema.js';
-import { type AccessTokenClaims, InvalidTokenError, verifyAccessToken } from './access-tokens.js';
+import { type AccessTokenClaims, InvalidTokenError, isApplicationToken, verifyAccessToken } from './access-tokens.js';
 import { requireParam } from './params.js';
 import { findRefreshToken } from './refresh-tokens.js';
 import { authenticatedForm, type OAuthEndpointOptions, registerFormEndpoint } from './token.js';
@@ -38,11 +38,16 @@ async function clientAndToken(req: FastifyRequest, options: OAuthEndpointOptions
 export async function revocationEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
   await registerFormEndpoint(app, '/oauth/revoke', async (req) => {
     const { application, found } = await clientAndToken(req, options);
-    // RFC 7009 §2.2: revoking a token revokes its grant, so every token of it stops working
-    // (MD-1). Unknown, invalid or another client's tokens: 200 all the same.
-    if (found) {
+    // RFC 7009 §2.1: revoking a token of a user's grant revokes the grant, so every token of it
+    // stops working (MD-1). The tokens an application gets for itself share one grant (see
+    // client-grants.ts): one of those is revoked alone. Unknown, invalid or another client's
+    // tokens: 200 all the same.
+    const actor = { actorClientId: application.client_id };
+    if (found?.kind === 'access_token' && isApplicationToken(found.claims)) {
+      await options.revocations.revokeToken(found.claims, 'revoked_by_client', actor);
+    } else if (found) {
       const grantId = found.kind === 'access_token' ? found.claims.grant_id : found.token.grant_id;
-      await options.revocations.revoke(grantId, 'revoked_by_client', { actorClientId: application.client_id });
+      await options.revocations.revoke(grantId, 'revoked_by_client', actor);
     }
     return {};
   });
@@ -72,11 +77,11 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
     // 503 (never active) when the database is away (MD-1, MD-2).
     const grant = await options.db
       .selectFrom('grants')
-      .select('revoked_at')
+      .select(['revoked_at', (eb) => eb.exists(eb.selectFrom('revoked_access_tokens').select('jti').where('jti', '=', c.jti)).as('token_revoked')])
       .where('id', '=', c.grant_id)
       .where('organization_id', '=', c.organization_id)
       .executeTakeFirst();
-    if (!grant || grant.revoked_at !== null || c.exp <= Math.floor(Date.now() / 1000)) return { active: false };
+    if (!grant || grant.revoked_at !== null || grant.token_revoked || c.exp <= Math.floor(Date.now() / 1000)) return { active: false };
     return {
       active: true,
       token_type: 'Bearer',

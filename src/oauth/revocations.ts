@@ -1,21 +1,39 @@
 /**
- * The set of revoked grants, in memory, so checking an access token costs no query (BR-5).
- * Kept current three ways: revocations made here are added at once; other instances' arrive by
- * LISTEN/NOTIFY within milliseconds; and a poll every POLL_MS catches anything a dropped LISTEN
- * connection missed, so a revocation is honoured everywhere within one second regardless.
+ * Revoked grants and revoked access tokens, in memory, so checking an access token costs no
+ * query (BR-5). Kept current three ways: revocations made here are added at once; other
+ * instances' arrive by LISTEN/NOTIFY within milliseconds; and a poll every POLL_MS catches
+ * anything a dropped LISTEN connection missed, so a revocation is honoured everywhere within one
+ * second regardless. Entries are dropped once no token they could refuse is still unexpired.
  */
 import { sql } from 'kysely';
 import type { FastifyBaseLogger } from 'fastify';
 import type { DB, Listen } from '../db/connect.js';
-import { REVOCATION_CHANNEL, revokeGrant, type RevocationReason } from './grant-store.js';
+import { REVOCATION_CHANNEL, revokeAccessToken, revokeGrant, type RevocationReason } from './grant-store.js';
 
 const POLL_MS = 500;
 /** Commits land after their now(): the poll looks back this far past the newest revocation it saw. */
 const POLL_OVERLAP_S = 10;
+/** Expired entries are dropped this often, and kept this long past the end of their tokens. */
+const PRUNE_EVERY_MS = 60_000;
+const PRUNE_MARGIN_S = 60;
+
+type Actor = Parameters<typeof revokeGrant>[3];
+
+/** What an access token says about itself that revocation looks at. */
+export interface RevocableToken {
+  jti: string;
+  grant_id: number;
+  organization_id: number;
+  exp: number;
+}
 
 export class RevocationList {
-  private revoked = new Set<number>();
+  /** Grant id → when it was revoked (ms), as far as this instance knows. */
+  private readonly grants = new Map<number, number>();
+  /** jti → the token's exp (s). */
+  private readonly tokens = new Map<string, number>();
   private newestSeen: Date | undefined;
+  private lastPruned = Date.now();
   private timer: NodeJS.Timeout | undefined;
   private unlisten: (() => Promise<void>) | undefined;
   private polling: Promise<void> | undefined;
@@ -29,14 +47,7 @@ export class RevocationList {
   async start(): Promise<void> {
     await this.poll();
     if (this.options.listen) {
-      this.unlisten = await this.options.listen(
-        REVOCATION_CHANNEL,
-        (payload) => {
-          const id = Number(payload);
-          if (Number.isSafeInteger(id)) this.revoked.add(id);
-        },
-        () => void this.poll(),
-      );
+      this.unlisten = await this.options.listen(REVOCATION_CHANNEL, (payload) => this.received(payload), () => void this.poll());
     }
     this.timer = setInterval(() => void this.poll(), POLL_MS);
     this.timer.unref();
@@ -49,19 +60,58 @@ export class RevocationList {
   }
 
   isRevoked(grantId: number): boolean {
-    return this.revoked.has(grantId);
+    return this.grants.has(grantId);
+  }
+
+  /** Whether the token was revoked, by itself or with its grant. */
+  isTokenRevoked(token: Pick<RevocableToken, 'jti' | 'grant_id'>): boolean {
+    return this.grants.has(token.grant_id) || this.tokens.has(token.jti);
+  }
+
+  /** How many revocations are held (for tests and metrics). */
+  get size(): { grants: number; tokens: number } {
+    return { grants: this.grants.size, tokens: this.tokens.size };
   }
 
   /** Revokes a grant (see revokeGrant) and refuses its tokens here at once, before the NOTIFY arrives. */
-  async revoke(grantId: number, reason: RevocationReason, actor?: Parameters<typeof revokeGrant>[3]): Promise<boolean> {
+  async revoke(grantId: number, reason: RevocationReason, actor?: Actor): Promise<boolean> {
     const revoked = await revokeGrant(this.db, grantId, reason, actor);
-    this.revoked.add(grantId);
+    this.grants.set(grantId, Date.now());
     return revoked;
   }
 
+  /** Revokes one access token (see revokeAccessToken), refused here at once. */
+  async revokeToken(token: RevocableToken, reason: RevocationReason, actor?: Actor): Promise<boolean> {
+    const revoked = await revokeAccessToken(this.db, { jti: token.jti, organizationId: token.organization_id, grantId: token.grant_id, exp: token.exp }, reason, actor);
+    this.tokens.set(token.jti, token.exp);
+    return revoked;
+  }
+
+  private received(payload: string): void {
+    const token = /^jti (\S+) (\d+)$/.exec(payload);
+    if (token) {
+      this.tokens.set(token[1]!, Number(token[2]));
+      return;
+    }
+    const id = Number(payload);
+    if (Number.isSafeInteger(id)) this.grants.set(id, Date.now());
+  }
+
+  /** Drops what can no longer matter: tokens past exp, grants revoked longer ago than a token lives. */
+  private prune(): void {
+    const now = Date.now();
+    if (now - this.lastPruned < PRUNE_EVERY_MS) return;
+    this.lastPruned = now;
+    const nowS = now / 1000;
+    for (const [jti, exp] of this.tokens) if (exp + PRUNE_MARGIN_S < nowS) this.tokens.delete(jti);
+    const grantCutoff = now - (this.options.accessTokenTtl + PRUNE_MARGIN_S) * 1000;
+    for (const [id, revokedAt] of this.grants) if (revokedAt < grantCutoff) this.grants.delete(id);
+  }
+
   /**
-   * Grants revoked since the newest one seen (with overlap). The first load takes every grant
-   * revoked within one access-token lifetime: older ones have no live tokens left.
+   * Revocations since the newest one seen (with overlap). The first load takes every grant
+   * revoked within one access-token lifetime (older ones have no live tokens left) and every
+   * revoked token not yet expired.
    */
   private poll(): Promise<void> {
     this.polling ??= (async () => {
@@ -69,20 +119,31 @@ export class RevocationList {
         const since = this.newestSeen
           ? sql<Date>`${this.newestSeen}::timestamptz - make_interval(secs => ${POLL_OVERLAP_S})`
           : sql<Date>`now() - make_interval(secs => ${this.options.accessTokenTtl})`;
-        const rows = await this.db
-          .selectFrom('grants')
-          .select(['id', 'revoked_at'])
-          .where('revoked_at', 'is not', null)
-          .where('revoked_at', '>', since)
-          .execute();
-        for (const row of rows) {
-          this.revoked.add(row.id);
-          if (row.revoked_at && (!this.newestSeen || row.revoked_at > this.newestSeen)) this.newestSeen = row.revoked_at;
+        const [grants, tokens] = await Promise.all([
+          this.db.selectFrom('grants').select(['id', 'revoked_at']).where('revoked_at', 'is not', null).where('revoked_at', '>', since).execute(),
+          this.db
+            .selectFrom('revoked_access_tokens')
+            .select(['jti', 'expires_at', 'revoked_at'])
+            .where('revoked_at', '>', since)
+            .where('expires_at', '>', sql<Date>`now()`)
+            .execute(),
+        ]);
+        let newest = this.newestSeen;
+        for (const row of grants) {
+          const revokedAt = row.revoked_at!;
+          if (!this.grants.has(row.id)) this.grants.set(row.id, revokedAt.getTime());
+          if (!newest || revokedAt > newest) newest = revokedAt;
         }
-        this.newestSeen ??= new Date(Date.now() - POLL_OVERLAP_S * 1000);
+        for (const row of tokens) {
+          this.tokens.set(row.jti, Math.floor(row.expires_at.getTime() / 1000));
+          if (!newest || row.revoked_at > newest) newest = row.revoked_at;
+        }
+        // Nothing revoked yet: start from the database's clock, which revoked_at is set by.
+        this.newestSeen = newest ?? (await sql<{ now: Date }>`select now() as now`.execute(this.db)).rows[0]!.now;
+        this.prune();
       } catch (err) {
-        // The database is away: keep the set we have; the next poll catches up.
-        this.options.logger?.warn({ err }, 'could not refresh the revoked grants');
+        // The database is away: keep what we have; the next poll catches up.
+        this.options.logger?.warn({ err }, 'could not refresh the revocations');
       } finally {
         this.polling = undefined;
       }

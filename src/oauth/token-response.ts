@@ -2,9 +2,8 @@ import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
 import type { Application } from '../db/schema.js';
 import { signAccessToken } from './access-tokens.js';
-import { createGrant } from './grant-store.js';
+import type { ClientGrants } from './client-grants.js';
 import type { KeyStore, SigningKeyMaterial } from './key-store.js';
-import { insertRefreshToken } from './refresh-tokens.js';
 import type { RevocationList } from './revocations.js';
 
 /** The token endpoint's success body (RFC 6749 §5.1 plus the organization, as the contract shows). */
@@ -23,6 +22,7 @@ export interface SigningContext {
   db: DB;
   keys: KeyStore;
   config: Pick<Config, 'issuer' | 'accessTokenTtl'>;
+  clientGrants: ClientGrants;
 }
 
 export interface TokenContext extends SigningContext {
@@ -31,14 +31,12 @@ export interface TokenContext extends SigningContext {
 }
 
 /**
- * Tokens for a user's grant (authorization_code and refresh_token): an access token with
- * `accessScopes` and a new refresh token carrying `refreshScopes` (RFC 6749 §6: a rotated
- * refresh token keeps the scope of the one it replaces). Pass the transaction that consumed the
- * code or retired the old refresh token, so both happen or neither (R-5).
+ * The response for a user's grant (authorization_code and refresh_token): a new access token
+ * with `accessScopes`, and `refreshToken`, which the grant handler has stored in the same
+ * statement that consumed the code or retired the previous refresh token (R-5).
  */
-export async function issueUserTokens(
-  trx: DB,
-  ctx: TokenContext,
+export async function userTokenResponse(
+  ctx: Pick<TokenContext, 'config'>,
   signingKey: SigningKeyMaterial,
   input: {
     grantId: number;
@@ -47,17 +45,9 @@ export async function issueUserTokens(
     clientId: string;
     userId: number;
     accessScopes: readonly string[];
-    refreshScopes: readonly string[];
-    parentRefreshTokenId: number | null;
+    refreshToken: string;
   },
 ): Promise<TokenResponse> {
-  const refreshToken = await insertRefreshToken(trx, {
-    organizationId: input.organizationId,
-    grantId: input.grantId,
-    parentId: input.parentRefreshTokenId,
-    scopes: input.refreshScopes,
-    ttlSeconds: ctx.config.refreshTokenTtl,
-  });
   const { token } = await signAccessToken(signingKey, ctx.config, {
     subject: String(input.userId),
     clientId: input.clientId,
@@ -69,7 +59,7 @@ export async function issueUserTokens(
     token_type: 'Bearer',
     expires_in: ctx.config.accessTokenTtl,
     access_token: token,
-    refresh_token: refreshToken,
+    refresh_token: input.refreshToken,
     scope: input.accessScopes.join(' '),
     organization_id: input.organizationId,
     organization_name: input.organizationName,
@@ -78,15 +68,11 @@ export async function issueUserTokens(
 
 /**
  * A private application's token for its own organization: what the client_credentials grant,
- * `orgauth token create` and the dashboard's "Generate Token" all return. No refresh token.
+ * `orgauth token create` and the dashboard's "Generate Token" all return. No refresh token; the
+ * grant is the application's own, shared by all its tokens (see client-grants.ts).
  */
 export async function issueClientToken(ctx: SigningContext, application: Application, scopes: readonly string[]): Promise<TokenResponse> {
-  const grant = await createGrant(ctx.db, {
-    organizationId: application.organization_id,
-    applicationId: application.id,
-    userId: null,
-    scopes,
-  });
+  const grant = await ctx.clientGrants.forApplication(application, scopes);
   const signingKey = await ctx.keys.signingKey();
   const { token } = await signAccessToken(signingKey, ctx.config, {
     subject: application.client_id,

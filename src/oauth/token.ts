@@ -7,7 +7,9 @@ import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
 import { InvalidRequestError } from '../errors.js';
 import { type FailureThrottle } from '../lib/throttle.js';
+import type { ApplicationCache } from './application-cache.js';
 import { type AuthenticatedClient, authenticateClient } from './client-auth.js';
+import type { ClientGrants } from './client-grants.js';
 import { UnsupportedGrantTypeError } from './errors.js';
 import { authorizationCode } from './grants/authorization-code.js';
 import { clientCredentials } from './grants/client-credentials.js';
@@ -27,6 +29,8 @@ export interface OAuthEndpointOptions {
   revocations: RevocationList;
   config: Config;
   clientThrottle: FailureThrottle;
+  applications: ApplicationCache;
+  clientGrants: ClientGrants;
 }
 
 /** RFC 6749 §5.1: token responses (and errors) are never cached. */
@@ -80,19 +84,19 @@ export function formParams(body: unknown): Params {
 /** The form parameters of a client-authenticated endpoint, and the client that sent them. */
 export async function authenticatedForm(
   req: FastifyRequest,
-  { db, clientThrottle }: Pick<OAuthEndpointOptions, 'db' | 'clientThrottle'>,
+  { applications, clientThrottle }: Pick<OAuthEndpointOptions, 'applications' | 'clientThrottle'>,
 ): Promise<{ body: Params; client: AuthenticatedClient }> {
   const body = formParams(req.body);
-  const client = await authenticateClient(db, clientThrottle, { authorization: req.headers.authorization, query: readParams(req.query), body, ip: req.ip });
+  const client = await authenticateClient(applications.find, clientThrottle, { authorization: req.headers.authorization, query: readParams(req.query), body, ip: req.ip });
   return { body, client };
 }
 
 export async function tokenEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
-  const { db, keys, revocations, config } = options;
+  const { db, keys, revocations, config, clientGrants } = options;
   await registerFormEndpoint(app, '/oauth/token', async (req) => {
     const { body, client } = await authenticatedForm(req, options);
     const grant = GRANTS.get(requireParam(body, 'grant_type'));
     if (!grant) throw new UnsupportedGrantTypeError();
-    return grant.handle({ db, keys, revocations, config }, client, body);
+    return grant.handle({ db, keys, revocations, config, clientGrants }, client, body);
   });
 }

@@ -129,7 +129,7 @@ export function listContacts(app: FastifyInstance, organizationId: number, token
 /** A user's grant (as the authorization code flow would create it), for connected-apps tests. */
 export async function userGrant(w: World, org: OrgUnderTest, userId: number, scopes: string[]): Promise<number> {
   const application = await w.db.selectFrom('applications').select('id').where('client_id', '=', org.publicApp.client_id).executeTakeFirstOrThrow();
-  return (await createGrant(w.db, { organizationId: org.id, applicationId: application.id, userId, scopes })).id;
+  return (await createGrant(w.db, { organizationId: org.id, applicationId: application.id, userId, scopes }))!.id;
 }
 
 export function grantRow(w: World, id: number) {

@@ -20,6 +20,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
     'code_challenge_method', 'expires_at', 'consumed_at', 'grant_id', 'created_at',
   ],
   refresh_tokens: ['id', 'token_hash', 'organization_id', 'grant_id', 'parent_id', 'scopes', 'expires_at', 'rotated_at', 'revoked_at', 'created_at'],
+  revoked_access_tokens: ['jti', 'organization_id', 'grant_id', 'expires_at', 'revoked_at'],
   signing_keys: ['kid', 'alg', 'public_jwk', 'private_jwk_encrypted', 'created_at', 'retired_at'],
   sessions: ['id_hash', 'user_id', 'current_organization_id', 'created_at', 'last_seen_at', 'expires_at'],
   audit_events: ['id', 'organization_id', 'actor_user_id', 'actor_client_id', 'action', 'details', 'created_at'],
@@ -27,7 +28,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   tasks: ['id', 'organization_id', 'title', 'description', 'status', 'due_on', 'contact_id', 'completed_at', 'created_at', 'updated_at'],
 };
 
-const ORG_OWNED = ['memberships', 'applications', 'grants', 'authorization_codes', 'refresh_tokens', 'audit_events', 'contacts', 'tasks'];
+const ORG_OWNED = ['memberships', 'applications', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks'];
 const HASH = 'a'.repeat(64);
 
 let database: TestDatabase;
@@ -52,16 +53,18 @@ async function tables(): Promise<Record<string, string[]>> {
   return result;
 }
 
+const MIGRATIONS = ['20261122_0001_initial', '20261122_0002_application_change_notify', '20261122_0003_revoked_access_tokens'];
+
 describe(`migrations on ${BACKEND}`, () => {
   it('go up, down and up again, leaving exactly the declared tables and columns', async () => {
-    expect(await migrateToLatest(handle.db)).toEqual(['20261122_0001_initial']);
+    expect(await migrateToLatest(handle.db)).toEqual(MIGRATIONS);
     expect(await tables()).toEqual(EXPECTED_COLUMNS);
     expect(await migrateToLatest(handle.db)).toEqual([]);
 
-    expect(await migrateDownAll(handle.db)).toEqual(['20261122_0001_initial']);
+    expect(await migrateDownAll(handle.db)).toEqual([...MIGRATIONS].reverse());
     expect(await tables()).toEqual({});
 
-    expect(await migrateToLatest(handle.db)).toEqual(['20261122_0001_initial']);
+    expect(await migrateToLatest(handle.db)).toEqual(MIGRATIONS);
     expect(await tables()).toEqual(EXPECTED_COLUMNS);
   });
 

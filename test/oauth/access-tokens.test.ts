@@ -62,13 +62,20 @@ describe(`access tokens on ${BACKEND}`, () => {
   });
 
   it('caches verified tokens for the API but re-checks revocation every time', async () => {
-    const revoked = new Set<number>();
-    const verifier = new AccessTokenVerifier({ keys, config, revocations: { isRevoked: (id: number) => revoked.has(id) } as unknown as RevocationList });
-    const { token } = await signAccessToken(await keys.signingKey(), config, input);
+    const revoked = new Set<number | string>();
+    const revocations = { isTokenRevoked: (t: { grant_id: number; jti: string }) => revoked.has(t.grant_id) || revoked.has(t.jti) };
+    const verifier = new AccessTokenVerifier({ keys, config, revocations: revocations as unknown as RevocationList });
+    const { token, claims } = await signAccessToken(await keys.signingKey(), config, input);
+    const second = await signAccessToken(await keys.signingKey(), config, input);
     expect((await verifier.verify(token)).grant_id).toBe(42);
     expect((await verifier.verify(token)).grant_id).toBe(42);
+    // One token revoked by itself: the other token of the grant still works.
+    revoked.add(claims.jti);
+    await expect(verifier.verify(token)).rejects.toMatchObject({ reason: 'token revoked' });
+    expect((await verifier.verify(second.token)).grant_id).toBe(42);
+    // The grant revoked: all its tokens.
     revoked.add(42);
-    await expect(verifier.verify(token)).rejects.toMatchObject({ reason: 'grant revoked' });
+    await expect(verifier.verify(second.token)).rejects.toMatchObject({ reason: 'token revoked' });
     await expect(verifier.verify(`${token}x`)).rejects.toBeInstanceOf(InvalidTokenError);
   });
 

@@ -1,15 +1,130 @@
 import { sql } from 'kysely';
-import { inTransaction } from '../../db/connect.js';
-import { sha256Hex } from '../../lib/crypto.js';
+import type { DB } from '../../db/connect.js';
+import type { Application } from '../../db/schema.js';
+import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { UnauthorizedClientError, InvalidGrantError } from '../errors.js';
 import { requireParam } from '../params.js';
-import { verifyPkce } from '../pkce.js';
-import { issueUserTokens } from '../token-response.js';
+import { PKCE_VALUE, s256, verifyPkce } from '../pkce.js';
+import { userTokenResponse, type TokenContext } from '../token-response.js';
 import type { GrantHandler } from './types.js';
 
+interface Redeemed {
+  grant_id: number;
+  organization_id: number;
+  organization_name: string;
+  user_id: number;
+  scopes: string[];
+}
+
+interface Presented {
+  code: string;
+  redirectUri: string;
+  verifier: string | undefined;
+}
+
 /**
- * authorization_code (RFC 6749 §4.1.3). The code is consumed atomically, in the same
- * transaction that creates the grant and its tokens (R-5); a second redemption revokes what the
+ * The challenge the stored one must equal: null for no verifier (a code issued without PKCE),
+ * and for a malformed verifier a value no stored challenge can have.
+ */
+function expectedChallenge(verifier: string | undefined): string | null {
+  if (verifier === undefined) return null;
+  return PKCE_VALUE.test(verifier) ? s256(verifier) : '!';
+}
+
+/**
+ * Consumes the code and creates its grant, the grant's audit event and the first refresh token,
+ * in one statement (one round trip; all or nothing, R-5), when the code is this client's,
+ * unused, unexpired, for this redirect_uri and PKCE verifier, its user still a member of the
+ * organization (the membership row is share-locked, so a removal waits for us and then revokes
+ * the new grant) and its scopes still allowed to the application. Returns undefined otherwise,
+ * changing nothing. Of concurrent redemptions exactly one updates the code (R-1).
+ */
+async function redeemCode(db: DB, application: Application, presented: Presented, refreshToken: string, ttlSeconds: number): Promise<Redeemed | undefined> {
+  const { rows } = await sql<Redeemed>`
+    with found as (
+      select c.id, c.organization_id, c.user_id
+      from authorization_codes c
+      where c.code_hash = ${sha256Hex(presented.code)} and c.application_id = ${application.id}
+        and c.consumed_at is null and c.expires_at > now() and c.redirect_uri = ${presented.redirectUri}
+        and c.code_challenge is not distinct from ${expectedChallenge(presented.verifier)}::text
+        and c.scopes <@ ${[...application.scopes]}::text[]
+        -- Read from a cache: an application disabled since must not gain a grant.
+        and exists (select 1 from applications a where a.id = c.application_id and not a.disabled)
+    ),
+    member as (
+      select m.organization_id from memberships m join found f on m.organization_id = f.organization_id and m.user_id = f.user_id
+      for share of m
+    ),
+    consumed as (
+      update authorization_codes c set consumed_at = now(), grant_id = nextval(pg_get_serial_sequence('grants', 'id'))
+      from found, member
+      where c.id = found.id and c.consumed_at is null
+      returning c.grant_id, c.organization_id, c.user_id, c.scopes
+    ),
+    grant_row as (
+      insert into grants (id, organization_id, application_id, user_id, scopes) overriding system value
+      select grant_id, organization_id, ${application.id}, user_id, scopes from consumed
+      returning id
+    ),
+    audit as (
+      insert into audit_events (organization_id, actor_user_id, actor_client_id, action, details)
+      select organization_id, user_id, ${application.client_id}, 'grant.created',
+        jsonb_build_object('grant_id', grant_id, 'application_id', ${application.id}::bigint, 'user_id', user_id, 'scopes', array_to_string(scopes, ' '))
+      from consumed
+    ),
+    refresh as (
+      insert into refresh_tokens (token_hash, organization_id, grant_id, scopes, expires_at)
+      select ${sha256Hex(refreshToken)}, c.organization_id, c.grant_id, c.scopes, now() + make_interval(secs => ${ttlSeconds})
+      from consumed c join grant_row g on g.id = c.grant_id
+      returning id
+    )
+    select c.grant_id, c.organization_id, o.name as organization_name, c.user_id, c.scopes
+    from consumed c join organizations o on o.id = c.organization_id
+    where exists (select 1 from refresh)`.execute(db);
+  return rows[0];
+}
+
+/**
+ * Why a code was not redeemed, as the error to answer with. A code presented again revokes the
+ * grant its first redemption created (CD-1, RFC 6749 §4.1.2); so does losing a race with a
+ * concurrent redemption, which is a second redemption too.
+ */
+async function refusal(ctx: TokenContext, application: Application, presented: Presented): Promise<Error> {
+  const row = await ctx.db
+    .selectFrom('authorization_codes as c')
+    .selectAll('c')
+    .select(sql<boolean>`c.expires_at <= now()`.as('expired'))
+    .where('c.code_hash', '=', sha256Hex(presented.code))
+    .executeTakeFirst();
+  // A code of another client is as good as unknown to this one (CD-3), and is left alone.
+  if (!row || row.application_id !== application.id) return new InvalidGrantError();
+  if (row.consumed_at !== null) {
+    if (row.grant_id !== null) await ctx.revocations.revoke(row.grant_id, 'code_replay', { actorClientId: application.client_id });
+    return new InvalidGrantError('the authorization code was already used');
+  }
+  if (row.expired) return new InvalidGrantError('the authorization code expired');
+  if (row.redirect_uri !== presented.redirectUri) return new InvalidGrantError('redirect_uri does not match the authorization request');
+  if (row.code_challenge === null) {
+    // PK-3: a verifier for a code issued without a challenge is a downgrade attempt.
+    if (presented.verifier !== undefined) return new InvalidGrantError('code_verifier sent for a code issued without code_challenge');
+  } else if (!verifyPkce(presented.verifier, row.code_challenge)) {
+    return new InvalidGrantError('code_verifier is missing or does not match the code_challenge');
+  }
+  // The user may have left the organization, or the application lost scopes, since consent.
+  if (!row.scopes.every((s) => application.scopes.includes(s))) return new InvalidGrantError('the application may no longer use the scope granted');
+  const member = await ctx.db
+    .selectFrom('memberships')
+    .select('role')
+    .where('organization_id', '=', row.organization_id)
+    .where('user_id', '=', row.user_id)
+    .executeTakeFirst();
+  if (!member) return new InvalidGrantError('the user is no longer a member of the organization');
+  return new InvalidGrantError('the authorization code could not be redeemed; start a new authorization');
+}
+
+/**
+ * authorization_code (RFC 6749 §4.1.3). The code is consumed atomically, in the same statement
+ * that creates the grant and its refresh token (R-5); a second redemption revokes what the
  * first one issued (CD-1, RFC 6749 §4.1.2).
  */
 export const authorizationCode: GrantHandler = {
@@ -17,84 +132,24 @@ export const authorizationCode: GrantHandler = {
   async handle(ctx, { application }, params) {
     // Private applications act for their organization only (client_credentials), never for users.
     if (application.type !== 'public') throw new UnauthorizedClientError('this grant type is for public applications');
-    const code = requireParam(params, 'code');
-    // RFC 6749 §4.1.3: required here because /authorize requires it.
-    const redirectUri = requireParam(params, 'redirect_uri');
-    const verifier = params.code_verifier;
-
-    const row = await ctx.db
-      .selectFrom('authorization_codes as c')
-      .innerJoin('organizations as o', 'o.id', 'c.organization_id')
-      .selectAll('c')
-      .select(['o.name as organization_name', sql<boolean>`c.expires_at <= now()`.as('expired')])
-      .where('c.code_hash', '=', sha256Hex(code))
-      .executeTakeFirst();
-    // A code of another client is as good as unknown to this one (CD-3), and is left alone.
-    if (!row || row.application_id !== application.id) throw new InvalidGrantError();
-    if (row.consumed_at !== null) {
-      if (row.grant_id !== null) await ctx.revocations.revoke(row.grant_id, 'code_replay', { actorClientId: application.client_id });
-      throw new InvalidGrantError('the authorization code was already used');
-    }
-    if (row.expired) throw new InvalidGrantError('the authorization code expired');
-    if (row.redirect_uri !== redirectUri) throw new InvalidGrantError('redirect_uri does not match the authorization request');
-    if (row.code_challenge === null) {
-      // PK-3: a verifier for a code issued without a challenge is a downgrade attempt.
-      if (verifier !== undefined) throw new InvalidGrantError('code_verifier sent for a code issued without code_challenge');
-    } else if (!verifyPkce(verifier, row.code_challenge)) {
-      throw new InvalidGrantError('code_verifier is missing or does not match the code_challenge');
-    }
-
+    const presented: Presented = {
+      code: requireParam(params, 'code'),
+      // RFC 6749 §4.1.3: required here because /authorize requires it.
+      redirectUri: requireParam(params, 'redirect_uri'),
+      verifier: params.code_verifier,
+    };
     const signingKey = await ctx.keys.signingKey();
-    const issued = await inTransaction(ctx.db, async (trx) => {
-      const consumed = await trx
-        .updateTable('authorization_codes')
-        .set({ consumed_at: sql`now()` })
-        .where('id', '=', row.id)
-        .where('consumed_at', 'is', null)
-        .returning('id')
-        .executeTakeFirst();
-      if (!consumed) return undefined;
-      // The user may have left the organization, or the application lost scopes, since consent.
-      const member = await trx
-        .selectFrom('memberships')
-        .select('role')
-        .where('organization_id', '=', row.organization_id)
-        .where('user_id', '=', row.user_id)
-        .forShare()
-        .executeTakeFirst();
-      if (!member) throw new InvalidGrantError('the user is no longer a member of the organization');
-      if (!row.scopes.every((s) => application.scopes.includes(s))) throw new InvalidGrantError('the application may no longer use the scope granted');
-      const grant = await trx
-        .insertInto('grants')
-        .values({ organization_id: row.organization_id, application_id: application.id, user_id: row.user_id, scopes: row.scopes })
-        .returning('id')
-        .executeTakeFirstOrThrow();
-      await trx.updateTable('authorization_codes').set({ grant_id: grant.id }).where('id', '=', row.id).execute();
-      await trx
-        .insertInto('audit_events')
-        .values({
-          organization_id: row.organization_id,
-          actor_user_id: row.user_id,
-          actor_client_id: application.client_id,
-          action: 'grant.created',
-          details: JSON.stringify({ grant_id: grant.id, application_id: application.id, user_id: row.user_id, scopes: row.scopes.join(' ') }),
-        })
-        .execute();
-      return issueUserTokens(trx, ctx, signingKey, {
-        grantId: grant.id,
-        organizationId: row.organization_id,
-        organizationName: row.organization_name,
-        clientId: application.client_id,
-        userId: row.user_id,
-        accessScopes: row.scopes,
-        refreshScopes: row.scopes,
-        parentRefreshTokenId: null,
-      });
+    const refreshToken = generateSecret(32);
+    const redeemed = await redeemCode(ctx.db, application, presented, refreshToken, ctx.config.refreshTokenTtl);
+    if (!redeemed) throw await refusal(ctx, application, presented);
+    return userTokenResponse(ctx, signingKey, {
+      grantId: redeemed.grant_id,
+      organizationId: redeemed.organization_id,
+      organizationName: redeemed.organization_name,
+      clientId: application.client_id,
+      userId: redeemed.user_id,
+      accessScopes: redeemed.scopes,
+      refreshToken,
     });
-    if (issued) return issued;
-    // Lost a race with a concurrent redemption of the same code: that is a second redemption too.
-    const winner = await ctx.db.selectFrom('authorization_codes').select('grant_id').where('id', '=', row.id).executeTakeFirst();
-    if (winner?.grant_id) await ctx.revocations.revoke(winner.grant_id, 'code_replay', { actorClientId: application.client_id });
-    throw new InvalidGrantError('the authorization code was already used');
   },
 };

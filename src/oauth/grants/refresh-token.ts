@@ -1,10 +1,98 @@
 import { sql } from 'kysely';
-import { inTransaction } from '../../db/connect.js';
+import type { DB } from '../../db/connect.js';
+import type { Application } from '../../db/schema.js';
+import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { UnauthorizedClientError, InvalidGrantError, InvalidScopeError } from '../errors.js';
 import { findRefreshToken } from '../refresh-tokens.js';
-import { requireParam } from '../params.js';
-import { issueUserTokens } from '../token-response.js';
+import { type Params, requireParam } from '../params.js';
+import { userTokenResponse, type TokenContext } from '../token-response.js';
 import type { GrantHandler } from './types.js';
+
+interface Rotated {
+  grant_id: number;
+  organization_id: number;
+  organization_name: string;
+  user_id: number;
+  scopes: string[];
+}
+
+/**
+ * Retires the presented refresh token and stores its successor, in one statement (one round
+ * trip, atomic), when the token is this client's, live, unexpired, unused, its grant unrevoked
+ * and `asked` within its scope. Returns undefined otherwise, changing nothing.
+ *
+ * Concurrency: the grant row is locked before the token row (`retired` joins `live`), the order
+ * revokeGrant locks them in, so a refresh and a revocation queue instead of deadlocking; a grant
+ * revoked before us makes `live` empty, and a revocation after us also revokes the successor.
+ * Of concurrent refreshes of one token exactly one updates it (R-2): the others re-check
+ * `rotated_at is null` on the committed row and find nothing.
+ */
+async function rotateRefreshToken(
+  db: DB,
+  input: { presented: string; applicationId: number; asked: readonly string[] | null; successor: string; ttlSeconds: number },
+): Promise<Rotated | undefined> {
+  const asked = input.asked === null ? null : [...input.asked];
+  const { rows } = await sql<Rotated>`
+    with t as (
+      select r.id, r.grant_id, r.organization_id, r.scopes, g.user_id
+      from refresh_tokens r
+      join grants g on g.id = r.grant_id and g.organization_id = r.organization_id
+      where r.token_hash = ${sha256Hex(input.presented)}
+        and g.application_id = ${input.applicationId} and g.user_id is not null
+        and r.rotated_at is null and r.revoked_at is null and r.expires_at > now() and g.revoked_at is null
+        and (${asked}::text[] is null or r.scopes @> ${asked}::text[])
+    ),
+    live as (
+      update grants set last_used_at = now() from t
+      where grants.id = t.grant_id and grants.revoked_at is null
+      returning grants.id
+    ),
+    retired as (
+      update refresh_tokens set rotated_at = now() from t, live
+      where refresh_tokens.id = t.id and live.id = t.grant_id
+        and refresh_tokens.rotated_at is null and refresh_tokens.revoked_at is null
+      returning refresh_tokens.id
+    ),
+    successor as (
+      insert into refresh_tokens (token_hash, organization_id, grant_id, parent_id, scopes, expires_at)
+      select ${sha256Hex(input.successor)}, t.organization_id, t.grant_id, t.id, t.scopes, now() + make_interval(secs => ${input.ttlSeconds})
+      from t join retired on retired.id = t.id
+      returning id
+    )
+    select t.grant_id, t.organization_id, o.name as organization_name, t.user_id, t.scopes
+    from t join organizations o on o.id = t.organization_id
+    where exists (select 1 from successor)`.execute(db);
+  return rows[0];
+}
+
+/**
+ * Why a refresh token was not rotated, as the error to answer with. A retired token presented
+ * after the grace period is taken as stolen and its whole grant is revoked (RFC 9700 §4.14.2).
+ */
+async function refusal(ctx: TokenContext, application: Application, presented: string, asked: readonly string[] | null): Promise<Error> {
+  const token = await findRefreshToken(ctx.db, presented);
+  // RT-1: another client's refresh token is as good as unknown to this one.
+  if (!token || token.application_id !== application.id || token.user_id === null) return new InvalidGrantError();
+  if (token.revoked_at !== null || token.grant_revoked_at !== null) return new InvalidGrantError('the refresh token was revoked');
+  if (token.expired) return new InvalidGrantError('the refresh token expired');
+  if (token.rotated_at !== null) {
+    if ((token.seconds_since_rotation ?? 0) > ctx.config.refreshReuseGrace) {
+      await ctx.revocations.revoke(token.grant_id, 'refresh_token_reuse', { actorClientId: application.client_id });
+    }
+    return new InvalidGrantError('the refresh token was already used');
+  }
+  if (asked !== null && !asked.every((s) => token.scopes.includes(s))) return new InvalidScopeError('scope may only narrow the scope of the refresh token');
+  // Live when we looked again: a concurrent refresh or revocation got there first.
+  return new InvalidGrantError('the refresh token was already used');
+}
+
+/** RT-2: `scope` may narrow the refresh token's scope, never widen it; null when not sent. */
+function askedScopes(params: Params): string[] | null {
+  if (params.scope === undefined) return null;
+  const asked = [...new Set(params.scope.split(' ').filter((s) => s !== ''))];
+  if (asked.length === 0) throw new InvalidScopeError('scope may only narrow the scope of the refresh token');
+  return asked;
+}
 
 /**
  * refresh_token (RFC 6749 §6) with rotation and reuse detection (RFC 9700 §4.14.2): every use
@@ -18,64 +106,26 @@ export const refreshToken: GrantHandler = {
     // Private applications act for their organization only (client_credentials), never for users.
     if (application.type !== 'public') throw new UnauthorizedClientError('this grant type is for public applications');
     const presented = requireParam(params, 'refresh_token');
-    const token = await findRefreshToken(ctx.db, presented);
-    // RT-1: another client's refresh token is as good as unknown to this one.
-    if (!token || token.application_id !== application.id || token.user_id === null) throw new InvalidGrantError();
-    if (token.revoked_at !== null || token.grant_revoked_at !== null) throw new InvalidGrantError('the refresh token was revoked');
-    if (token.expired) throw new InvalidGrantError('the refresh token expired');
-    if (token.rotated_at !== null) {
-      if ((token.seconds_since_rotation ?? 0) > ctx.config.refreshReuseGrace) {
-        await ctx.revocations.revoke(token.grant_id, 'refresh_token_reuse', { actorClientId: application.client_id });
-      }
-      throw new InvalidGrantError('the refresh token was already used');
-    }
-
-    // RT-2: the scope may narrow, never widen; the organization never changes.
-    let accessScopes = token.scopes;
-    if (params.scope !== undefined) {
-      const asked = params.scope.split(' ').filter((s) => s !== '');
-      const wider = asked.filter((s) => !token.scopes.includes(s));
-      if (asked.length === 0 || wider.length > 0) throw new InvalidScopeError('scope may only narrow the scope of the refresh token');
-      accessScopes = token.scopes.filter((s) => asked.includes(s));
-    }
-
-    const userId = token.user_id;
+    const asked = askedScopes(params);
     const signingKey = await ctx.keys.signingKey();
-    const issued = await inTransaction(ctx.db, async (trx) => {
-      // The grant first, then the token: the order revokeGrant locks them in, so a refresh and a
-      // revocation of the same grant queue behind each other instead of deadlocking. A grant
-      // revoked before us means no row (refuse); a revocation after us also revokes the token
-      // issued here, since its refresh_tokens update runs once we commit.
-      const live = await trx
-        .updateTable('grants')
-        .set({ last_used_at: sql`now()` })
-        .where('id', '=', token.grant_id)
-        .where('revoked_at', 'is', null)
-        .returning('id')
-        .executeTakeFirst();
-      if (!live) throw new InvalidGrantError('the refresh token was revoked');
-      // Exactly one concurrent refresh wins this update (R-2).
-      const retired = await trx
-        .updateTable('refresh_tokens')
-        .set({ rotated_at: sql`now()` })
-        .where('id', '=', token.id)
-        .where('rotated_at', 'is', null)
-        .where('revoked_at', 'is', null)
-        .returning('id')
-        .executeTakeFirst();
-      if (!retired) return undefined;
-      return issueUserTokens(trx, ctx, signingKey, {
-        grantId: token.grant_id,
-        organizationId: token.organization_id,
-        organizationName: token.organization_name,
-        clientId: application.client_id,
-        userId,
-        accessScopes,
-        refreshScopes: token.scopes,
-        parentRefreshTokenId: token.id,
-      });
+    const successor = generateSecret(32);
+    const rotated = await rotateRefreshToken(ctx.db, {
+      presented,
+      applicationId: application.id,
+      asked,
+      successor,
+      ttlSeconds: ctx.config.refreshTokenTtl,
     });
-    if (!issued) throw new InvalidGrantError('the refresh token was already used');
-    return issued;
+    if (!rotated) throw await refusal(ctx, application, presented, asked);
+    return userTokenResponse(ctx, signingKey, {
+      grantId: rotated.grant_id,
+      organizationId: rotated.organization_id,
+      organizationName: rotated.organization_name,
+      clientId: application.client_id,
+      userId: rotated.user_id,
+      // The new refresh token keeps the old one's scope (RFC 6749 §6); the access token may be narrower.
+      accessScopes: asked === null ? rotated.scopes : rotated.scopes.filter((s) => asked.includes(s)),
+      refreshToken: successor,
+    });
   },
 };
