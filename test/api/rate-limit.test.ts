@@ -1,10 +1,10 @@
 import { randomBytes } from 'node:crypto';
-import { Socket } from 'node:net';
 import type { FastifyInstance } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ensureSigningKey } from '../../src/oauth/keys.js';
 import { buildTestApp, TEST_SECRET_KEY } from '../helpers/app.js';
 import { createTestDatabase } from '../helpers/db.js';
+import { redisAnswers } from '../helpers/redis.js';
 import { clientCredentialsToken as token, createOrgFixture, type OrgFixture } from '../helpers/oauth.js';
 
 let t: Awaited<ReturnType<typeof createTestDatabase>>;
@@ -12,16 +12,6 @@ let org: OrgFixture;
 let other: OrgFixture;
 const apps: FastifyInstance[] = [];
 
-async function redisAnswers(): Promise<boolean> {
-  return new Promise((resolve) => {
-    const socket = new Socket();
-    socket.setTimeout(300);
-    socket.once('connect', () => (socket.destroy(), resolve(true)));
-    socket.once('error', () => resolve(false));
-    socket.once('timeout', () => (socket.destroy(), resolve(false)));
-    socket.connect(6379, '127.0.0.1');
-  });
-}
 const REDIS = await redisAnswers();
 
 beforeAll(async () => {
