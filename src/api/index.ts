@@ -4,7 +4,7 @@
  * and document each route from one definition.
  */
 import type { FastifyInstance } from 'fastify';
-import { serializerCompiler, validatorCompiler, type ZodTypeProvider } from 'fastify-type-provider-zod';
+import { validatorCompiler, type ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
@@ -14,7 +14,7 @@ import type { RevocationList } from '../oauth/revocations.js';
 import { authenticateApiRequest, authOf } from './auth.js';
 import { contactRoutes } from './contacts.js';
 import { registerApiRateLimit } from './rate-limit.js';
-import { errorResponses, orgParams } from './schemas.js';
+import { errorResponses, orgParams, serializerCompiler } from './schemas.js';
 import { taskRoutes } from './tasks.js';
 
 export const API_PREFIX = '/api/v1/:organization_id';
