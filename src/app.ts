@@ -5,7 +5,7 @@
 import { randomUUID } from 'node:crypto';
 import cookie from '@fastify/cookie';
 import formbody from '@fastify/formbody';
-import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, LogController } from 'fastify';
+import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, LogController } from 'fastify';
 import { accountPages } from './accounts/pages.js';
 import { API_PREFIX, apiRoutes } from './api/index.js';
 import { openApiRoutes, registerOpenApi } from './api/openapi.js';
@@ -24,6 +24,7 @@ import { introspectionEndpoint, revocationEndpoint } from './oauth/revocation.js
 import { RevocationList } from './oauth/revocations.js';
 import { ApplicationCache } from './oauth/application-cache.js';
 import { ClientGrants } from './oauth/client-grants.js';
+import { Metrics } from './metrics.js';
 import { tokenEndpoint } from './oauth/token.js';
 import { pageAssets } from './pages/render.js';
 
@@ -32,6 +33,8 @@ export interface AppDeps {
   logger: FastifyBaseLogger;
   /** LISTEN/NOTIFY for revocations across instances; without it they are polled (still within a second). */
   listen?: Listen;
+  /** Counters and histograms this app updates (server.ts serves them on METRICS_PORT); a fresh set if absent. */
+  metrics?: Metrics;
 }
 
 /** Bodies are forms and small JSON documents; anything larger is refused before it is parsed. */
@@ -79,10 +82,22 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
     onProtoPoisoning: 'error',
     onConstructorPoisoning: 'error',
     return503OnClosing: true,
+    // A path the router cannot read (bad percent-encoding, an over-long parameter) gets the one
+    // error shape too, not Fastify's own body (R-7; found by test/fuzz.test.ts).
+    frameworkErrors: (err: FastifyError, _req: unknown, reply: FastifyReply) => {
+      const status = err.statusCode !== undefined && err.statusCode >= 400 && err.statusCode < 500 ? err.statusCode : 400;
+      void reply.code(status).send({ error: 'invalid_request', error_description: 'the request path is malformed' });
+    },
   });
 
   app.addHook('onRequest', async (req, reply) => {
     reply.header('x-request-id', req.id);
+  });
+  const metrics = deps.metrics ?? new Metrics();
+  app.addHook('onResponse', async (req, reply) => {
+    // The route pattern, not the path: ids and tokens in paths would make unbounded label sets.
+    const route = req.routeOptions.url ?? 'unmatched';
+    metrics.requests.observe({ method: req.method, route, status: String(reply.statusCode) }, reply.elapsedTime / 1000);
   });
 
   app.setErrorHandler((err: FastifyError | Error, req, reply) => {
@@ -110,14 +125,14 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await app.register(healthRoutes, { db: deps.db });
 
   const keys = new KeyStore(deps.db, config);
-  const revocations = new RevocationList(deps.db, { accessTokenTtl: config.accessTokenTtl, listen: deps.listen, logger: deps.logger });
+  const revocations = new RevocationList(deps.db, { accessTokenTtl: config.accessTokenTtl, listen: deps.listen, logger: deps.logger, metrics });
   await revocations.start();
   app.addHook('onClose', () => revocations.stop());
   const applications = new ApplicationCache(deps.db, { listen: deps.listen, logger: deps.logger });
   await applications.start();
   app.addHook('onClose', () => applications.stop());
   const clientGrants = new ClientGrants(deps.db, revocations);
-  const oauth = { db: deps.db, keys, revocations, config, clientThrottle: clientAuthThrottle(), applications, clientGrants };
+  const oauth = { db: deps.db, keys, revocations, config, clientThrottle: clientAuthThrottle(), applications, clientGrants, metrics };
   await app.register(metadataRoutes, oauth);
   await app.register(tokenEndpoint, oauth);
   await app.register(revocationEndpoint, oauth);
@@ -130,7 +145,7 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await app.register(pageAssets);
   await app.register(accountPages, { db: deps.db, config });
   await app.register(authorizeEndpoint, { db: deps.db, config });
-  await app.register(dashboardPages, { db: deps.db, config, keys, revocations, applications, clientGrants });
+  await app.register(dashboardPages, { db: deps.db, config, keys, revocations, applications, clientGrants, metrics });
 
   return app;
 }

@@ -28,6 +28,8 @@ export interface Config {
   readonly dataDir: string;
   readonly host: string;
   readonly port: number;
+  /** Prometheus metrics on this port (GET /metrics), on HOST; null: not served (the default). */
+  readonly metricsPort: number | null;
   /** Public base URL without a trailing slash. */
   readonly issuer: string;
   /** Set by parseConfig only when SECRET_KEY is in the environment; loadConfig fills it otherwise. */
@@ -86,6 +88,7 @@ const envSchema = z
   DATA_DIR: optional(z.string()),
   HOST: optional(z.string().refine((v) => isIP(v) !== 0 || /^[a-zA-Z0-9.-]+$/.test(v), 'must be an IP address or host name')),
   PORT: optional(wholeNumber(0, 65535, 'must be a port number between 0 and 65535')),
+  METRICS_PORT: optional(wholeNumber(1, 65535, 'must be a port number between 1 and 65535')),
   ISSUER: optional(
     z.string().refine(isValidIssuer, {
       message: 'must be an absolute http(s) URL without path, query, fragment or user info',
@@ -173,6 +176,7 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
     dataDir,
     host: e.HOST ?? '127.0.0.1',
     port,
+    metricsPort: e.METRICS_PORT ?? null,
     issuer: (e.ISSUER ?? `http://localhost:${port}`).replace(/\/+$/, ''),
     secretKey: e.SECRET_KEY ?? '',
     accessTokenTtl: e.ACCESS_TOKEN_TTL ?? 31_536_000,

@@ -1,6 +1,8 @@
 /** The only file that listens: loadConfig() → open the database → buildApp() → listen; graceful close. */
 import type { FastifyInstance } from 'fastify';
+import type { Server } from 'node:http';
 import { buildApp } from './app.js';
+import { Metrics, serveMetrics } from './metrics.js';
 import { loadConfig } from './config.js';
 import type { DatabaseHandle } from './db/connect.js';
 import { formatDemoBanner, isDatabaseEmpty, seedDemo } from './demo.js';
@@ -13,6 +15,7 @@ const SHUTDOWN_TIMEOUT_MS = 9000;
 
 let handle: DatabaseHandle | undefined;
 let app: FastifyInstance | undefined;
+let metricsServer: Server | undefined;
 let closing = false;
 
 /**
@@ -27,6 +30,8 @@ function shutdown(signal: NodeJS.Signals): void {
     process.stderr.write('orgauth: shutdown timed out; exiting\n');
     process.exit(1);
   }, SHUTDOWN_TIMEOUT_MS).unref();
+  metricsServer?.close();
+  metricsServer?.closeAllConnections();
   Promise.resolve()
     .then(() => app?.close())
     .then(() => handle?.close())
@@ -57,9 +62,14 @@ async function main(): Promise<void> {
     process.stdout.write(`${formatDemoBanner(await seedDemo(db), config.issuer)}\n`);
   }
 
-  app = await buildApp(config, { db, logger, listen: handle.listen });
+  const metrics = new Metrics({ poolStats: handle.poolStats, processMetrics: true });
+  app = await buildApp(config, { db, logger, listen: handle.listen, metrics });
   if (closing) return;
   await app.listen({ host: config.host, port: config.port });
+  if (config.metricsPort !== null) {
+    metricsServer = await serveMetrics(metrics, config.host, config.metricsPort);
+    logger.info({ port: config.metricsPort }, 'metrics served on GET /metrics');
+  }
   logger.info({ issuer: config.issuer, database: handle.kind }, 'orgauth is ready');
 }
 

@@ -25,6 +25,7 @@ describe('parseConfig', () => {
       dataDir: path.resolve('data'),
       host: '127.0.0.1',
       port: 3000,
+      metricsPort: null,
       issuer: 'http://localhost:3000',
       secretKey: '',
       accessTokenTtl: 31_536_000,

@@ -12,6 +12,7 @@ import { NotFoundError } from '../errors.js';
 import type { ApplicationCache } from '../oauth/application-cache.js';
 import { createApplication, rotateClientSecret } from '../oauth/applications.js';
 import type { ClientGrants } from '../oauth/client-grants.js';
+import type { Metrics } from '../metrics.js';
 import { InvalidScopeError } from '../oauth/errors.js';
 import type { KeyStore } from '../oauth/key-store.js';
 import { redirectUriProblem } from '../oauth/redirect-uris.js';
@@ -29,6 +30,7 @@ export interface DashboardDeps {
   /** Told of every change made here, so client authentication on this instance sees it at once. */
   applications: ApplicationCache;
   clientGrants: ClientGrants;
+  metrics: Metrics;
 }
 
 const MAX_REDIRECT_URIS = 20;
@@ -109,7 +111,7 @@ function parseName(value: string | undefined): { name: string; errors: string[] 
 }
 
 export async function applicationRoutes(app: FastifyInstance, deps: DashboardDeps): Promise<void> {
-  const { db, config, keys, revocations, applications, clientGrants } = deps;
+  const { db, config, keys, revocations, applications, clientGrants, metrics } = deps;
 
   // Every action on an application has committed by the time its response is sent: drop the
   // cached copy here and now (other instances hear of it by NOTIFY from the database trigger).
@@ -276,6 +278,7 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
       return renderApplication(reply, ctx, application, 400, { errors: ['Choose at least one of the application’s scopes.'] });
     }
     const token = await issueClientToken({ db, keys, config, clientGrants }, application, scopes);
+    metrics.tokensIssued.inc({ grant_type: 'dashboard' });
     await recordAuditEvent(db, {
       organizationId: ctx.organization.id,
       action: 'application.token_generated',

@@ -12,6 +12,7 @@ import type { Logger } from 'pino';
 import type { DatabaseTarget } from '../config.js';
 import { acquireLock } from './lock.js';
 import type { Database } from './schema.js';
+import type { PoolStats } from '../metrics.js';
 
 export type DB = Kysely<Database>;
 
@@ -26,6 +27,8 @@ export interface DatabaseHandle {
    * (calling `onReconnect`, since notifications sent meanwhile are lost); on PGlite in-process.
    */
   readonly listen: Listen;
+  /** The pool's connections (PostgreSQL only), for metrics. */
+  readonly poolStats?: () => PoolStats;
   /** Closes the pool or the embedded database (and releases its lock). Safe to call twice. */
   close(): Promise<void>;
 }
@@ -83,6 +86,7 @@ function connectPostgres(url: string, { poolMax = 10, logger }: ConnectOptions):
   return {
     db,
     kind: 'postgres',
+    poolStats: () => ({ total: pool.totalCount, idle: pool.idleCount, waiting: pool.waitingCount }),
     listen,
     close: () => (closed ??= Promise.all([...listeners].map((stop) => stop())).then(() => db.destroy())),
   };

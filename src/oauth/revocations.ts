@@ -8,6 +8,7 @@
 import { sql } from 'kysely';
 import type { FastifyBaseLogger } from 'fastify';
 import type { DB, Listen } from '../db/connect.js';
+import type { Metrics } from '../metrics.js';
 import { REVOCATION_CHANNEL, revokeAccessToken, revokeGrant, type RevocationReason } from './grant-store.js';
 
 const POLL_MS = 500;
@@ -40,7 +41,7 @@ export class RevocationList {
 
   constructor(
     private readonly db: DB,
-    private readonly options: { accessTokenTtl: number; listen?: Listen | undefined; logger?: FastifyBaseLogger | undefined },
+    private readonly options: { accessTokenTtl: number; listen?: Listen | undefined; logger?: FastifyBaseLogger | undefined; metrics?: Metrics | undefined },
   ) {}
 
   /** Loads every revocation that can still matter and starts following new ones. */
@@ -77,6 +78,7 @@ export class RevocationList {
   async revoke(grantId: number, reason: RevocationReason, actor?: Actor): Promise<boolean> {
     const revoked = await revokeGrant(this.db, grantId, reason, actor);
     this.grants.set(grantId, Date.now());
+    if (revoked) this.options.metrics?.revoked('grant', reason);
     return revoked;
   }
 
@@ -84,6 +86,7 @@ export class RevocationList {
   async revokeToken(token: RevocableToken, reason: RevocationReason, actor?: Actor): Promise<boolean> {
     const revoked = await revokeAccessToken(this.db, { jti: token.jti, organizationId: token.organization_id, grantId: token.grant_id, exp: token.exp }, reason, actor);
     this.tokens.set(token.jti, token.exp);
+    if (revoked) this.options.metrics?.revoked('access_token', reason);
     return revoked;
   }
 

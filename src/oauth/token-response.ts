@@ -5,6 +5,7 @@ import { signAccessToken } from './access-tokens.js';
 import type { ClientGrants } from './client-grants.js';
 import type { KeyStore, SigningKeyMaterial } from './key-store.js';
 import type { RevocationList } from './revocations.js';
+import type { Metrics } from '../metrics.js';
 
 /** The token endpoint's success body (RFC 6749 §5.1 plus the organization, as the contract shows). */
 export interface TokenResponse {
@@ -27,6 +28,7 @@ export interface SigningContext {
 
 export interface TokenContext extends SigningContext {
   revocations: RevocationList;
+  metrics: Metrics;
   config: Pick<Config, 'issuer' | 'accessTokenTtl' | 'refreshTokenTtl' | 'refreshReuseGrace'>;
 }
 

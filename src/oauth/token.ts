@@ -10,6 +10,7 @@ import { type FailureThrottle } from '../lib/throttle.js';
 import type { ApplicationCache } from './application-cache.js';
 import { type AuthenticatedClient, authenticateClient } from './client-auth.js';
 import type { ClientGrants } from './client-grants.js';
+import type { Metrics } from '../metrics.js';
 import { UnsupportedGrantTypeError } from './errors.js';
 import { authorizationCode } from './grants/authorization-code.js';
 import { clientCredentials } from './grants/client-credentials.js';
@@ -31,6 +32,7 @@ export interface OAuthEndpointOptions {
   clientThrottle: FailureThrottle;
   applications: ApplicationCache;
   clientGrants: ClientGrants;
+  metrics: Metrics;
 }
 
 /** RFC 6749 §5.1: token responses (and errors) are never cached. */
@@ -92,11 +94,13 @@ export async function authenticatedForm(
 }
 
 export async function tokenEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
-  const { db, keys, revocations, config, clientGrants } = options;
+  const { db, keys, revocations, config, clientGrants, metrics } = options;
   await registerFormEndpoint(app, '/oauth/token', async (req) => {
     const { body, client } = await authenticatedForm(req, options);
     const grant = GRANTS.get(requireParam(body, 'grant_type'));
     if (!grant) throw new UnsupportedGrantTypeError();
-    return grant.handle({ db, keys, revocations, config, clientGrants }, client, body);
+    const issued = await grant.handle({ db, keys, revocations, config, clientGrants, metrics }, client, body);
+    metrics.tokensIssued.inc({ grant_type: grant.grantType });
+    return issued;
   });
 }

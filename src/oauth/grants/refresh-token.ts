@@ -78,6 +78,9 @@ async function refusal(ctx: TokenContext, application: Application, presented: s
   if (token.rotated_at !== null) {
     if ((token.seconds_since_rotation ?? 0) > ctx.config.refreshReuseGrace) {
       await ctx.revocations.revoke(token.grant_id, 'refresh_token_reuse', { actorClientId: application.client_id });
+      ctx.metrics.refreshReuse.inc({ outcome: 'grant_revoked' });
+    } else {
+      ctx.metrics.refreshReuse.inc({ outcome: 'refused' });
     }
     return new InvalidGrantError('the refresh token was already used');
   }
