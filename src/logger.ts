@@ -2,24 +2,52 @@ import { pino, type DestinationStream, type Logger } from 'pino';
 import type { Config } from './config.js';
 
 /** Fields that hold secrets wherever they appear in a logged object (R-8). */
-export const SECRET_FIELDS = ['password', 'client_secret', 'code_verifier', 'refresh_token', 'access_token', 'token', 'secret_key', 'secretKey'];
+export const SECRET_FIELDS = [
+  'password', 'current_password', 'new_password', 'client_secret', 'code_verifier', 'refresh_token', 'access_token', 'token', 'csrf_token',
+  'secret_key', 'secretKey',
+];
+
+/** Request headers that carry credentials. */
+const SECRET_HEADERS = ['authorization', 'proxy-authorization', 'cookie', 'set-cookie'];
 
 /**
  * `code` is an authorization code in a form or query, but an error code (ECONNREFUSED, 23505)
  * on an error object, which the logs must keep: redact it only where requests carry it.
  */
-const CODE_PATHS = ['code', 'body.code', 'query.code', 'form.code', 'req.body.code', 'req.query.code', 'params.code'];
+const REQUEST_PARTS = ['body', 'query', 'form', 'params'];
+const CODE_PATHS = ['code', ...REQUEST_PARTS.flatMap((part) => [`${part}.code`, `*.${part}.code`])];
 
 export const REDACT_PATHS = [
-  'req.headers.authorization',
-  'req.headers["proxy-authorization"]',
-  'req.headers.cookie',
-  'res.headers["set-cookie"]',
-  'headers.authorization',
-  'headers.cookie',
+  ...SECRET_HEADERS.flatMap((h) => [`headers["${h}"]`, `*.headers["${h}"]`]),
   ...SECRET_FIELDS.flatMap((f) => [f, `*.${f}`, `*.*.${f}`]),
   ...CODE_PATHS,
 ];
+
+const SECRET_KEYS = new Set([...SECRET_FIELDS, ...SECRET_HEADERS, 'id_token', 'client_assertion']);
+const CODE_PARENTS = new Set([...REQUEST_PARTS, 'payload']);
+/** A request body as text (a form, say) is masked whole: its fields cannot be told apart. */
+const RAW_BODY_KEYS = new Set(['body', 'payload', 'rawBody']);
+
+/**
+ * A copy of what an error carries with every secret field masked, at any depth: redact paths
+ * have fixed depths, and an error may carry a request's body, query or headers anywhere (as
+ * properties, or in a `cause` that is not an Error). `code` is masked only inside a request part,
+ * so error codes (ECONNREFUSED, 23505) stay; a body carried as text is masked whole.
+ */
+function scrub(value: unknown, parentKey: string, depth: number, seen: WeakSet<object>): unknown {
+  if (typeof value !== 'object' || value === null) return value;
+  if (ArrayBuffer.isView(value)) return `[${value.byteLength} bytes]`;
+  if (depth > 10 || seen.has(value)) return '[...]';
+  seen.add(value);
+  if (Array.isArray(value)) return value.map((item) => scrub(item, parentKey, depth + 1, seen));
+  const copy: Record<string, unknown> = {};
+  for (const [key, item] of Object.entries(value)) {
+    const secret =
+      SECRET_KEYS.has(key.toLowerCase()) || (key === 'code' && CODE_PARENTS.has(parentKey)) || (RAW_BODY_KEYS.has(key) && typeof item === 'string');
+    copy[key] = secret ? '[redacted]' : scrub(item, key, depth + 1, seen);
+  }
+  return copy;
+}
 
 /** Query parameters whose values never reach a log line (a token sent in a URL, a code in a redirect). */
 const SECRET_QUERY_PARAMS = new Set([...SECRET_FIELDS, 'code', 'id_token', 'client_assertion']);
@@ -69,7 +97,7 @@ export function createLogger(config: Pick<Config, 'logLevel'>, destination?: Des
           remoteAddress: req.ip,
           remotePort: req.socket?.remotePort,
         }),
-        err: pino.stdSerializers.err,
+        err: (err: Error) => scrub(pino.stdSerializers.err(err), 'err', 0, new WeakSet()),
       },
       timestamp: pino.stdTimeFunctions.isoTime,
     },

@@ -70,6 +70,11 @@ const ROWS: Row[] = [
   ['token: unknown grant_type with NUL', () => tokenPost('grant_type=pass%00word'), 400, 'invalid_request'],
   ['token: a code that is huge', () => tokenPost(`grant_type=authorization_code&code=${'c'.repeat(5000)}&redirect_uri=https://x.example/cb`), 400, 'unauthorized_client'],
   ['token: refresh_token array', () => tokenPost('grant_type=refresh_token&refresh_token=a&refresh_token=b'), 400, 'invalid_request'],
+  // Found by test/fuzz.test.ts: a Content-Type Fastify cannot parse was its 415, an OPTIONS a 404.
+  ['token: empty Content-Type', () => tokenPost(cc(), { 'content-type': '' }), 400, 'invalid_request'],
+  ['token: malformed Content-Type', () => tokenPost(cc(), { 'content-type': ';' }), 400, 'invalid_request'],
+  ['token: OPTIONS', () => ({ method: 'OPTIONS', url: '/oauth/token' }), 405, 'invalid_request'],
+  ['revoke: DELETE with a malformed Content-Type', () => ({ method: 'DELETE', url: '/oauth/revoke', headers: { 'content-type': 'a/b/c' }, payload: 'token=x' }), 405, 'invalid_request'],
   // /oauth/revoke and /oauth/introspect
   ['revoke: no token', () => clientPost('/oauth/revoke', ''), 400, 'invalid_request'],
   ['revoke: duplicated token', () => clientPost('/oauth/revoke', 'token=a&token=b'), 400, 'invalid_request'],
@@ -122,6 +127,10 @@ const ROWS: Row[] = [
   ['api: task contact_id 2^60', () => apiCall('POST', '/tasks', { title: 't', contact_id: 2 ** 60 }), 400, 'invalid_request'],
   ['api: due_on not a date', () => apiCall('POST', '/tasks', { title: 't', due_on: '2026-02-30' }), 400, 'invalid_request'],
   ['api: status unknown', () => apiCall('PATCH', '/tasks/1', { status: 'maybe' }), 400, 'invalid_request'],
+  // Found by test/fuzz.test.ts: paths the router cannot read got Fastify's own error body.
+  ['api: undecodable path segment', () => ({ method: 'GET', url: '/api/v1/%ZZ/contacts', headers: { authorization: `Bearer ${bearer}` } }), 400, 'invalid_request'],
+  ['api: path segment over 100 characters', () => apiCall('GET', `/contacts/${'1'.repeat(150)}`), 414, 'invalid_request'],
+  ['login: undecodable path', () => ({ method: 'GET', url: '/login/%E0%A4%A' }), 400, 'invalid_request'],
   ['api: invalid UTF-8 JSON', () => apiCall('POST', '/contacts', Buffer.concat([Buffer.from('{"name":"'), Buffer.from([0xff, 0xfe]), Buffer.from('"}')]), { 'content-type': 'application/json' }), 201],
 ];
 
