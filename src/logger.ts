@@ -11,20 +11,15 @@ export const SECRET_FIELDS = [
 const SECRET_HEADERS = ['authorization', 'proxy-authorization', 'cookie', 'set-cookie'];
 
 /**
- * `code` is an authorization code in a form or query, but an error code (ECONNREFUSED, 23505)
- * on an error object, which the logs must keep: redact it only where requests carry it.
+ * `code` is an authorization code in a form, a query or a logged object's top level, but an
+ * error code (ECONNREFUSED, 23505) on an error object, which the logs must keep: it is masked
+ * only where requests carry it.
  */
 const REQUEST_PARTS = ['body', 'query', 'form', 'params'];
-const CODE_PATHS = ['code', ...REQUEST_PARTS.flatMap((part) => [`${part}.code`, `*.${part}.code`])];
-
-export const REDACT_PATHS = [
-  ...SECRET_HEADERS.flatMap((h) => [`headers["${h}"]`, `*.headers["${h}"]`]),
-  ...SECRET_FIELDS.flatMap((f) => [f, `*.${f}`, `*.*.${f}`]),
-  ...CODE_PATHS,
-];
-
 const SECRET_KEYS = new Set([...SECRET_FIELDS, ...SECRET_HEADERS, 'id_token', 'client_assertion']);
-const CODE_PARENTS = new Set([...REQUEST_PARTS, 'payload']);
+const CODE_PARENTS = new Set([...REQUEST_PARTS, 'payload', '']);
+/** Top-level keys with a serializer of their own below: they are not walked here. */
+const SERIALIZED_KEYS = new Set(['req', 'res', 'err']);
 /** A request body as text (a form, say) is masked whole: its fields cannot be told apart. */
 const RAW_BODY_KEYS = new Set(['body', 'payload', 'rawBody']);
 
@@ -41,12 +36,15 @@ function scrub(value: unknown, parentKey: string, depth: number, seen: WeakSet<o
   seen.add(value);
   if (Array.isArray(value)) return value.map((item) => scrub(item, parentKey, depth + 1, seen));
   const copy: Record<string, unknown> = {};
-  for (const [key, item] of Object.entries(value)) {
-    const secret =
-      SECRET_KEYS.has(key.toLowerCase()) || (key === 'code' && CODE_PARENTS.has(parentKey)) || (RAW_BODY_KEYS.has(key) && typeof item === 'string');
-    copy[key] = secret ? '[redacted]' : scrub(item, key, depth + 1, seen);
-  }
+  for (const [key, item] of Object.entries(value)) copy[key] = scrubField(key, item, parentKey, depth, seen);
   return copy;
+}
+
+/** One field of an object whose key is `parentKey`: masked if its name says secret, else scrubbed. */
+function scrubField(key: string, item: unknown, parentKey: string, depth = 0, seen = new WeakSet<object>()): unknown {
+  const secret =
+    SECRET_KEYS.has(key.toLowerCase()) || (key === 'code' && CODE_PARENTS.has(parentKey)) || (RAW_BODY_KEYS.has(key) && typeof item === 'string');
+  return secret ? '[redacted]' : scrub(item, key, depth + 1, seen);
 }
 
 /** Query parameters whose values never reach a log line (a token sent in a URL, a code in a redirect). */
@@ -87,7 +85,18 @@ export function createLogger(config: Pick<Config, 'logLevel'>, destination?: Des
     {
       level: config.logLevel,
       base: { service: 'orgauth' },
-      redact: { paths: REDACT_PATHS, censor: '[redacted]' },
+      formatters: {
+        // Every logged object, at any depth, with secret fields masked. Done here, when a line is
+        // written, rather than with pino's redact paths: those have fixed depths, and their
+        // wildcards cost every request's child logger about 7 µs even when nothing is logged.
+        log: (object) => {
+          const copy: Record<string, unknown> = {};
+          for (const [key, value] of Object.entries(object)) {
+            copy[key] = SERIALIZED_KEYS.has(key) ? value : scrubField(key, value, '');
+          }
+          return copy;
+        },
+      },
       serializers: {
         // Fastify's request fields, with the URL's secret query values masked (R-8).
         req: (req: LoggedRequest) => ({
@@ -97,6 +106,8 @@ export function createLogger(config: Pick<Config, 'logLevel'>, destination?: Des
           remoteAddress: req.ip,
           remotePort: req.socket?.remotePort,
         }),
+        // Fastify's reply: its status only (as Fastify's own serializer), never its headers.
+        res: (res: { statusCode?: number }) => ({ statusCode: res.statusCode }),
         err: (err: Error) => scrub(pino.stdSerializers.err(err), 'err', 0, new WeakSet()),
       },
       timestamp: pino.stdTimeFunctions.isoTime,
