@@ -1,14 +1,29 @@
 /** What the server and the CLI share when they start: opening the database and reporting failures. */
 import type { Logger } from 'pino';
 import { ConfigError, type Config } from './config.js';
-import { connectDatabase, type DatabaseHandle } from './db/connect.js';
+import { connectDatabase, type DatabaseHandle, REQUEST_QUERY_TIMEOUT_MS } from './db/connect.js';
 import { isDatabaseUnavailable } from './db/errors.js';
 import { migrateToLatest } from './db/migrate.js';
 import { AppError } from './errors.js';
 
-/** Connects and applies pending migrations; returns the handle and the migrations applied. */
+/**
+ * Connects and applies pending migrations; returns the handle and the migrations applied. On
+ * PostgreSQL the handle answers requests, so each query gets REQUEST_QUERY_TIMEOUT_MS (R-3);
+ * migrations, which may take longer, run before it on a connection of their own.
+ */
 export async function openDatabase(config: Config, logger?: Logger): Promise<{ handle: DatabaseHandle; applied: string[] }> {
-  const handle = await connectDatabase(config.database, { poolMax: config.databasePoolMax, ...(logger ? { logger } : {}) });
+  const options = { poolMax: config.databasePoolMax, ...(logger ? { logger } : {}) };
+  if (config.database.kind === 'postgres') {
+    const migrator = await connectDatabase(config.database, { ...options, poolMax: 1 });
+    let applied: string[];
+    try {
+      applied = await migrateToLatest(migrator.db);
+    } finally {
+      await migrator.close();
+    }
+    return { handle: await connectDatabase(config.database, { ...options, queryTimeoutMs: REQUEST_QUERY_TIMEOUT_MS }), applied };
+  }
+  const handle = await connectDatabase(config.database, options);
   try {
     return { handle, applied: await migrateToLatest(handle.db) };
   } catch (err) {

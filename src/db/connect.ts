@@ -5,7 +5,7 @@
  */
 import { mkdirSync } from 'node:fs';
 import { PGlite, types as pgliteTypes } from '@electric-sql/pglite';
-import { Kysely, PostgresDialect, Transaction } from 'kysely';
+import { Kysely, PostgresDialect, type PostgresPool, type PostgresPoolClient, Transaction } from 'kysely';
 import { PGliteDialect } from 'kysely-pglite-dialect';
 import pg from 'pg';
 import type { Logger } from 'pino';
@@ -47,13 +47,33 @@ const keepDate = (value: string): string => value;
 export interface ConnectOptions {
   poolMax?: number;
   logger?: Pick<Logger, 'error'>;
+  /**
+   * PostgreSQL: a query without an answer after this long fails as "database unavailable" and its
+   * connection is discarded; the server itself cancels the statement a little earlier
+   * (statement_timeout), so a statement the client gave up on does not commit behind its back.
+   * Unset: 30 s on the client side only (migrations may build an index for long); the server's
+   * request pool uses REQUEST_QUERY_TIMEOUT_MS.
+   */
+  queryTimeoutMs?: number;
 }
+
+/**
+ * R-3: a request that needs an unreachable database fails within 2 s. Both waits a request can
+ * meet stay under that: a connection (new, or a free one of a busy pool) within
+ * CONNECT_TIMEOUT_MS, and an answer to each query within REQUEST_QUERY_TIMEOUT_MS. A stopped
+ * server refuses at once; these bound a hung one (a network partition, a frozen host), whose
+ * connections stay open and silent.
+ */
+export const CONNECT_TIMEOUT_MS = 1500;
+export const REQUEST_QUERY_TIMEOUT_MS = 1500;
+/** How much earlier than the client's deadline the server cancels a statement (a live but slow or blocked database). */
+const STATEMENT_TIMEOUT_MARGIN_MS = 250;
 
 export async function connectDatabase(target: DatabaseTarget, options: ConnectOptions = {}): Promise<DatabaseHandle> {
   return target.kind === 'postgres' ? connectPostgres(target.url, options) : connectPglite(target.dataDir);
 }
 
-function connectPostgres(url: string, { poolMax = 10, logger }: ConnectOptions): DatabaseHandle {
+function connectPostgres(url: string, { poolMax = 10, logger, queryTimeoutMs }: ConnectOptions): DatabaseHandle {
   const typeOverrides = new pg.TypeOverrides();
   typeOverrides.setTypeParser(INT8_OID, parseInt8);
   typeOverrides.setTypeParser(DATE_OID, keepDate);
@@ -63,16 +83,24 @@ function connectPostgres(url: string, { poolMax = 10, logger }: ConnectOptions):
     types: typeOverrides,
     application_name: 'orgauth',
     // A request that needs the database fails fast when it is gone instead of queueing forever.
-    connectionTimeoutMillis: 2000,
+    connectionTimeoutMillis: CONNECT_TIMEOUT_MS,
     idleTimeoutMillis: 30_000,
     // A connection whose server vanished (partition, not a clean shutdown) is noticed by TCP
-    // keepalive, and no query holds a pool client forever.
+    // keepalive, and no query holds a pool client for longer than query_timeout.
     keepAlive: true,
-    query_timeout: 30_000,
+    query_timeout: queryTimeoutMs ?? 30_000,
+    ...(queryTimeoutMs !== undefined ? { statement_timeout: Math.max(1, queryTimeoutMs - STATEMENT_TIMEOUT_MARGIN_MS) } : {}),
   });
   // An idle client losing its connection (database restart) must not crash the process.
   pool.on('error', (err) => logger?.error({ err }, 'idle PostgreSQL connection failed'));
-  const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool }) });
+  // Nor a checked-out one: pg emits 'error' on the client itself, and pg-pool listens only while
+  // the client is idle, so a connection dropped during a request (or between the statements of
+  // a transaction) would be an unhandled 'error' event. The failure also reaches the request's
+  // query (or its next one), which answers 503; pg-pool discards the broken client on release.
+  pool.on('connect', (client) => {
+    client.on('error', () => {});
+  });
+  const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool: discardingTimedOutClients(pool) }) });
   const listeners = new Set<() => Promise<void>>();
   let closed: Promise<void> | undefined;
   const listen: Listen = async (channel, onMessage, onReconnect) => {
@@ -89,6 +117,35 @@ function connectPostgres(url: string, { poolMax = 10, logger }: ConnectOptions):
     poolStats: () => ({ total: pool.totalCount, idle: pool.idleCount, waiting: pool.waitingCount }),
     listen,
     close: () => (closed ??= Promise.all([...listeners].map((stop) => stop())).then(() => db.destroy())),
+  };
+}
+
+const isQueryTimeout = (err: unknown): err is Error => err instanceof Error && err.message === 'Query read timeout';
+
+/**
+ * The pool as Kysely uses it, but a client whose query timed out is not reused: pg fails the
+ * query yet keeps waiting for its answer on that connection, so anything sent after it (the
+ * transaction's ROLLBACK, the next request's query) would wait behind it. Such a client fails
+ * further queries at once and is discarded when released.
+ */
+function discardingTimedOutClients(pool: pg.Pool): PostgresPool {
+  return {
+    async connect() {
+      const client = await pool.connect();
+      let broken: Error | undefined;
+      const query = async (sql: string, parameters: ReadonlyArray<unknown>) => {
+        if (broken) throw broken;
+        try {
+          return await client.query(sql, [...parameters]);
+        } catch (err) {
+          if (isQueryTimeout(err)) broken = err;
+          throw err;
+        }
+      };
+      // Kysely passes a cursor only to stream(), which this code base does not use (no cursor is configured).
+      return { query: query as unknown as PostgresPoolClient['query'], release: () => client.release(broken) };
+    },
+    end: () => pool.end(),
   };
 }
 

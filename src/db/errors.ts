@@ -21,17 +21,20 @@ const UNAVAILABLE_NODE_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'ETIMEDOUT
 
 /**
  * The database cannot be reached (as opposed to refusing a query): connection refused or lost,
- * the server shutting down or starting up (SQLSTATE class 08, 57P01-57P03), the pool timing out.
+ * the server shutting down or starting up (SQLSTATE class 08, 57P01-57P03), the pool timing out,
+ * a query left without an answer (pg's query_timeout: a hung server or a network partition) or
+ * cancelled by the server for taking too long (57014: statement_timeout, a blocked or overloaded
+ * database).
  */
 export function isDatabaseUnavailable(err: unknown): boolean {
   const code = sqlState(err);
   if (code !== undefined) {
-    if (UNAVAILABLE_NODE_CODES.has(code) || code.startsWith('08') || ['57P01', '57P02', '57P03', '53300'].includes(code)) return true;
+    if (UNAVAILABLE_NODE_CODES.has(code) || code.startsWith('08') || ['57014', '57P01', '57P02', '57P03', '53300'].includes(code)) return true;
   }
   if (err instanceof AggregateError) return err.errors.some(isDatabaseUnavailable);
   if (!(err instanceof Error)) return false;
   return (
-    /timeout exceeded when trying to connect|Connection terminated|connection terminated|Client has encountered a connection error|PGlite is closed|driver has already been destroyed/i.test(
+    /timeout exceeded when trying to connect|Connection terminated|connection terminated|Client has encountered a connection error|Query read timeout|PGlite is closed|driver has already been destroyed/i.test(
       err.message,
     ) || (err.cause !== undefined && err.cause !== err && isDatabaseUnavailable(err.cause))
   );

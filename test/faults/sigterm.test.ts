@@ -1,0 +1,179 @@
+/**
+ * R-4 (SECURITY.md), issue 7: SIGTERM under load. With 50 requests received (30 of them still
+ * uploading their bodies: code redemptions, client_credentials tokens, contacts created through
+ * the API; 20 API reads) and, on PostgreSQL, a redemption held up in the database by a row lock,
+ * the server gets SIGTERM: it stops accepting connections at once, finishes every in-flight
+ * request with a 2xx, exits with code 0 within 10 s, and closes its database connections
+ * properly. On PostgreSQL "properly" is read off the server's own statistics: a session whose
+ * client vanished without saying goodbye counts in pg_stat_database.sessions_abandoned (the
+ * SIGKILL test checks that this counter does see an unclean exit); on the embedded database the
+ * lock file beside it is removed only by a clean close.
+ *
+ * Runs on the run's back-end: a fresh database on TEST_DATABASE_URL's server, or PGlite on disk.
+ */
+import { existsSync } from 'node:fs';
+import path from 'node:path';
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { connectDatabase } from '../../src/db/connect.js';
+import { migrateToLatest } from '../../src/db/migrate.js';
+import { generateSecret, sha256Hex } from '../../src/lib/crypto.js';
+import { BACKEND, createEmptyDatabase, type TestDatabase } from '../helpers/db.js';
+import { basic, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
+import { freePort, ROOT, type Running, SERVER, start } from '../helpers/process.js';
+import { clientCredentials, connectionRefused, listContacts, type Outcome, request, sessionStats, sleep, slowUpload, waitFor, waitUntilServing } from './harness.js';
+
+/** R-4's bound from SIGTERM to the exit. */
+const EXIT_WITHIN_MS = 10_000;
+const IN_FLIGHT = 50;
+const REDIRECT = 'https://client.example.com/cb';
+
+describe(`SIGTERM under load (R-4) on ${BACKEND}`, () => {
+  let database: TestDatabase;
+  let fixture: OrgFixture;
+  let server: Running | undefined;
+  const codes: string[] = [];
+
+  beforeAll(async () => {
+    if (!existsSync(path.join(ROOT, SERVER))) throw new Error(`${SERVER} is missing: run the tests with \`npm test\`, which builds first`);
+    database = await createEmptyDatabase({ onDisk: true });
+    const handle = await connectDatabase(database.target);
+    try {
+      await migrateToLatest(handle.db);
+      fixture = await createOrgFixture(handle.db);
+      await handle.db.insertInto('contacts').values({ organization_id: fixture.organizationId, name: 'Ada' }).execute();
+      const app = await handle.db.selectFrom('applications').select('id').where('client_id', '=', fixture.publicApp.client_id).executeTakeFirstOrThrow();
+      const expires = new Date(Date.now() + 10 * 60_000);
+      for (let i = 0; i < 100; i++) codes.push(generateSecret(32));
+      await handle.db
+        .insertInto('authorization_codes')
+        .values(
+          codes.map((code) => ({
+            code_hash: sha256Hex(code), organization_id: fixture.organizationId, application_id: app.id, user_id: fixture.ownerId,
+            redirect_uri: REDIRECT, scopes: ['contacts.read'], code_challenge: null, code_challenge_method: null, expires_at: expires,
+          })),
+        )
+        .execute();
+    } finally {
+      await handle.close();
+    }
+  }, 60_000);
+
+  afterAll(async () => {
+    if (server && server.child.exitCode === null && server.child.signalCode === null) {
+      server.child.kill('SIGKILL');
+      await server.exited;
+    }
+    await database?.drop();
+  });
+
+  it('finishes in-flight requests with 2xx, refuses new connections, exits 0 within 10 s and closes the database cleanly', async () => {
+    const databaseName = database.target.kind === 'postgres' ? decodeURIComponent(new URL(database.target.url).pathname.slice(1)) : '';
+    const before = BACKEND === 'postgres' ? await sessionStats(databaseName) : undefined;
+
+    const port = await freePort();
+    const baseUrl = `http://127.0.0.1:${port}`;
+    // LOG_LEVEL=info: Fastify logs "incoming request" once it has a request's head, past its
+    // closing check. That is how this test knows the requests are in flight before the signal.
+    server = start(SERVER, [], { ...database.env, PORT: String(port), LOG_LEVEL: 'info', API_RATE_LIMIT: '0' });
+    await waitUntilServing(server, baseUrl);
+    const running = server;
+    const received = () => (running.output.stdout.match(/"msg":"incoming request"/g) ?? []).length;
+    const accessToken = ((await clientCredentials(baseUrl, fixture)).body as { access_token: string }).access_token;
+    const publicAuth = { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(fixture.publicApp.client_id, fixture.publicApp.client_secret) };
+    const privateAuth = { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(fixture.privateApp.client_id, fixture.privateApp.client_secret) };
+    const redemption = (code: string) => form({ grant_type: 'authorization_code', code, redirect_uri: REDIRECT });
+    const receivedBefore = received();
+
+    // 50 requests in flight: 30 whose bodies are still arriving when the signal comes (code
+    // redemptions, client_credentials tokens, contacts created through the API), and 20 API reads
+    // sent at the same time, which the server answers as they come.
+    const uploads = Array.from({ length: 30 }, (_, i) =>
+      i % 3 === 0
+        ? slowUpload(baseUrl, { path: '/oauth/token', label: 'code', headers: publicAuth, body: redemption(codes.pop()!) })
+        : i % 3 === 1
+          ? slowUpload(baseUrl, { path: '/oauth/token', label: 'client_credentials', headers: privateAuth, body: form({ grant_type: 'client_credentials', organization_id: String(fixture.organizationId) }) })
+          : slowUpload(baseUrl, {
+              path: `/api/v1/${fixture.organizationId}/contacts`,
+              label: 'create contact',
+              headers: { 'content-type': 'application/json', authorization: `Bearer ${accessToken}` },
+              body: JSON.stringify({ name: `Contact ${i}`, notes: 'x'.repeat(200) }),
+            }),
+    );
+    const reads = Array.from({ length: IN_FLIGHT - uploads.length }, () => listContacts(baseUrl, fixture, accessToken, 'api'));
+
+    await waitFor(`the server to have received all ${IN_FLIGHT} requests`, async () => (received() - receivedBefore >= IN_FLIGHT ? true : undefined), 5000, 2);
+
+    // On PostgreSQL, one more held up in the database: its code's row is locked by another
+    // transaction, until just after the signal (well under the server's statement deadline).
+    let held: { outcome: Promise<Outcome>; release: () => Promise<void> } | undefined;
+    if (database.target.kind === 'postgres') {
+      const code = codes.pop()!;
+      const locker = new pg.Client({ connectionString: database.target.url });
+      const watcher = new pg.Client({ connectionString: database.target.url });
+      for (const c of [locker, watcher]) {
+        c.on('error', () => {});
+        await c.connect();
+      }
+      await locker.query('begin');
+      await locker.query('select id from authorization_codes where code_hash = $1 for update', [sha256Hex(code)]);
+      const outcome = request(baseUrl, { method: 'POST', path: '/oauth/token', label: 'held by a lock', headers: publicAuth, body: redemption(code) });
+      try {
+        // (From another connection: inside its transaction the locker would see one snapshot of pg_stat_activity.)
+        await waitFor(
+          'the redemption to wait for the lock',
+          async () => {
+            const { rows } = await watcher.query("select 1 from pg_stat_activity where application_name = 'orgauth' and wait_event_type = 'Lock'");
+            return rows.length > 0 ? true : undefined;
+          },
+          5000,
+          5,
+        );
+      } finally {
+        await watcher.end();
+      }
+      held = { outcome, release: () => locker.query('commit').then(() => locker.end()) };
+    }
+    const expected = IN_FLIGHT + (held ? 1 : 0);
+
+    const signalled = Date.now();
+    running.child.kill('SIGTERM');
+    const exitedAt = running.exited.then((exit) => ({ ...exit, at: Date.now() }));
+
+    await sleep(50);
+    await held?.release();
+    // No new connections once it is shutting down (the uploads in flight keep it alive meanwhile).
+    await waitFor('new connections to be refused', async () => ((await connectionRefused(baseUrl)) ? true : undefined), 2000, 20);
+    expect(running.child.exitCode).toBeNull();
+    // The uploads now complete, and must all still be answered.
+    for (const upload of uploads) upload.sendRest();
+
+    const outcomes = [...(await Promise.all([...uploads.map((u) => u.outcome), ...reads])), ...(held ? [await held.outcome] : [])];
+    expect(outcomes).toHaveLength(expected);
+    const failures = outcomes.filter((o) => o.error !== undefined || o.status === undefined || o.status < 200 || o.status >= 300);
+    expect(failures.map((o) => ({ label: o.label, status: o.status, error: o.error, body: o.body }))).toEqual([]);
+    // At least the 30 uploads (and the held redemption) were answered after the signal.
+    expect(outcomes.filter((o) => o.endedAt > signalled).length).toBeGreaterThanOrEqual(uploads.length + (held ? 1 : 0));
+
+    const exit = await exitedAt;
+    expect({ code: exit.code, signal: exit.signal }, running.output.stderr).toEqual({ code: 0, signal: null });
+    expect(exit.at - signalled).toBeLessThan(EXIT_WITHIN_MS);
+    expect(running.output.stderr).toContain('SIGTERM received, shutting down');
+    expect(running.output.stderr).not.toContain('shutdown timed out');
+
+    if (database.target.kind === 'postgres') {
+      // Every connection of the process is gone, and none of them was dropped without a goodbye
+      // (pool.end() and the LISTEN client's end() send one; a process exit does not).
+      const after = await waitFor('the server sessions to end', async () => {
+        const stats = await sessionStats(databaseName);
+        return stats.orgauthSessions === 0 ? stats : undefined;
+      }, 5000, 50);
+      await sleep(200);
+      expect((await sessionStats(databaseName)).abandoned).toBe(after.abandoned);
+      expect(after.abandoned).toBe(before!.abandoned);
+    } else {
+      // The embedded database was closed: its lock file is released only by a clean close.
+      expect(existsSync(`${database.target.dataDir}.lock`)).toBe(false);
+    }
+  }, 60_000);
+});
