@@ -5,7 +5,7 @@
  */
 import { mkdirSync } from 'node:fs';
 import { PGlite, types as pgliteTypes } from '@electric-sql/pglite';
-import { Kysely, PostgresDialect, type PostgresPool, type PostgresPoolClient, Transaction } from 'kysely';
+import { Kysely, PostgresDialect, type PostgresPool, type PostgresPoolClient, sql, Transaction } from 'kysely';
 import { PGliteDialect } from 'kysely-pglite-dialect';
 import pg from 'pg';
 import type { Logger } from 'pino';
@@ -128,15 +128,26 @@ const isQueryTimeout = (err: unknown): err is Error => err instanceof Error && e
  * transaction's ROLLBACK, the next request's query) would wait behind it. Such a client fails
  * further queries at once and is discarded when released.
  */
+/**
+ * Marks a hot statement to be prepared once per connection and run by name afterwards: pg then
+ * sends Bind/Execute only, and PostgreSQL reuses the plan instead of planning a statement of
+ * several CTEs on every call (measured: planning took longer than executing the refresh
+ * statement; 1.35x the throughput of the statement alone). Put it first in the SQL text; only
+ * fixed texts may carry it (a name must always mean the same text). A comment elsewhere (PGlite).
+ */
+export const prepared = (name: string) => sql.raw(`/* prepared: ${name} */ `);
+const PREPARED = /^\/\* prepared: ([a-z_]+) \*\/ /;
+
 function discardingTimedOutClients(pool: pg.Pool): PostgresPool {
   return {
     async connect() {
       const client = await pool.connect();
       let broken: Error | undefined;
-      const query = async (sql: string, parameters: ReadonlyArray<unknown>) => {
+      const query = async (text: string, parameters: ReadonlyArray<unknown>) => {
         if (broken) throw broken;
         try {
-          return await client.query(sql, [...parameters]);
+          const name = PREPARED.exec(text)?.[1];
+          return await (name === undefined ? client.query(text, [...parameters]) : client.query({ name, text, values: [...parameters] }));
         } catch (err) {
           if (isQueryTimeout(err)) broken = err;
           throw err;

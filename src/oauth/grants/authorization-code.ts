@@ -1,5 +1,5 @@
 import { sql } from 'kysely';
-import type { DB } from '../../db/connect.js';
+import { type DB, prepared } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
 import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { UnauthorizedClientError, InvalidGrantError } from '../errors.js';
@@ -40,7 +40,7 @@ function expectedChallenge(verifier: string | undefined): string | null {
  * changing nothing. Of concurrent redemptions exactly one updates the code (R-1).
  */
 async function redeemCode(db: DB, application: Application, presented: Presented, refreshToken: string, ttlSeconds: number): Promise<Redeemed | undefined> {
-  const { rows } = await sql<Redeemed>`
+  const { rows } = await sql<Redeemed>`${prepared('redeem_code')}
     with found as (
       select c.id, c.organization_id, c.user_id
       from authorization_codes c

@@ -1,5 +1,5 @@
 import { sql } from 'kysely';
-import type { DB } from '../../db/connect.js';
+import { type DB, prepared } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
 import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { UnauthorizedClientError, InvalidGrantError, InvalidScopeError } from '../errors.js';
@@ -32,7 +32,7 @@ async function rotateRefreshToken(
   input: { presented: string; applicationId: number; asked: readonly string[] | null; successor: string; ttlSeconds: number },
 ): Promise<Rotated | undefined> {
   const asked = input.asked === null ? null : [...input.asked];
-  const { rows } = await sql<Rotated>`
+  const { rows } = await sql<Rotated>`${prepared('rotate_refresh_token')}
     with t as (
       select r.id, r.grant_id, r.organization_id, r.scopes, g.user_id
       from refresh_tokens r
