@@ -10,22 +10,34 @@
  * them). When it returns: service resumes without a restart, the LISTEN connection for
  * revocations is back, and a revocation made through another connection is honoured.
  */
-import { existsSync } from 'node:fs';
-import path from 'node:path';
 import { sql } from 'kysely';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectDatabase } from '../../src/db/connect.js';
 import { isDatabaseUnavailable } from '../../src/db/errors.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
-import { generateSecret, sha256Hex } from '../../src/lib/crypto.js';
+import { sha256Hex } from '../../src/lib/crypto.js';
 import { REVOCATION_CHANNEL, revokeGrant } from '../../src/oauth/grant-store.js';
 import { TEST_SECRET_KEY } from '../helpers/app.js';
 import { TEST_DATABASE_URL } from '../helpers/db.js';
-import { basic, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
+import { createOrgFixture, type OrgFixture } from '../helpers/oauth.js';
 import { findPgBinaries, type PgCluster, startPgCluster } from '../helpers/pg-cluster.js';
-import { freePort, ROOT, type Running, SERVER, start } from '../helpers/process.js';
-import { clientCredentials, jwtClaims, listContacts, type Outcome, request, sleep, tokenEndpoint, waitFor, waitUntilServing } from './harness.js';
+import { freePort, type Running, SERVER, start } from '../helpers/process.js';
+import {
+  clientCredentials,
+  insertCodes,
+  jwtClaims,
+  killIfRunning,
+  listContacts,
+  type Outcome,
+  redeemCode,
+  request,
+  requireBuiltServer,
+  sleep,
+  tokenEndpoint,
+  waitFor,
+  waitUntilServing,
+} from './harness.js';
 
 /** R-3's bound for a request that needs the database while it is away. */
 const FAIL_WITHIN_MS = 2000;
@@ -58,37 +70,20 @@ describe.skipIf(skipReason !== undefined)('the database goes away under load (R-
   /** An authorization_code redemption: a transaction (consume the code, create the grant and the refresh token). */
   const redeem = (label = 'code', code = codes.pop()): Promise<Outcome> => {
     if (code === undefined) throw new Error('out of pre-issued codes');
-    return request(baseUrl, {
-      method: 'POST',
-      path: '/oauth/token',
-      label,
-      headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(fixture.publicApp.client_id, fixture.publicApp.client_secret) },
-      body: form({ grant_type: 'authorization_code', code, redirect_uri: REDIRECT }),
-    });
+    return redeemCode(baseUrl, fixture, code, REDIRECT, { label });
   };
   /** Requests that cannot be answered without the database: an API read and a code redemption. */
   const needsDatabase = (i: number): Promise<Outcome> => (i % 2 ? redeem() : listContacts(baseUrl, fixture, accessToken));
 
   beforeAll(async () => {
-    if (!existsSync(path.join(ROOT, SERVER))) throw new Error(`${SERVER} is missing: run the tests with \`npm test\`, which builds first`);
+    requireBuiltServer();
     cluster = await startPgCluster();
     const setup = await connectDatabase({ kind: 'postgres', url: cluster.url() });
     try {
       await migrateToLatest(setup.db);
       fixture = await createOrgFixture(setup.db);
       await setup.db.insertInto('contacts').values({ organization_id: fixture.organizationId, name: 'Ada' }).execute();
-      const app = await setup.db.selectFrom('applications').select('id').where('client_id', '=', fixture.publicApp.client_id).executeTakeFirstOrThrow();
-      const expires = new Date(Date.now() + 10 * 60_000);
-      for (let i = 0; i < CODES; i++) codes.push(generateSecret(32));
-      await setup.db
-        .insertInto('authorization_codes')
-        .values(
-          codes.map((code) => ({
-            code_hash: sha256Hex(code), organization_id: fixture.organizationId, application_id: app.id, user_id: fixture.ownerId,
-            redirect_uri: REDIRECT, scopes: ['contacts.read'], code_challenge: null, code_challenge_method: null, expires_at: expires,
-          })),
-        )
-        .execute();
+      codes.push(...(await insertCodes(setup.db, fixture, CODES, REDIRECT)));
     } finally {
       await setup.close();
     }
@@ -121,10 +116,7 @@ describe.skipIf(skipReason !== undefined)('the database goes away under load (R-
     loading = false;
     await load;
     // SIGKILL: a graceful stop is not under test here, and would wait for a database left hung by a failed test.
-    if (server && server.child.exitCode === null && server.child.signalCode === null) {
-      server.child.kill('SIGKILL');
-      await server.exited;
-    }
+    await killIfRunning(server);
     await cluster?.destroy();
   });
 

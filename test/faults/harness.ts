@@ -1,10 +1,20 @@
-/** What the fault tests share: HTTP calls that record how they ended and how long they took, and polling. */
+/**
+ * What the fault tests share: HTTP calls that record how they ended and how long they took,
+ * polling, pre-issued authorization codes, and the built server's process.
+ */
+import { existsSync } from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
+import path from 'node:path';
 import pg from 'pg';
-import { TEST_DATABASE_URL } from '../helpers/db.js';
-import { basic, form, type OrgFixture } from '../helpers/oauth.js';
-import type { Running } from '../helpers/process.js';
+import { afterAll, beforeAll } from 'vitest';
+import type { DB } from '../../src/db/connect.js';
+import { generateSecret, sha256Hex } from '../../src/lib/crypto.js';
+import { connectDatabase } from '../../src/db/connect.js';
+import { migrateToLatest } from '../../src/db/migrate.js';
+import { createEmptyDatabase, TEST_DATABASE_URL, type TestDatabase } from '../helpers/db.js';
+import { basic, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
+import { ROOT, type Running, SERVER } from '../helpers/process.js';
 
 export interface Outcome {
   label: string;
@@ -17,6 +27,27 @@ export interface Outcome {
   body?: unknown;
   /** A socket-level failure (ECONNRESET, ECONNREFUSED, socket hang up...) or our own deadline. */
   error?: string;
+}
+
+/**
+ * Reads a response to its end and hands `finish` its status, headers and body (parsed JSON, or the
+ * text), or the status and the error when the connection fails or is cut before the end.
+ */
+function readResponse(res: http.IncomingMessage, finish: (rest: Partial<Outcome>) => void): void {
+  const chunks: Buffer[] = [];
+  res.on('data', (c: Buffer) => chunks.push(c));
+  res.on('error', (err: NodeJS.ErrnoException) => finish({ status: res.statusCode, error: err.code ?? err.message }));
+  res.on('aborted', () => finish({ status: res.statusCode, error: 'ECONNRESET' }));
+  res.on('end', () => {
+    const text = Buffer.concat(chunks).toString('utf8');
+    let body: unknown = text;
+    try {
+      body = JSON.parse(text);
+    } catch {
+      // Not JSON: keep the text.
+    }
+    finish({ status: res.statusCode, headers: res.headers, body });
+  });
 }
 
 /**
@@ -46,22 +77,7 @@ export function request(
         agent: false,
         headers: { connection: 'close', ...options.headers, ...(options.body !== undefined ? { 'content-length': String(Buffer.byteLength(options.body)) } : {}) },
       },
-      (res) => {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('error', (err: NodeJS.ErrnoException) => finish({ status: res.statusCode, error: err.code ?? err.message }));
-        res.on('aborted', () => finish({ status: res.statusCode, error: 'ECONNRESET' }));
-        res.on('end', () => {
-          const text = Buffer.concat(chunks).toString('utf8');
-          let body: unknown = text;
-          try {
-            body = JSON.parse(text);
-          } catch {
-            // Not JSON: keep the text.
-          }
-          finish({ status: res.statusCode, headers: res.headers, body });
-        });
-      },
+      (res) => readResponse(res, finish),
     );
     const timer = setTimeout(() => {
       finish({ error: 'TIMEOUT' });
@@ -91,6 +107,24 @@ export function tokenEndpoint(baseUrl: string, fixture: OrgFixture, path: '/oaut
     path,
     headers: { ...FORM, authorization: basic(fixture.privateApp.client_id, fixture.privateApp.client_secret) },
     body: form({ token }),
+  });
+}
+
+/** An authorization_code redemption by the fixture's public application: one transaction (consume the code, create the grant and the refresh token). */
+export function redeemCode(
+  baseUrl: string,
+  fixture: OrgFixture,
+  code: string,
+  redirectUri: string,
+  options: { label: string; timeoutMs?: number },
+): Promise<Outcome> {
+  return request(baseUrl, {
+    method: 'POST',
+    path: '/oauth/token',
+    label: options.label,
+    headers: { ...FORM, authorization: basic(fixture.publicApp.client_id, fixture.publicApp.client_secret) },
+    body: form({ grant_type: 'authorization_code', code, redirect_uri: redirectUri }),
+    ...(options.timeoutMs !== undefined ? { timeoutMs: options.timeoutMs } : {}),
   });
 }
 
@@ -154,21 +188,7 @@ export function slowUpload(
     req = http.request(
       `${baseUrl}${options.path}`,
       { method: 'POST', agent: false, headers: { connection: 'close', ...options.headers, 'content-length': String(Buffer.byteLength(options.body)) } },
-      (res) => {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('error', (err: NodeJS.ErrnoException) => finish({ status: res.statusCode, error: err.code ?? err.message }));
-        res.on('end', () => {
-          const text = Buffer.concat(chunks).toString('utf8');
-          let body: unknown = text;
-          try {
-            body = JSON.parse(text);
-          } catch {
-            // Not JSON: keep the text.
-          }
-          finish({ status: res.statusCode, headers: res.headers, body });
-        });
-      },
+      (res) => readResponse(res, finish),
     );
     req.on('error', (err: NodeJS.ErrnoException) => finish({ error: err.code ?? err.message }));
     req.flushHeaders();
@@ -204,4 +224,99 @@ export async function sessionStats(database: string): Promise<{ abandoned: numbe
   } finally {
     await admin.end();
   }
+}
+
+/**
+ * Issues `count` authorization codes to the fixture's owner for its public application (scope
+ * contacts.read, no PKCE, valid for 10 minutes), inserted at once; returns the codes.
+ */
+export async function insertCodes(db: DB, fixture: OrgFixture, count: number, redirectUri: string): Promise<string[]> {
+  const app = await db.selectFrom('applications').select('id').where('client_id', '=', fixture.publicApp.client_id).executeTakeFirstOrThrow();
+  const expires = new Date(Date.now() + 10 * 60_000);
+  const codes = Array.from({ length: count }, () => generateSecret(32));
+  await db
+    .insertInto('authorization_codes')
+    .values(
+      codes.map((code) => ({
+        code_hash: sha256Hex(code), organization_id: fixture.organizationId, application_id: app.id, user_id: fixture.ownerId,
+        redirect_uri: redirectUri, scopes: ['contacts.read'], code_challenge: null, code_challenge_method: null, expires_at: expires,
+      })),
+    )
+    .execute();
+  return codes;
+}
+
+/** Fails at once when the server has not been built (the fault tests run dist/, as in production). */
+export function requireBuiltServer(): void {
+  if (!existsSync(path.join(ROOT, SERVER))) throw new Error(`${SERVER} is missing: run the tests with \`npm test\`, which builds first`);
+}
+
+/** For an afterAll: SIGKILLs the server if it is still running (a graceful stop is not what is left to do), and waits for it to exit. */
+export async function killIfRunning(server: Running | undefined): Promise<void> {
+  if (server && server.child.exitCode === null && server.child.signalCode === null) {
+    server.child.kill('SIGKILL');
+    await server.exited;
+  }
+}
+
+/**
+ * A fresh database on the run's back-end (PGlite on disk, or a new database on TEST_DATABASE_URL's
+ * server) for a server process to open: migrated, with an organization fixture, `codeCount`
+ * pre-issued codes (see insertCodes) and whatever `seed` adds. Its handle is closed before this
+ * returns: the embedded database is opened by one process at a time. Dropped again if setting it up fails.
+ */
+async function prepareDatabase(
+  codeCount: number,
+  redirectUri: string,
+  seed?: (db: DB, fixture: OrgFixture) => Promise<void>,
+): Promise<{ database: TestDatabase; fixture: OrgFixture; codes: string[] }> {
+  const database = await createEmptyDatabase({ onDisk: true });
+  try {
+    const handle = await connectDatabase(database.target);
+    try {
+      await migrateToLatest(handle.db);
+      const fixture = await createOrgFixture(handle.db);
+      await seed?.(handle.db, fixture);
+      return { database, fixture, codes: await insertCodes(handle.db, fixture, codeCount, redirectUri) };
+    } finally {
+      await handle.close();
+    }
+  } catch (err) {
+    // The caller never gets it to drop: drop it here.
+    await database.drop();
+    throw err;
+  }
+}
+
+/** The name of a PostgreSQL test database ('' on the embedded one). */
+export function databaseName(database: TestDatabase): string {
+  return database.target.kind === 'postgres' ? decodeURIComponent(new URL(database.target.url).pathname.slice(1)) : '';
+}
+
+/** What useServerDatabase's beforeAll sets up; set `server` to the server process a test starts. */
+export interface ServerDatabase {
+  database: TestDatabase;
+  fixture: OrgFixture;
+  /** The pre-issued authorization codes, for redirectUri. */
+  codes: string[];
+  server?: Running;
+}
+
+/**
+ * Registers, in a describe block that runs the built server on a database of its own: a beforeAll
+ * that checks the build and prepares the database (see prepareDatabase), and an afterAll that
+ * SIGKILLs `server` if it is still running and drops the database. The returned object's fields
+ * are filled in by the beforeAll.
+ */
+export function useServerDatabase(codeCount: number, redirectUri: string, seed?: (db: DB, fixture: OrgFixture) => Promise<void>): ServerDatabase {
+  const state = {} as ServerDatabase;
+  beforeAll(async () => {
+    requireBuiltServer();
+    Object.assign(state, await prepareDatabase(codeCount, redirectUri, seed));
+  }, 60_000);
+  afterAll(async () => {
+    await killIfRunning(state.server);
+    await state.database?.drop();
+  });
+  return state;
 }

@@ -8,16 +8,21 @@
  *
  * Runs on the run's back-end: a fresh database on TEST_DATABASE_URL's server, or PGlite on disk.
  */
-import { existsSync } from 'node:fs';
-import path from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { connectDatabase } from '../../src/db/connect.js';
-import { migrateToLatest } from '../../src/db/migrate.js';
-import { generateSecret, sha256Hex } from '../../src/lib/crypto.js';
-import { BACKEND, createEmptyDatabase, type TestDatabase } from '../helpers/db.js';
-import { basic, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
-import { freePort, ROOT, type Running, SERVER, start } from '../helpers/process.js';
-import { jwtClaims, type Outcome, request, sessionStats, waitFor, waitUntilServing } from './harness.js';
+import { sha256Hex } from '../../src/lib/crypto.js';
+import { BACKEND } from '../helpers/db.js';
+import { freePort, type Running, SERVER, start } from '../helpers/process.js';
+import {
+  databaseName,
+  jwtClaims,
+  type Outcome,
+  redeemCode,
+  sessionStats,
+  useServerDatabase,
+  waitFor,
+  waitUntilServing,
+} from './harness.js';
 
 const INTERRUPTED_TARGET = 200;
 /**
@@ -30,67 +35,26 @@ const REDIRECT = 'https://client.example.com/cb';
 const CUT_OFF = new Set(['ECONNRESET', 'socket hang up', 'EPIPE', 'UND_ERR_SOCKET']);
 
 describe(`SIGKILL while redeeming codes (R-5) on ${BACKEND}`, () => {
-  let database: TestDatabase;
-  let fixture: OrgFixture;
   let publicAppId: number;
-  let server: Running | undefined;
-  const codes: string[] = [];
-
-  beforeAll(async () => {
-    if (!existsSync(path.join(ROOT, SERVER))) throw new Error(`${SERVER} is missing: run the tests with \`npm test\`, which builds first`);
-    database = await createEmptyDatabase({ onDisk: true });
-    // Set up, then close: the embedded database is opened by one process at a time.
-    const handle = await connectDatabase(database.target);
-    try {
-      await migrateToLatest(handle.db);
-      fixture = await createOrgFixture(handle.db);
-      publicAppId = (await handle.db.selectFrom('applications').select('id').where('client_id', '=', fixture.publicApp.client_id).executeTakeFirstOrThrow()).id;
-      const expires = new Date(Date.now() + 10 * 60_000);
-      for (let i = 0; i < 1500; i++) codes.push(generateSecret(32));
-      await handle.db
-        .insertInto('authorization_codes')
-        .values(
-          codes.map((code) => ({
-            code_hash: sha256Hex(code), organization_id: fixture.organizationId, application_id: publicAppId, user_id: fixture.ownerId,
-            redirect_uri: REDIRECT, scopes: ['contacts.read'], code_challenge: null, code_challenge_method: null, expires_at: expires,
-          })),
-        )
-        .execute();
-    } finally {
-      await handle.close();
-    }
-  }, 60_000);
-
-  afterAll(async () => {
-    if (server && server.child.exitCode === null && server.child.signalCode === null) {
-      server.child.kill('SIGKILL');
-      await server.exited;
-    }
-    await database?.drop();
+  const setup = useServerDatabase(1500, REDIRECT, async (db, fixture) => {
+    publicAppId = (await db.selectFrom('applications').select('id').where('client_id', '=', fixture.publicApp.client_id).executeTakeFirstOrThrow()).id;
   });
 
   async function startServer(): Promise<{ server: Running; baseUrl: string }> {
     const port = await freePort();
     const baseUrl = `http://127.0.0.1:${port}`;
-    const running = start(SERVER, [], { ...database.env, PORT: String(port), LOG_LEVEL: 'warn', API_RATE_LIMIT: '0' });
-    server = running;
+    const running = start(SERVER, [], { ...setup.database.env, PORT: String(port), LOG_LEVEL: 'warn', API_RATE_LIMIT: '0' });
+    setup.server = running;
     await waitUntilServing(running, baseUrl);
     return { server: running, baseUrl };
   }
 
-  const redeem = (baseUrl: string, code: string): Promise<Outcome> =>
-    request(baseUrl, {
-      method: 'POST',
-      path: '/oauth/token',
-      label: code,
-      headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(fixture.publicApp.client_id, fixture.publicApp.client_secret) },
-      body: form({ grant_type: 'authorization_code', code, redirect_uri: REDIRECT }),
-      timeoutMs: 20_000,
-    });
+  const redeem = (baseUrl: string, code: string): Promise<Outcome> => redeemCode(baseUrl, setup.fixture, code, REDIRECT, { label: code, timeoutMs: 20_000 });
 
   it(`leaves every code unconsumed without tokens, or consumed with its tokens, over ${INTERRUPTED_TARGET} cut-off redemptions`, async () => {
-    const databaseName = database.target.kind === 'postgres' ? decodeURIComponent(new URL(database.target.url).pathname.slice(1)) : '';
-    const before = database.target.kind === 'postgres' ? await sessionStats(databaseName) : undefined;
+    const { database, fixture, codes } = setup;
+    const name = databaseName(database);
+    const before = database.target.kind === 'postgres' ? await sessionStats(name) : undefined;
     const unused = [...codes];
     const answered = new Map<string, { access_token: string; refresh_token: string }>();
     const cutOff: string[] = [];
@@ -183,7 +147,7 @@ describe(`SIGKILL while redeeming codes (R-5) on ${BACKEND}`, () => {
     if (before) {
       // PostgreSQL saw the killed processes' sessions end without a goodbye: the counter the
       // SIGTERM test relies on to tell a clean close from a process that just vanished.
-      await waitFor('abandoned sessions to be counted', async () => ((await sessionStats(databaseName)).abandoned > before.abandoned ? true : undefined), 5000, 50);
+      await waitFor('abandoned sessions to be counted', async () => ((await sessionStats(name)).abandoned > before.abandoned ? true : undefined), 5000, 50);
     }
   }, 120_000);
 });

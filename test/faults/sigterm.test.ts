@@ -12,16 +12,26 @@
  * Runs on the run's back-end: a fresh database on TEST_DATABASE_URL's server, or PGlite on disk.
  */
 import { existsSync } from 'node:fs';
-import path from 'node:path';
 import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connectDatabase } from '../../src/db/connect.js';
-import { migrateToLatest } from '../../src/db/migrate.js';
-import { generateSecret, sha256Hex } from '../../src/lib/crypto.js';
-import { BACKEND, createEmptyDatabase, type TestDatabase } from '../helpers/db.js';
-import { basic, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
-import { freePort, ROOT, type Running, SERVER, start } from '../helpers/process.js';
-import { clientCredentials, connectionRefused, listContacts, type Outcome, request, sessionStats, sleep, slowUpload, waitFor, waitUntilServing } from './harness.js';
+import { describe, expect, it } from 'vitest';
+import { sha256Hex } from '../../src/lib/crypto.js';
+import { BACKEND } from '../helpers/db.js';
+import { basic, form } from '../helpers/oauth.js';
+import { freePort, SERVER, start } from '../helpers/process.js';
+import {
+  clientCredentials,
+  connectionRefused,
+  databaseName,
+  listContacts,
+  type Outcome,
+  request,
+  sessionStats,
+  sleep,
+  slowUpload,
+  useServerDatabase,
+  waitFor,
+  waitUntilServing,
+} from './harness.js';
 
 /** R-4's bound from SIGTERM to the exit. */
 const EXIT_WITHIN_MS = 10_000;
@@ -29,55 +39,22 @@ const IN_FLIGHT = 50;
 const REDIRECT = 'https://client.example.com/cb';
 
 describe(`SIGTERM under load (R-4) on ${BACKEND}`, () => {
-  let database: TestDatabase;
-  let fixture: OrgFixture;
-  let server: Running | undefined;
-  const codes: string[] = [];
-
-  beforeAll(async () => {
-    if (!existsSync(path.join(ROOT, SERVER))) throw new Error(`${SERVER} is missing: run the tests with \`npm test\`, which builds first`);
-    database = await createEmptyDatabase({ onDisk: true });
-    const handle = await connectDatabase(database.target);
-    try {
-      await migrateToLatest(handle.db);
-      fixture = await createOrgFixture(handle.db);
-      await handle.db.insertInto('contacts').values({ organization_id: fixture.organizationId, name: 'Ada' }).execute();
-      const app = await handle.db.selectFrom('applications').select('id').where('client_id', '=', fixture.publicApp.client_id).executeTakeFirstOrThrow();
-      const expires = new Date(Date.now() + 10 * 60_000);
-      for (let i = 0; i < 100; i++) codes.push(generateSecret(32));
-      await handle.db
-        .insertInto('authorization_codes')
-        .values(
-          codes.map((code) => ({
-            code_hash: sha256Hex(code), organization_id: fixture.organizationId, application_id: app.id, user_id: fixture.ownerId,
-            redirect_uri: REDIRECT, scopes: ['contacts.read'], code_challenge: null, code_challenge_method: null, expires_at: expires,
-          })),
-        )
-        .execute();
-    } finally {
-      await handle.close();
-    }
-  }, 60_000);
-
-  afterAll(async () => {
-    if (server && server.child.exitCode === null && server.child.signalCode === null) {
-      server.child.kill('SIGKILL');
-      await server.exited;
-    }
-    await database?.drop();
+  const setup = useServerDatabase(100, REDIRECT, async (db, fixture) => {
+    await db.insertInto('contacts').values({ organization_id: fixture.organizationId, name: 'Ada' }).execute();
   });
 
   it('finishes in-flight requests with 2xx, refuses new connections, exits 0 within 10 s and closes the database cleanly', async () => {
-    const databaseName = database.target.kind === 'postgres' ? decodeURIComponent(new URL(database.target.url).pathname.slice(1)) : '';
-    const before = BACKEND === 'postgres' ? await sessionStats(databaseName) : undefined;
+    const { database, fixture, codes } = setup;
+    const name = databaseName(database);
+    const before = BACKEND === 'postgres' ? await sessionStats(name) : undefined;
 
     const port = await freePort();
     const baseUrl = `http://127.0.0.1:${port}`;
     // LOG_LEVEL=info: Fastify logs "incoming request" once it has a request's head, past its
     // closing check. That is how this test knows the requests are in flight before the signal.
-    server = start(SERVER, [], { ...database.env, PORT: String(port), LOG_LEVEL: 'info', API_RATE_LIMIT: '0' });
-    await waitUntilServing(server, baseUrl);
-    const running = server;
+    const running = start(SERVER, [], { ...database.env, PORT: String(port), LOG_LEVEL: 'info', API_RATE_LIMIT: '0' });
+    setup.server = running;
+    await waitUntilServing(running, baseUrl);
     const received = () => (running.output.stdout.match(/"msg":"incoming request"/g) ?? []).length;
     const accessToken = ((await clientCredentials(baseUrl, fixture)).body as { access_token: string }).access_token;
     const publicAuth = { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(fixture.publicApp.client_id, fixture.publicApp.client_secret) };
@@ -165,11 +142,11 @@ describe(`SIGTERM under load (R-4) on ${BACKEND}`, () => {
       // Every connection of the process is gone, and none of them was dropped without a goodbye
       // (pool.end() and the LISTEN client's end() send one; a process exit does not).
       const after = await waitFor('the server sessions to end', async () => {
-        const stats = await sessionStats(databaseName);
+        const stats = await sessionStats(name);
         return stats.orgauthSessions === 0 ? stats : undefined;
       }, 5000, 50);
       await sleep(200);
-      expect((await sessionStats(databaseName)).abandoned).toBe(after.abandoned);
+      expect((await sessionStats(name)).abandoned).toBe(after.abandoned);
       expect(after.abandoned).toBe(before!.abandoned);
     } else {
       // The embedded database was closed: its lock file is released only by a clean close.
