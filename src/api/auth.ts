@@ -9,6 +9,7 @@ import { AppError, NotFoundError } from '../errors.js';
 import { type AccessTokenClaims, AccessTokenVerifier, InvalidTokenError } from '../oauth/access-tokens.js';
 import type { KeyStore } from '../oauth/key-store.js';
 import type { RevocationList } from '../oauth/revocations.js';
+import type { ApplicationCache } from '../oauth/application-cache.js';
 
 export interface ApiAuth {
   organizationId: number;
@@ -66,7 +67,7 @@ export class InsufficientScopeError extends AppError {
   }
 }
 
-export function authenticateApiRequest(ctx: { keys: KeyStore; revocations: RevocationList; config: Config }) {
+export function authenticateApiRequest(ctx: { keys: KeyStore; revocations: RevocationList; applications: ApplicationCache; config: Config }) {
   const verifier = new AccessTokenVerifier(ctx);
   return async (req: FastifyRequest): Promise<void> => {
     const params = req.params as { organization_id?: unknown };

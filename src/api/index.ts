@@ -11,6 +11,7 @@ import type { DB } from '../db/connect.js';
 import { getOrganization } from '../accounts/organizations.js';
 import type { KeyStore } from '../oauth/key-store.js';
 import type { RevocationList } from '../oauth/revocations.js';
+import type { ApplicationCache } from '../oauth/application-cache.js';
 import { authenticateApiRequest, authOf } from './auth.js';
 import { contactRoutes } from './contacts.js';
 import { registerApiRateLimit } from './rate-limit.js';
@@ -21,7 +22,10 @@ export const API_PREFIX = '/api/v1/:organization_id';
 
 const organizationSchema = z.object({ id: z.number().int(), name: z.string(), created_at: z.iso.datetime() }).meta({ id: 'Organization' });
 
-export async function apiRoutes(app: FastifyInstance, options: { db: DB; keys: KeyStore; revocations: RevocationList; config: Config }): Promise<void> {
+export async function apiRoutes(
+  app: FastifyInstance,
+  options: { db: DB; keys: KeyStore; revocations: RevocationList; applications: ApplicationCache; config: Config },
+): Promise<void> {
   app.setValidatorCompiler(validatorCompiler);
   app.setSerializerCompiler(serializerCompiler);
   // JSON bodies only: a form is 415 here, not a parsed object.

@@ -10,6 +10,7 @@ import { type Config, SIGNING_ALGS } from '../config.js';
 import { AppError } from '../errors.js';
 import type { KeyStore, SigningKeyMaterial } from './key-store.js';
 import type { RevocationList } from './revocations.js';
+import type { FindApplication } from './application-cache.js';
 
 export const ACCESS_TOKEN_TYPE = 'at+jwt';
 const CLOCK_TOLERANCE_S = 60;
@@ -125,7 +126,8 @@ export async function verifyAccessToken(keys: KeyStore, config: Pick<Config, 'is
 }
 
 /**
- * What the API accepts: a verified token, not revoked, nor its grant. Tokens are used for many
+ * What the API accepts: a verified token, not revoked, nor its grant, of an existing and enabled
+ * application. Tokens are used for many
  * calls, so verified claims are kept (bounded, keyed by the whole token, dropped at exp): a
  * repeat costs a Map lookup instead of a signature check. Revocation is checked every time.
  */
@@ -133,7 +135,7 @@ export class AccessTokenVerifier {
   private readonly verified = new Map<string, AccessTokenClaims>();
 
   constructor(
-    private readonly ctx: { keys: KeyStore; revocations: RevocationList; config: Pick<Config, 'issuer'> },
+    private readonly ctx: { keys: KeyStore; revocations: RevocationList; applications: { find: FindApplication }; config: Pick<Config, 'issuer'> },
     private readonly maxEntries = 10_000,
   ) {}
 
@@ -147,6 +149,11 @@ export class AccessTokenVerifier {
       this.verified.set(token, claims);
     }
     if (this.ctx.revocations.isTokenRevoked(claims)) throw new InvalidTokenError('token revoked');
+    // Its application must still exist, enabled: a disabled or deleted application's grants are
+    // revoked too, but an instance that missed those revocations (LISTEN down while the rows were
+    // deleted) still learns it here within the cache's 500 ms.
+    const application = await this.ctx.applications.find(claims.client_id);
+    if (!application || application.disabled) throw new InvalidTokenError('application disabled or deleted');
     return claims;
   }
 }

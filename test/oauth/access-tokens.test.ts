@@ -1,6 +1,7 @@
 import { generateKeyPair, SignJWT, UnsecuredJWT, exportSPKI, base64url } from 'jose';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { type AccessTokenClaims, AccessTokenVerifier, InvalidTokenError, signAccessToken, verifyAccessToken } from '../../src/oauth/access-tokens.js';
+import type { Application } from '../../src/db/schema.js';
 import type { RevocationList } from '../../src/oauth/revocations.js';
 import { KeyStore } from '../../src/oauth/key-store.js';
 import { ensureSigningKey, getActiveSigningKey, importPrivateKey, rotateSigningKey } from '../../src/oauth/keys.js';
@@ -64,7 +65,8 @@ describe(`access tokens on ${BACKEND}`, () => {
   it('caches verified tokens for the API but re-checks revocation every time', async () => {
     const revoked = new Set<number | string>();
     const revocations = { isTokenRevoked: (t: { grant_id: number; jti: string }) => revoked.has(t.grant_id) || revoked.has(t.jti) };
-    const verifier = new AccessTokenVerifier({ keys, config, revocations: revocations as unknown as RevocationList });
+    const application = { disabled: false } as Application;
+    const verifier = new AccessTokenVerifier({ keys, config, revocations: revocations as unknown as RevocationList, applications: { find: async () => application } });
     const { token, claims } = await signAccessToken(await keys.signingKey(), config, input);
     const second = await signAccessToken(await keys.signingKey(), config, input);
     expect((await verifier.verify(token)).grant_id).toBe(42);
@@ -74,6 +76,10 @@ describe(`access tokens on ${BACKEND}`, () => {
     await expect(verifier.verify(token)).rejects.toMatchObject({ reason: 'token revoked' });
     expect((await verifier.verify(second.token)).grant_id).toBe(42);
     // The grant revoked: all its tokens.
+    // The application disabled (or deleted): its tokens, revoked or not.
+    application.disabled = true;
+    await expect(verifier.verify(second.token)).rejects.toMatchObject({ reason: 'application disabled or deleted' });
+    application.disabled = false;
     revoked.add(42);
     await expect(verifier.verify(second.token)).rejects.toMatchObject({ reason: 'token revoked' });
     await expect(verifier.verify(`${token}x`)).rejects.toBeInstanceOf(InvalidTokenError);

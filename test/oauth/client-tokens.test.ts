@@ -151,4 +151,19 @@ describe(`cached applications on ${BACKEND}`, () => {
       expect(await within(1000, async () => (await ccRequest(instance, org)).statusCode === 401)).toBe(true);
     }
   });
+
+  it('refuse the tokens of a deleted application within a second, even on an instance that hears no NOTIFY', async () => {
+    const org = await createOrgFixture(t.handle.db);
+    // No LISTEN: it learns of revocations only by polling, and deleting the application deletes
+    // its grants, revoked or not, so there is nothing left for the poll to find.
+    const deaf = await buildTestApp(t.handle.db);
+    try {
+      const token = await clientCredentialsToken(deaf, org);
+      expect((await api(deaf, org, token)).statusCode).toBe(200);
+      await t.handle.db.deleteFrom('applications').where('client_id', '=', org.privateApp.client_id).execute();
+      expect(await within(1000, async () => (await api(deaf, org, token)).statusCode === 401)).toBe(true);
+    } finally {
+      await deaf.close();
+    }
+  });
 });
