@@ -46,7 +46,7 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
   let orgId: number;
 
   it('migrate applies the migrations once', async () => {
-    expect(await json('migrate')).toEqual({ applied: ['20261122_0001_initial', '20261122_0002_application_change_notify', '20261122_0003_revoked_access_tokens'] });
+    expect(await json('migrate')).toEqual({ applied: ['20261122_0001_initial', '20261122_0002_application_change_notify', '20261122_0003_revoked_access_tokens', '20261122_0004_token_tables_write_path'] });
     expect(await json('migrate')).toEqual({ applied: [] });
     expect((await cli('migrate')).stdout).toBe('the database is up to date\n');
   });

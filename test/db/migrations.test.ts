@@ -53,7 +53,12 @@ async function tables(): Promise<Record<string, string[]>> {
   return result;
 }
 
-const MIGRATIONS = ['20261122_0001_initial', '20261122_0002_application_change_notify', '20261122_0003_revoked_access_tokens'];
+const MIGRATIONS = [
+  '20261122_0001_initial',
+  '20261122_0002_application_change_notify',
+  '20261122_0003_revoked_access_tokens',
+  '20261122_0004_token_tables_write_path',
+];
 
 describe(`migrations on ${BACKEND}`, () => {
   it('go up, down and up again, leaving exactly the declared tables and columns', async () => {
@@ -68,7 +73,7 @@ describe(`migrations on ${BACKEND}`, () => {
     expect(await tables()).toEqual(EXPECTED_COLUMNS);
   });
 
-  it('give every org-owned table a NOT NULL organization_id, a foreign key and an index led by it', async () => {
+  it('give every org-owned table a NOT NULL organization_id, a foreign key to organizations (or through a composite key to an org-owned table that has one) and an index led by it', async () => {
     const { rows: columns } = await sql<{ table_name: string; is_nullable: string }>`
       select table_name, is_nullable from information_schema.columns
       where table_schema = 'public' and column_name = 'organization_id'`.execute(handle.db);
@@ -77,7 +82,7 @@ describe(`migrations on ${BACKEND}`, () => {
       join information_schema.key_column_usage kcu on kcu.constraint_name = tc.constraint_name
       join information_schema.constraint_column_usage ccu on ccu.constraint_name = tc.constraint_name
       where tc.constraint_type = 'FOREIGN KEY' and kcu.column_name = 'organization_id'
-        and ccu.table_name = 'organizations'`.execute(handle.db);
+        and (ccu.table_name = 'organizations' or ccu.table_name = any(${ORG_OWNED}))`.execute(handle.db);
     const { rows: indexes } = await sql<{ tablename: string; indexdef: string }>`
       select tablename, indexdef from pg_indexes where schemaname = 'public'`.execute(handle.db);
     for (const table of ORG_OWNED) {
