@@ -11,12 +11,13 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { listUserOrganizations, loginPath } from '../accounts/pages.js';
 import { csrfToken, csrfTokenMatches, currentUser, type SessionUser } from '../accounts/sessions.js';
 import type { Config } from '../config.js';
-import type { DB } from '../db/connect.js';
+import { type DB, inTransaction } from '../db/connect.js';
 import type { Application } from '../db/schema.js';
 import { InvalidRequestError, sanitizeDescription } from '../errors.js';
 import { ForbiddenError, renderError, renderPage, setUpPages } from '../pages/render.js';
 import { findApplicationByClientId } from './applications.js';
 import { createAuthorizationCode } from './codes.js';
+import { recordAuditEvent } from '../audit/events.js';
 import { InvalidScopeError } from './errors.js';
 import { parseCanonicalId, readParams } from './params.js';
 import { grantableScopes, type Scope, SCOPE_DESCRIPTIONS } from './scopes.js';
@@ -197,7 +198,19 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
     if ('error' in request) return redirectError(reply, target.redirectUri, request);
 
     const decision = raw.decision;
+    const audit = (executor: DB, organizationId: number, action: string) =>
+      recordAuditEvent(executor, {
+        organizationId,
+        action,
+        actorUserId: user.userId,
+        actorClientId: request.application.client_id,
+        details: { client_id: request.application.client_id, application_id: request.application.id, scopes: request.scopes.join(' ') },
+      });
     if (decision === 'deny') {
+      // The organization the form had selected, when it is one of the user's.
+      const chosen = typeof raw.organization_id === 'string' ? parseCanonicalId(raw.organization_id) : undefined;
+      const member = chosen === undefined ? undefined : await db.selectFrom('memberships').select('organization_id').where('user_id', '=', user.userId).where('organization_id', '=', chosen).executeTakeFirst();
+      if (member) await audit(db, member.organization_id, 'authorization.denied');
       return redirectError(reply, target.redirectUri, { error: 'access_denied', description: 'the user denied the request', state: request.state });
     }
     if (decision !== 'approve') throw new InvalidRequestError('Choose Allow or Deny.');
@@ -213,14 +226,20 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
       .executeTakeFirst();
     if (!membership) throw new ForbiddenError('You are not a member of the organization you chose.');
 
-    const code = await createAuthorizationCode(db, {
-      organizationId,
-      applicationId: request.application.id,
-      userId: user.userId,
-      redirectUri: request.redirectUri,
-      scopes: request.scopes,
-      codeChallenge: request.codeChallenge,
-      ttlSeconds: config.authCodeTtl,
+    // The user's decision is what the audit log records (the grant row itself records the code's
+    // redemption), so the token endpoint writes no audit row of its own.
+    const code = await inTransaction(db, async (trx) => {
+      const issued = await createAuthorizationCode(trx, {
+        organizationId,
+        applicationId: request.application.id,
+        userId: user.userId,
+        redirectUri: request.redirectUri,
+        scopes: request.scopes,
+        codeChallenge: request.codeChallenge,
+        ttlSeconds: config.authCodeTtl,
+      });
+      await audit(trx, organizationId, 'authorization.approved');
+      return issued;
     });
     req.log.info({ client_id: request.application.client_id, organization_id: organizationId }, 'authorization code issued');
     return reply.redirect(redirectLocation(request.redirectUri, { code, state: request.state, iss: config.issuer }), 303);

@@ -116,6 +116,16 @@ async function consent(b: Browser, query: Query): Promise<Record<string, string>
   return hiddenFields(page.body);
 }
 
+function auditEvents(organizationId: number, action: string) {
+  return t.handle.db
+    .selectFrom('audit_events')
+    .select(['actor_user_id', 'actor_client_id', 'details'])
+    .where('organization_id', '=', organizationId)
+    .where('action', '=', action)
+    .orderBy('id')
+    .execute();
+}
+
 describe(`GET /oauth/authorize: client and redirect_uri on ${BACKEND}`, () => {
   it.each([
     ['upper-case host', 'https://CLIENT.example.com/cb'],
@@ -321,15 +331,20 @@ describe(`POST /oauth/authorize (consent) on ${BACKEND}`, () => {
     const ttl = (row.expires_at.getTime() - Date.now()) / 1000;
     expect(ttl).toBeGreaterThan(50);
     expect(ttl).toBeLessThanOrEqual(60);
+    // The decision is in the organization's audit log.
+    const events = await auditEvents(memberOrgId, 'authorization.approved');
+    expect(events.at(-1)).toMatchObject({ actor_user_id: user.id, actor_client_id: pkceApp.client_id, details: { client_id: pkceApp.client_id, scopes: 'contacts.read tasks.read' } });
   });
 
   it('denies: access_denied with the state and iss, and no code', async () => {
     const b = await signedIn();
     const before = (await codeRows()).length;
     const fields = await consent(b, base());
-    const res = await b.post('/oauth/authorize', { ...fields, decision: 'deny' });
+    const denied = (await auditEvents(memberOrgId, 'authorization.denied')).length;
+    const res = await b.post('/oauth/authorize', { ...fields, organization_id: String(memberOrgId), decision: 'deny' });
     expectRedirectError(res, 'access_denied', STATE);
     expect(await codeRows()).toHaveLength(before);
+    expect(await auditEvents(memberOrgId, 'authorization.denied')).toHaveLength(denied + 1);
   });
 
   it("refuses an organization the user is not a member of (AZ-8)", async () => {

@@ -32,8 +32,8 @@ function expectedChallenge(verifier: string | undefined): string | null {
 }
 
 /**
- * Consumes the code and creates its grant, the grant's audit event and the first refresh token,
- * in one statement (one round trip; all or nothing, R-5), when the code is this client's,
+ * Consumes the code and creates its grant and the first refresh token, in one statement (one
+ * round trip; all or nothing, R-5), when the code is this client's,
  * unused, unexpired, for this redirect_uri and PKCE verifier, its user still a member of the
  * organization (the membership row is share-locked, so a removal waits for us and then revokes
  * the new grant) and its scopes still allowed to the application. Returns undefined otherwise,
@@ -65,12 +65,6 @@ async function redeemCode(db: DB, application: Application, presented: Presented
       insert into grants (id, organization_id, application_id, user_id, scopes) overriding system value
       select grant_id, organization_id, ${application.id}, user_id, scopes from consumed
       returning id
-    ),
-    audit as (
-      insert into audit_events (organization_id, actor_user_id, actor_client_id, action, details)
-      select organization_id, user_id, ${application.client_id}, 'grant.created',
-        jsonb_build_object('grant_id', grant_id, 'application_id', ${application.id}::bigint, 'user_id', user_id, 'scopes', array_to_string(scopes, ' '))
-      from consumed
     ),
     refresh as (
       insert into refresh_tokens (token_hash, organization_id, grant_id, scopes, expires_at)
