@@ -97,7 +97,7 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   app.addHook('onResponse', async (req, reply) => {
     // The route pattern, not the path: ids and tokens in paths would make unbounded label sets.
     const route = req.routeOptions.url ?? 'unmatched';
-    metrics.requests.observe({ method: req.method, route, status: String(reply.statusCode) }, reply.elapsedTime / 1000);
+    metrics.observeRequest(req.method, route, reply.statusCode, reply.elapsedTime / 1000);
   });
 
   app.setErrorHandler((err: FastifyError | Error, req, reply) => {

@@ -70,6 +70,19 @@ export class Metrics {
     }
   }
 
+  /** Per (method, route, status): prom-client's labelled child, found without hashing labels each request. */
+  private readonly requestSeries = new Map<string, { observe(seconds: number): void }>();
+
+  observeRequest(method: string, route: string, status: number, seconds: number): void {
+    const key = `${method} ${status} ${route}`;
+    let series = this.requestSeries.get(key);
+    if (!series) {
+      series = this.requests.labels(method, route, String(status));
+      this.requestSeries.set(key, series);
+    }
+    series.observe(seconds);
+  }
+
   revoked(kind: 'grant' | 'access_token', reason: RevocationReason): void {
     this.revocations.inc({ kind, reason });
   }
