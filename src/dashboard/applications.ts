@@ -10,7 +10,7 @@ import { type DB, inTransaction } from '../db/connect.js';
 import type { Application, ApplicationUpdate } from '../db/schema.js';
 import { NotFoundError } from '../errors.js';
 import type { ApplicationCache } from '../oauth/application-cache.js';
-import { createApplication, rotateClientSecret } from '../oauth/applications.js';
+import { CLIENT_ID_PATTERN, createApplication, rotateClientSecret } from '../oauth/applications.js';
 import type { ClientGrants } from '../oauth/client-grants.js';
 import type { Metrics } from '../metrics.js';
 import { InvalidScopeError } from '../oauth/errors.js';
@@ -39,7 +39,7 @@ const SCOPE_CHOICES = KNOWN_SCOPES.map((name) => ({ name, description: SCOPE_DES
 /** An application of the organization, or a 404 (also for another organization's). */
 export async function getOrganizationApplication(db: DB, organizationId: number, clientId: string | undefined): Promise<Application> {
   const application =
-    clientId === undefined || !/^[0-9a-f]{32}$/.test(clientId)
+    clientId === undefined || !CLIENT_ID_PATTERN.test(clientId)
       ? undefined
       : await db.selectFrom('applications').selectAll().where('organization_id', '=', organizationId).where('client_id', '=', clientId).executeTakeFirst();
   if (!application) throw new NotFoundError('There is no such application in this organization.');

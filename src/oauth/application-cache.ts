@@ -11,10 +11,11 @@
 import type { FastifyBaseLogger } from 'fastify';
 import type { DB, Listen } from '../db/connect.js';
 import type { Application } from '../db/schema.js';
+import { findApplicationByClientId } from './applications.js';
 
 export const APPLICATION_CHANNEL = 'orgauth_applications';
 const MAX_AGE_MS = 500;
-/** Client ids are checked against /^[0-9a-f]{32}$/ before they get here, and misses are not kept. */
+/** Client ids are checked against CLIENT_ID_PATTERN before they get here, and misses are not kept. */
 const MAX_ENTRIES = 10_000;
 
 export type FindApplication = (clientId: string) => Promise<Application | undefined>;
@@ -73,7 +74,7 @@ export class ApplicationCache {
   private async load(clientId: string): Promise<Application | undefined> {
     const epoch = this.epoch;
     const loadedAt = performance.now();
-    const application = await this.db.selectFrom('applications').selectAll().where('client_id', '=', clientId).executeTakeFirst();
+    const application = await findApplicationByClientId(this.db, clientId);
     if (application && epoch === this.epoch) {
       this.entries.delete(clientId);
       if (this.entries.size >= MAX_ENTRIES) this.entries.delete(this.entries.keys().next().value!);

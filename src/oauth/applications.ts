@@ -49,6 +49,9 @@ export interface ApplicationWithSecret {
   scopes: string[];
 }
 
+/** What every client id looks like (see newClientId): anything else is no client of ours. */
+export const CLIENT_ID_PATTERN = /^[0-9a-f]{32}$/;
+
 /**
  * 128 random bits in hex: public, but unguessable, and safe wherever it goes (a URL, a Basic
  * header, a shell argument: base64url could start with "-" and read as an option).

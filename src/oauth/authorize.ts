@@ -206,25 +206,20 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
         actorClientId: request.application.client_id,
         details: { client_id: request.application.client_id, application_id: request.application.id, scopes: request.scopes.join(' ') },
       });
+    // AZ-8: the organization comes from the form, so it is checked against the user's memberships.
+    const organizationId = typeof raw.organization_id === 'string' ? parseCanonicalId(raw.organization_id) : undefined;
+    const isMember =
+      organizationId !== undefined &&
+      (await db.selectFrom('memberships').select('role').where('user_id', '=', user.userId).where('organization_id', '=', organizationId).executeTakeFirst()) !==
+        undefined;
     if (decision === 'deny') {
-      // The organization the form had selected, when it is one of the user's.
-      const chosen = typeof raw.organization_id === 'string' ? parseCanonicalId(raw.organization_id) : undefined;
-      const member = chosen === undefined ? undefined : await db.selectFrom('memberships').select('organization_id').where('user_id', '=', user.userId).where('organization_id', '=', chosen).executeTakeFirst();
-      if (member) await audit(db, member.organization_id, 'authorization.denied');
+      // Audited in the organization the form had selected, when it is one of the user's.
+      if (organizationId !== undefined && isMember) await audit(db, organizationId, 'authorization.denied');
       return redirectError(reply, target.redirectUri, { error: 'access_denied', description: 'the user denied the request', state: request.state });
     }
     if (decision !== 'approve') throw new InvalidRequestError('Choose Allow or Deny.');
-
-    // AZ-8: the organization comes from the form, so it is checked against the user's memberships.
-    const organizationId = typeof raw.organization_id === 'string' ? parseCanonicalId(raw.organization_id) : undefined;
     if (organizationId === undefined) throw new InvalidRequestError('Choose an organization.');
-    const membership = await db
-      .selectFrom('memberships')
-      .select('role')
-      .where('user_id', '=', user.userId)
-      .where('organization_id', '=', organizationId)
-      .executeTakeFirst();
-    if (!membership) throw new ForbiddenError('You are not a member of the organization you chose.');
+    if (!isMember) throw new ForbiddenError('You are not a member of the organization you chose.');
 
     // The user's decision is what the audit log records (the grant row itself records the code's
     // redemption), so the token endpoint writes no audit row of its own.

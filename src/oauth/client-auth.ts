@@ -8,12 +8,11 @@ import type { Application } from '../db/schema.js';
 import { InvalidRequestError } from '../errors.js';
 import { secretMatches } from '../lib/crypto.js';
 import type { FindApplication } from './application-cache.js';
+import { CLIENT_ID_PATTERN } from './applications.js';
 import { FailureThrottle } from '../lib/throttle.js';
 import { InvalidClientError, TooManyAttemptsError } from './errors.js';
 import type { Params } from './params.js';
 
-/** Client ids are 128 random bits in hex (see applications.ts). */
-const CLIENT_ID = /^[0-9a-f]{32}$/;
 
 export type ClientAuthMethod = 'client_secret_basic' | 'client_secret_post';
 
@@ -71,7 +70,7 @@ export async function authenticateClient(
   }
 
   // Not one of our client ids: no throttle entry, no query (and no unbounded keys in memory).
-  if (!CLIENT_ID.test(clientId)) throw new InvalidClientError({ cause: new Error('malformed client_id') });
+  if (!CLIENT_ID_PATTERN.test(clientId)) throw new InvalidClientError({ cause: new Error('malformed client_id') });
   // Keyed by client and address: guessing from one address is slowed, while failures from
   // elsewhere cannot lock the real client out (its client_id is public).
   const throttleKey = `${clientId}:${request.ip}`;

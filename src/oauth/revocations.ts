@@ -69,11 +69,6 @@ export class RevocationList {
     return this.grants.has(token.grant_id) || this.tokens.has(token.jti);
   }
 
-  /** How many revocations are held (for tests and metrics). */
-  get size(): { grants: number; tokens: number } {
-    return { grants: this.grants.size, tokens: this.tokens.size };
-  }
-
   /** Revokes a grant (see revokeGrant) and refuses its tokens here at once, before the NOTIFY arrives. */
   async revoke(grantId: number, reason: RevocationReason, actor?: Actor): Promise<boolean> {
     const revoked = await revokeGrant(this.db, grantId, reason, actor);
