@@ -338,6 +338,13 @@ async function main(): Promise<void> {
     const hello: Load = { name: 'GET /bench/hello', method: 'GET', path: '/bench/hello' };
     const results: ScenarioResult[] = [];
     const add = (result: ScenarioResult | undefined) => void (result && results.push(result));
+    const tokenLoad = (grantType: string, authorization: string, body: () => string): Load => ({
+      name: `POST /oauth/token ${grantType}`,
+      method: 'POST',
+      path: '/oauth/token',
+      headers: { authorization },
+      body,
+    });
     add(
       await runScenario(
         { name: 'GET /api/v1/:org/contacts?limit=50', method: 'GET', path: `/api/v1/${fx.smallOrg}/contacts?limit=50`, headers: { authorization: `Bearer ${smallToken}`, accept: 'application/json' } },
@@ -348,13 +355,7 @@ async function main(): Promise<void> {
     );
     add(
       await runScenario(
-        {
-          name: 'POST /oauth/token client_credentials',
-          method: 'POST',
-          path: '/oauth/token',
-          headers: { authorization: fx.privateBasic },
-          body: () => `grant_type=client_credentials&organization_id=${fx.smallOrg}&scope=contacts.read`,
-        },
+        tokenLoad('client_credentials', fx.privateBasic, () => `grant_type=client_credentials&organization_id=${fx.smallOrg}&scope=contacts.read`),
         hello,
         'throughput',
         0.15,
@@ -362,13 +363,7 @@ async function main(): Promise<void> {
     );
     add(
       await runScenario(
-        {
-          name: 'POST /oauth/token refresh_token',
-          method: 'POST',
-          path: '/oauth/token',
-          headers: { authorization: fx.publicBasic },
-          body: () => `grant_type=refresh_token&refresh_token=${take(fx.refreshTokens, refreshIndex++)}`,
-        },
+        tokenLoad('refresh_token', fx.publicBasic, () => `grant_type=refresh_token&refresh_token=${take(fx.refreshTokens, refreshIndex++)}`),
         hello,
         'throughput',
         0.07,
@@ -376,13 +371,7 @@ async function main(): Promise<void> {
     );
     add(
       await runScenario(
-        {
-          name: 'POST /oauth/token authorization_code',
-          method: 'POST',
-          path: '/oauth/token',
-          headers: { authorization: fx.publicBasic },
-          body: () => `grant_type=authorization_code&code=${take(fx.codes, codeIndex++)}&redirect_uri=${encodeURIComponent(REDIRECT)}`,
-        },
+        tokenLoad('authorization_code', fx.publicBasic, () => `grant_type=authorization_code&code=${take(fx.codes, codeIndex++)}&redirect_uri=${encodeURIComponent(REDIRECT)}`),
         hello,
         'throughput',
         0.06,
