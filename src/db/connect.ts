@@ -4,7 +4,7 @@
  * as Date, text[] as string[], jsonb as parsed JSON.
  */
 import { mkdirSync } from 'node:fs';
-import { PGlite, types as pgliteTypes } from '@electric-sql/pglite';
+import { PGlite } from '@electric-sql/pglite';
 import { Kysely, PostgresDialect, type PostgresPool, type PostgresPoolClient, sql, Transaction } from 'kysely';
 import { PGliteDialect } from 'kysely-pglite-dialect';
 import pg from 'pg';
@@ -13,6 +13,7 @@ import type { DatabaseTarget } from '../config.js';
 import { acquireLock } from './lock.js';
 import type { Database } from './schema.js';
 import type { PoolStats } from '../metrics.js';
+import { DATE_OID, INT8_OID, keepDate, parseInt8, parseTimestamptz, TIMESTAMPTZ_OID } from './types.js';
 
 export type DB = Kysely<Database>;
 
@@ -32,17 +33,6 @@ export interface DatabaseHandle {
   /** Closes the pool or the embedded database (and releases its lock). Safe to call twice. */
   close(): Promise<void>;
 }
-
-const INT8_OID = 20;
-const DATE_OID = 1082;
-
-/** bigint → number, refusing values a JS number cannot hold exactly. */
-function parseInt8(value: string): number {
-  const n = Number(value);
-  if (!Number.isSafeInteger(n)) throw new RangeError(`bigint value ${value} is beyond Number.MAX_SAFE_INTEGER`);
-  return n;
-}
-const keepDate = (value: string): string => value;
 
 export interface ConnectOptions {
   poolMax?: number;
@@ -77,6 +67,7 @@ function connectPostgres(url: string, { poolMax = 10, logger, queryTimeoutMs }: 
   const typeOverrides = new pg.TypeOverrides();
   typeOverrides.setTypeParser(INT8_OID, parseInt8);
   typeOverrides.setTypeParser(DATE_OID, keepDate);
+  typeOverrides.setTypeParser(TIMESTAMPTZ_OID, parseTimestamptz);
   const pool = new pg.Pool({
     connectionString: url,
     max: poolMax,
@@ -213,7 +204,7 @@ async function connectPglite(dataDir: string | null): Promise<DatabaseHandle> {
   }
   try {
     const client = await PGlite.create(dataDir ?? 'memory://', {
-      parsers: { [INT8_OID]: parseInt8, [pgliteTypes.DATE]: keepDate },
+      parsers: { [INT8_OID]: parseInt8, [DATE_OID]: keepDate, [TIMESTAMPTZ_OID]: parseTimestamptz },
     });
     const db = new Kysely<Database>({ dialect: new PGliteDialect(client) });
     let closed: Promise<void> | undefined;
