@@ -9,8 +9,9 @@ import { buildApp } from '../src/app.js';
 import { loadConfig } from '../src/config.js';
 import { createLogger } from '../src/logger.js';
 import { ensureSigningKey } from '../src/oauth/keys.js';
-import { openDatabase } from '../src/runtime.js';
+import { limitHeapGrowth, openDatabase } from '../src/runtime.js';
 
+limitHeapGrowth();
 const config = loadConfig();
 const logger = createLogger(config);
 const { handle } = await openDatabase(config, logger);

@@ -1,10 +1,24 @@
 /** What the server and the CLI share when they start: opening the database and reporting failures. */
+import v8 from 'node:v8';
 import type { Logger } from 'pino';
 import { ConfigError, type Config } from './config.js';
 import { connectDatabase, type DatabaseHandle, REQUEST_QUERY_TIMEOUT_MS } from './db/connect.js';
 import { isDatabaseUnavailable } from './db/errors.js';
 import { migrateToLatest } from './db/migrate.js';
 import { AppError } from './errors.js';
+
+/**
+ * Lets V8's old space grow to twice the live heap before a full collection, instead of up to
+ * four times (V8's default when collections are fast). The server's live heap is about 30 MB,
+ * and under load (50 connections listing contacts) the default let the heap reach 165 MB between
+ * collections. Measured with the bench's contacts load: peak RSS 235 → 167 MB, throughput the
+ * same within the machine's noise. V8 reads the setting at each collection, so setting it at
+ * start-up takes effect; a --heap-growing-percent given to node by the operator is kept.
+ */
+export function limitHeapGrowth(): void {
+  if (process.execArgv.some((arg) => arg.startsWith('--heap-growing-percent') || arg.startsWith('--heap_growing_percent'))) return;
+  v8.setFlagsFromString('--heap-growing-percent=100');
+}
 
 /**
  * Connects and applies pending migrations; returns the handle and the migrations applied. On

@@ -8,7 +8,7 @@ import type { DatabaseHandle } from './db/connect.js';
 import { formatDemoBanner, isDatabaseEmpty, seedDemo } from './demo.js';
 import { createLogger } from './logger.js';
 import { ensureSigningKey } from './oauth/keys.js';
-import { describeStartupError, openDatabase } from './runtime.js';
+import { describeStartupError, limitHeapGrowth, openDatabase } from './runtime.js';
 
 /** SIGTERM must end the process within this even if a request hangs. */
 const SHUTDOWN_TIMEOUT_MS = 9000;
@@ -47,6 +47,7 @@ process.on('SIGTERM', shutdown);
 process.on('SIGINT', shutdown);
 
 async function main(): Promise<void> {
+  limitHeapGrowth();
   const config = loadConfig();
   const logger = createLogger(config);
   const opened = await openDatabase(config, logger);
