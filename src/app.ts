@@ -22,6 +22,7 @@ import { KeyStore } from './oauth/key-store.js';
 import { metadataRoutes } from './oauth/metadata.js';
 import { introspectionEndpoint, revocationEndpoint } from './oauth/revocation.js';
 import { RevocationList } from './oauth/revocations.js';
+import { ExpiredRowSweeper } from './retention.js';
 import { ApplicationCache } from './oauth/application-cache.js';
 import { ClientGrants } from './oauth/client-grants.js';
 import { Metrics } from './metrics.js';
@@ -132,6 +133,9 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await applications.start();
   app.addHook('onClose', () => applications.stop());
   const clientGrants = new ClientGrants(deps.db, revocations);
+  const sweeper = new ExpiredRowSweeper(deps.db, { intervalSeconds: config.cleanupInterval, logger: deps.logger });
+  sweeper.start();
+  app.addHook('onClose', () => sweeper.stop());
   const oauth = { db: deps.db, keys, revocations, config, clientThrottle: clientAuthThrottle(), applications, clientGrants, metrics };
   await app.register(metadataRoutes, oauth);
   await app.register(tokenEndpoint, oauth);

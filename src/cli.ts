@@ -19,6 +19,7 @@ import { grantableScopes } from './oauth/scopes.js';
 import { issueClientToken } from './oauth/token-response.js';
 import { ClientGrants } from './oauth/client-grants.js';
 import { ensureSigningKey, rotateSigningKey } from './oauth/keys.js';
+import { deleteExpired } from './retention.js';
 import { describeStartupError, openDatabase } from './runtime.js';
 
 type Options = NonNullable<ParseArgsConfig['options']>;
@@ -180,6 +181,16 @@ const COMMANDS: Record<string, Command> = {
     run: async ({ db, config }) => {
       const key = await rotateSigningKey(db, { alg: config.signingAlg, secretKey: config.secretKey });
       return { json: key, text: `new signing key ${key.kid} (${key.alg}) is active` };
+    },
+  },
+
+  cleanup: {
+    usage: 'orgauth cleanup',
+    summary: 'delete expired codes, refresh tokens and sessions now (the server does it every CLEANUP_INTERVAL seconds)',
+    options: {},
+    run: async ({ db }) => {
+      const deleted = await deleteExpired(db);
+      return { json: { deleted }, text: `deleted ${Object.entries(deleted).map(([table, n]) => `${n} ${table.replaceAll('_', ' ')}`).join(', ')}` };
     },
   },
 

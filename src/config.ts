@@ -46,6 +46,8 @@ export interface Config {
   readonly redisUrl: string | null;
   /** Passed to Fastify's trustProxy: false, true, or the proxies' addresses/CIDR ranges. */
   readonly trustProxy: boolean | string[];
+  /** Seconds between deletions of expired codes, refresh tokens and sessions (src/retention.ts); 0: never. */
+  readonly cleanupInterval: number;
 }
 
 /** Thrown when the environment is invalid; `problems` holds one line per bad variable. */
@@ -99,6 +101,7 @@ const envSchema = z
   REFRESH_TOKEN_TTL: optional(seconds()),
   AUTH_CODE_TTL: optional(seconds(600)),
   REFRESH_REUSE_GRACE: optional(wholeNumber(0, 3600, 'must be a whole number of seconds between 0 and 3600')),
+  CLEANUP_INTERVAL: optional(wholeNumber(0, 7 * 24 * 3600, 'must be a whole number of seconds between 0 and 604800 (0 disables the cleanup)')),
   SIGNING_ALG: optional(z.enum(SIGNING_ALGS, { error: `must be one of ${SIGNING_ALGS.join(', ')}` })),
   LOG_LEVEL: optional(z.enum(LOG_LEVELS, { error: `must be one of ${LOG_LEVELS.join(', ')}` })),
   API_RATE_LIMIT: optional(wholeNumber(0, 1_000_000, 'must be a whole number of requests per minute (0 disables the limit)')),
@@ -188,6 +191,7 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
     apiRateLimit: e.API_RATE_LIMIT ?? 600,
     redisUrl: e.REDIS_URL ?? null,
     trustProxy: e.TRUST_PROXY === undefined ? false : (parseTrustProxy(e.TRUST_PROXY) ?? false),
+    cleanupInterval: e.CLEANUP_INTERVAL ?? 600,
   } satisfies Config);
 }
 

@@ -46,7 +46,7 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
   let orgId: number;
 
   it('migrate applies the migrations once', async () => {
-    expect(await json('migrate')).toEqual({ applied: ['20261122_0001_initial', '20261122_0002_application_change_notify', '20261122_0003_revoked_access_tokens', '20261122_0004_token_tables_write_path'] });
+    expect(await json('migrate')).toEqual({ applied: ['20261122_0001_initial', '20261122_0002_application_change_notify', '20261122_0003_revoked_access_tokens', '20261122_0004_token_tables_write_path', '20261122_0005_refresh_token_expiry_index'] });
     expect(await json('migrate')).toEqual({ applied: [] });
     expect((await cli('migrate')).stdout).toBe('the database is up to date\n');
   });
@@ -212,6 +212,13 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
     expect(active).toEqual([{ kid: second.kid }]);
   });
 
+  it('cleanup deletes expired rows and says how many', async () => {
+    const user = await json('user', 'create', '--email', 'cleanup@example.com', '--password', 'a-long-password');
+    await withDb((db) => db.insertInto('sessions').values({ id_hash: 'a'.repeat(64), user_id: user.id as number, expires_at: new Date(Date.now() - 1000) }).execute());
+    expect(await json('cleanup')).toEqual({ deleted: { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 1 } });
+    expect(await json('cleanup')).toEqual({ deleted: { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0 } });
+  });
+
   it('seed-demo prints the demo user, organization and both applications, once', async () => {
     const seed = await json('seed-demo');
     expect(seed).toEqual({
@@ -226,7 +233,7 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
   it('prints help, and refuses unknown commands and options', async () => {
     const help = await cli('--help');
     expect(help.code).toBe(0);
-    for (const command of ['migrate', 'user create', 'org create', 'member add', 'app create', 'app rotate-secret', 'token create', 'keys rotate', 'seed-demo']) {
+    for (const command of ['migrate', 'user create', 'org create', 'member add', 'app create', 'app rotate-secret', 'token create', 'keys rotate', 'cleanup', 'seed-demo']) {
       expect(help.stdout).toContain(command);
     }
     expect((await cli('app', 'create', '--help')).stdout).toMatch(/^usage: orgauth app create --org ID/);

@@ -37,6 +37,7 @@ describe('parseConfig', () => {
       apiRateLimit: 600,
       redisUrl: null,
       trustProxy: false,
+      cleanupInterval: 600,
     });
     expect(Object.isFrozen(config)).toBe(true);
   });
@@ -59,6 +60,7 @@ describe('parseConfig', () => {
       TRUST_PROXY: '10.0.0.0/8, 127.0.0.1',
       API_RATE_LIMIT: '0',
       REDIS_URL: 'redis://cache:6379/2',
+      CLEANUP_INTERVAL: '0',
     });
     expect(config).toMatchObject({
       database: { kind: 'postgres', url: 'postgres://u:p@db:5432/orgauth' },
@@ -77,6 +79,7 @@ describe('parseConfig', () => {
       trustProxy: ['10.0.0.0/8', '127.0.0.1'],
       apiRateLimit: 0,
       redisUrl: 'redis://cache:6379/2',
+      cleanupInterval: 0,
     });
   });
 
@@ -117,6 +120,7 @@ describe('parseConfig', () => {
     ['AUTH_CODE_TTL', '601', 'AUTH_CODE_TTL: must be a whole number of seconds between 1 and 600'],
     ['AUTH_CODE_TTL', '0', 'AUTH_CODE_TTL: must be a whole number of seconds between 1 and 600'],
     ['REFRESH_REUSE_GRACE', 'ten', 'REFRESH_REUSE_GRACE: must be a whole number of seconds between 0 and 3600'],
+    ['CLEANUP_INTERVAL', '604801', 'CLEANUP_INTERVAL: must be a whole number of seconds between 0 and 604800 (0 disables the cleanup)'],
     ['SIGNING_ALG', 'HS256', 'SIGNING_ALG: must be one of ES256, RS256, EdDSA'],
     ['LOG_LEVEL', 'loud', 'LOG_LEVEL: must be one of fatal, error, warn, info, debug, trace, silent'],
     ['API_RATE_LIMIT', '-5', 'API_RATE_LIMIT: must be a whole number of requests per minute (0 disables the limit)'],

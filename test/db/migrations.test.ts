@@ -58,6 +58,7 @@ const MIGRATIONS = [
   '20261122_0002_application_change_notify',
   '20261122_0003_revoked_access_tokens',
   '20261122_0004_token_tables_write_path',
+  '20261122_0005_refresh_token_expiry_index',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {

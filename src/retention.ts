@@ -1,0 +1,94 @@
+/**
+ * Retention: what has expired is deleted, so the token tables hold what can still matter and
+ * their indexes stay the size of the live data (the token endpoint inserts into them at every
+ * authorization and every refresh, and rotation adds a row per refresh).
+ *
+ * - Authorization codes go a week after they expire. Until then a code presented again still
+ *   revokes the grant its first redemption created (RFC 6749 §4.1.2); afterwards it is refused
+ *   as unknown, with the same invalid_grant.
+ * - Refresh tokens go once expired: an expired one is refused whatever else is true of it, and
+ *   reuse detection checks expiry first.
+ * - Revocations of single access tokens go an hour after the token's exp (verification allows
+ *   60 s of clock skew past exp).
+ * - Browser sessions go once expired.
+ */
+import { sql } from 'kysely';
+import type { Logger } from 'pino';
+import type { DB } from './db/connect.js';
+
+const DAY_S = 24 * 3600;
+
+const RULES = [
+  { table: 'authorization_codes', key: 'id', graceSeconds: 7 * DAY_S },
+  { table: 'refresh_tokens', key: 'id', graceSeconds: 0 },
+  { table: 'revoked_access_tokens', key: 'jti', graceSeconds: 3600 },
+  { table: 'sessions', key: 'id_hash', graceSeconds: 0 },
+] as const;
+
+export type Expired = Record<(typeof RULES)[number]['table'], number>;
+
+/** Rows per statement: short statements and short locks beside the requests. */
+const BATCH = 1000;
+
+/**
+ * Deletes every expired row, a batch at a time. Rows another instance is deleting at the same
+ * moment are skipped (it deletes them), not waited for. Returns how many rows each table lost.
+ */
+export async function deleteExpired(db: DB): Promise<Expired> {
+  const deleted = {} as Expired;
+  for (const { table, key, graceSeconds } of RULES) {
+    deleted[table] = 0;
+    for (;;) {
+      const result = await sql`
+        delete from ${sql.table(table)} where ${sql.ref(key)} in (
+          select ${sql.ref(key)} from ${sql.table(table)}
+          where expires_at < now() - make_interval(secs => ${graceSeconds})
+          limit ${BATCH}
+          for update skip locked
+        )`.execute(db);
+      const n = Number(result.numAffectedRows ?? 0n);
+      deleted[table] += n;
+      if (n < BATCH) break;
+    }
+  }
+  return deleted;
+}
+
+/** Runs deleteExpired every `intervalSeconds` (0: never) in the server; several instances may each run it. */
+export class ExpiredRowSweeper {
+  private timer: NodeJS.Timeout | undefined;
+  private running: Promise<void> | undefined;
+
+  constructor(
+    private readonly db: DB,
+    private readonly options: { intervalSeconds: number; logger?: Pick<Logger, 'info' | 'warn'> | undefined },
+  ) {}
+
+  start(): void {
+    if (this.options.intervalSeconds === 0 || this.timer) return;
+    this.timer = setInterval(() => void this.sweep(), this.options.intervalSeconds * 1000);
+    this.timer.unref();
+  }
+
+  /** One sweep; a sweep still running is joined, not doubled. */
+  sweep(): Promise<void> {
+    this.running ??= deleteExpired(this.db)
+      .then(
+        (deleted) => {
+          if (Object.values(deleted).some((n) => n > 0)) this.options.logger?.info({ deleted }, 'expired rows deleted');
+        },
+        // The database is away: the next sweep catches up.
+        (err: unknown) => this.options.logger?.warn({ err }, 'could not delete expired rows'),
+      )
+      .finally(() => {
+        this.running = undefined;
+      });
+    return this.running;
+  }
+
+  async stop(): Promise<void> {
+    clearInterval(this.timer);
+    this.timer = undefined;
+    await this.running;
+  }
+}

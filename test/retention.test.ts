@@ -1,0 +1,126 @@
+/** src/retention.ts: expired codes, refresh tokens, access-token revocations and sessions are deleted; nothing live is. */
+import { sql } from 'kysely';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import type { DB } from '../src/db/connect.js';
+import { generateSecret, sha256Hex } from '../src/lib/crypto.js';
+import { deleteExpired } from '../src/retention.js';
+import { BACKEND, createTestDatabase } from './helpers/db.js';
+import { buildTestApp } from './helpers/app.js';
+import { createOrgFixture, type OrgFixture } from './helpers/oauth.js';
+
+let database: Awaited<ReturnType<typeof createTestDatabase>>;
+let db: DB;
+let fixture: OrgFixture;
+let applicationId: number;
+let grantId: number;
+
+/** `seconds` from now (negative: in the past), as the database's clock has it. */
+const at = (seconds: number) => sql<Date>`now() + make_interval(secs => ${seconds})`;
+const DAY = 24 * 3600;
+
+async function addCode(expiresIn: number): Promise<string> {
+  const code = generateSecret(32);
+  await db
+    .insertInto('authorization_codes')
+    .values({
+      code_hash: sha256Hex(code), organization_id: fixture.organizationId, application_id: applicationId, user_id: fixture.ownerId,
+      redirect_uri: 'https://client.example.com/cb', scopes: ['contacts.read'], code_challenge: null, code_challenge_method: null, expires_at: at(expiresIn),
+    })
+    .execute();
+  return sha256Hex(code);
+}
+
+async function addRefreshTokens(count: number, expiresIn: number): Promise<void> {
+  await db
+    .insertInto('refresh_tokens')
+    .values(Array.from({ length: count }, () => ({ token_hash: sha256Hex(generateSecret(32)), organization_id: fixture.organizationId, grant_id: grantId, scopes: ['contacts.read'], expires_at: at(expiresIn) })))
+    .execute();
+}
+
+async function addRevokedToken(jti: string, expiresIn: number): Promise<void> {
+  await db.insertInto('revoked_access_tokens').values({ jti, organization_id: fixture.organizationId, grant_id: grantId, expires_at: at(expiresIn) }).execute();
+}
+
+async function addSession(expiresIn: number): Promise<string> {
+  const idHash = sha256Hex(generateSecret(32));
+  await db.insertInto('sessions').values({ id_hash: idHash, user_id: fixture.ownerId, expires_at: at(expiresIn) }).execute();
+  return idHash;
+}
+
+const count = async (table: 'authorization_codes' | 'refresh_tokens' | 'revoked_access_tokens' | 'sessions') =>
+  Number((await db.selectFrom(table).select((eb) => eb.fn.countAll().as('n')).executeTakeFirstOrThrow()).n);
+
+beforeAll(async () => {
+  database = await createTestDatabase();
+  db = database.handle.db;
+  fixture = await createOrgFixture(db);
+  applicationId = (await db.selectFrom('applications').select('id').where('client_id', '=', fixture.publicApp.client_id).executeTakeFirstOrThrow()).id;
+  grantId = (
+    await db.insertInto('grants').values({ organization_id: fixture.organizationId, application_id: applicationId, user_id: fixture.ownerId, scopes: ['contacts.read'] }).returning('id').executeTakeFirstOrThrow()
+  ).id;
+});
+afterAll(() => database.close());
+
+describe(`deleting expired rows on ${BACKEND}`, () => {
+  it('deletes what expired, keeps what is live, and keeps codes a week past expiry for replay detection', async () => {
+    const recentCode = await addCode(-6 * DAY);
+    const liveCode = await addCode(60);
+    await addCode(-8 * DAY);
+    await addRefreshTokens(3, -10);
+    await addRefreshTokens(2, 3600);
+    await addRevokedToken('revoked-long-ago', -2 * 3600);
+    await addRevokedToken('revoked-within-leeway', -30);
+    await addRevokedToken('revoked-live', 3600);
+    await addSession(-10);
+    const liveSession = await addSession(3600);
+
+    expect(await deleteExpired(db)).toEqual({ authorization_codes: 1, refresh_tokens: 3, revoked_access_tokens: 1, sessions: 1 });
+
+    const codes = await db.selectFrom('authorization_codes').select('code_hash').execute();
+    expect(codes.map((c) => c.code_hash).sort()).toEqual([recentCode, liveCode].sort());
+    const refresh = await db.selectFrom('refresh_tokens').select(sql<boolean>`expires_at > now()`.as('live')).execute();
+    expect(refresh).toEqual([{ live: true }, { live: true }]);
+    const revoked = await db.selectFrom('revoked_access_tokens').select('jti').orderBy('jti').execute();
+    expect(revoked.map((r) => r.jti)).toEqual(['revoked-live', 'revoked-within-leeway']);
+    const sessions = await db.selectFrom('sessions').select('id_hash').execute();
+    expect(sessions.map((s) => s.id_hash)).toEqual([liveSession]);
+
+    // Nothing left to do: a second pass deletes nothing.
+    expect(await deleteExpired(db)).toEqual({ authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0 });
+  });
+
+  it('goes through more rows than one batch in one pass', async () => {
+    await addRefreshTokens(2500, -1);
+    const before = await count('refresh_tokens');
+    const deleted = await deleteExpired(db);
+    expect(deleted.refresh_tokens).toBe(2500);
+    expect(await count('refresh_tokens')).toBe(before - 2500);
+  });
+
+  it('runs in the server every CLEANUP_INTERVAL seconds', async () => {
+    await addRefreshTokens(5, -1);
+    await addSession(-1);
+    const app = await buildTestApp(db, { env: { CLEANUP_INTERVAL: '1' } });
+    try {
+      const deadline = Date.now() + 10_000;
+      while ((await count('refresh_tokens')) !== 2 || (await count('sessions')) !== 1) {
+        if (Date.now() > deadline) throw new Error('expired rows were not deleted within 10 s');
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    } finally {
+      await app.close();
+    }
+  });
+
+  it('does not run when CLEANUP_INTERVAL is 0', async () => {
+    await addRefreshTokens(5, -1);
+    const app = await buildTestApp(db, { env: { CLEANUP_INTERVAL: '0' } });
+    try {
+      await new Promise((r) => setTimeout(r, 1500));
+      expect(await count('refresh_tokens')).toBe(7);
+    } finally {
+      await app.close();
+    }
+    expect(await deleteExpired(db)).toMatchObject({ refresh_tokens: 5 });
+  });
+});
