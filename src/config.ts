@@ -46,7 +46,7 @@ export interface Config {
   readonly redisUrl: string | null;
   /** Passed to Fastify's trustProxy: false, true, or the proxies' addresses/CIDR ranges. */
   readonly trustProxy: boolean | string[];
-  /** Seconds between deletions of expired codes, refresh tokens and sessions (src/retention.ts); 0: never. */
+  /** Seconds between deletions of expired codes, refresh tokens, revocations and sessions (src/retention.ts); 0: never. */
   readonly cleanupInterval: number;
 }
 

@@ -8,8 +8,9 @@
  *   as unknown, with the same invalid_grant.
  * - Refresh tokens go once expired: an expired one is refused whatever else is true of it, and
  *   reuse detection checks expiry first.
- * - Revocations of single access tokens go an hour after the token's exp (verification allows
- *   60 s of clock skew past exp).
+ * - Revocations of single access tokens go an hour after the token's exp: verification accepts
+ *   a token up to CLOCK_TOLERANCE_S (60 s) past exp, and each instance's RevocationList loads
+ *   revocations that recent.
  * - Browser sessions go once expired.
  */
 import { sql } from 'kysely';
@@ -31,24 +32,35 @@ export type Expired = Record<(typeof RULES)[number]['table'], number>;
 const BATCH = 1000;
 
 /**
- * Deletes every expired row, a batch at a time. Rows another instance is deleting at the same
- * moment are skipped (it deletes them), not waited for. Returns how many rows each table lost.
+ * Deletes every expired row, a batch at a time, until none is left or `stopping()` says so
+ * (checked between batches). Rows another instance is deleting at the same moment are skipped
+ * (it deletes them), not waited for. A table that fails (the database away, a statement timed
+ * out) does not keep the others from being cleaned: its error is passed to `onError`, and the
+ * next run starts over. Returns how many rows each table lost.
  */
-export async function deleteExpired(db: DB): Promise<Expired> {
+export async function deleteExpired(
+  db: DB,
+  options: { stopping?: () => boolean; onError?: (table: string, err: unknown) => void } = {},
+): Promise<Expired> {
   const deleted = {} as Expired;
   for (const { table, key, graceSeconds } of RULES) {
     deleted[table] = 0;
-    for (;;) {
-      const result = await sql`
-        delete from ${sql.table(table)} where ${sql.ref(key)} in (
-          select ${sql.ref(key)} from ${sql.table(table)}
-          where expires_at < now() - make_interval(secs => ${graceSeconds})
-          limit ${BATCH}
-          for update skip locked
-        )`.execute(db);
-      const n = Number(result.numAffectedRows ?? 0n);
-      deleted[table] += n;
-      if (n < BATCH) break;
+    try {
+      while (!options.stopping?.()) {
+        const result = await sql`
+          delete from ${sql.table(table)} where ${sql.ref(key)} in (
+            select ${sql.ref(key)} from ${sql.table(table)}
+            where expires_at < now() - make_interval(secs => ${graceSeconds})
+            limit ${BATCH}
+            for update skip locked
+          )`.execute(db);
+        const n = Number(result.numAffectedRows ?? 0n);
+        deleted[table] += n;
+        if (n < BATCH) break;
+      }
+    } catch (err) {
+      if (!options.onError) throw err;
+      options.onError(table, err);
     }
   }
   return deleted;
@@ -58,6 +70,7 @@ export async function deleteExpired(db: DB): Promise<Expired> {
 export class ExpiredRowSweeper {
   private timer: NodeJS.Timeout | undefined;
   private running: Promise<void> | undefined;
+  private stopping = false;
 
   constructor(
     private readonly db: DB,
@@ -72,14 +85,16 @@ export class ExpiredRowSweeper {
 
   /** One sweep; a sweep still running is joined, not doubled. */
   sweep(): Promise<void> {
-    this.running ??= deleteExpired(this.db)
-      .then(
-        (deleted) => {
-          if (Object.values(deleted).some((n) => n > 0)) this.options.logger?.info({ deleted }, 'expired rows deleted');
-        },
-        // The database is away: the next sweep catches up.
-        (err: unknown) => this.options.logger?.warn({ err }, 'could not delete expired rows'),
-      )
+    const { logger } = this.options;
+    this.running ??= deleteExpired(this.db, {
+      // A backlog (the first sweep of a large database) must not hold up a shutdown.
+      stopping: () => this.stopping,
+      // The database is away or slow: the next sweep catches up.
+      onError: (table, err) => logger?.warn({ err, table }, 'could not delete expired rows'),
+    })
+      .then((deleted) => {
+        if (Object.values(deleted).some((n) => n > 0)) logger?.info({ deleted }, 'expired rows deleted');
+      })
       .finally(() => {
         this.running = undefined;
       });
@@ -87,6 +102,7 @@ export class ExpiredRowSweeper {
   }
 
   async stop(): Promise<void> {
+    this.stopping = true;
     clearInterval(this.timer);
     this.timer = undefined;
     await this.running;

@@ -98,12 +98,13 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
   });
 
   it('runs in the server every CLEANUP_INTERVAL seconds', async () => {
+    const [tokens, sessions] = [await count('refresh_tokens'), await count('sessions')];
     await addRefreshTokens(5, -1);
     await addSession(-1);
     const app = await buildTestApp(db, { env: { CLEANUP_INTERVAL: '1' } });
     try {
       const deadline = Date.now() + 10_000;
-      while ((await count('refresh_tokens')) !== 2 || (await count('sessions')) !== 1) {
+      while ((await count('refresh_tokens')) !== tokens || (await count('sessions')) !== sessions) {
         if (Date.now() > deadline) throw new Error('expired rows were not deleted within 10 s');
         await new Promise((r) => setTimeout(r, 100));
       }
@@ -113,14 +114,37 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
   });
 
   it('does not run when CLEANUP_INTERVAL is 0', async () => {
+    const tokens = await count('refresh_tokens');
     await addRefreshTokens(5, -1);
     const app = await buildTestApp(db, { env: { CLEANUP_INTERVAL: '0' } });
     try {
       await new Promise((r) => setTimeout(r, 1500));
-      expect(await count('refresh_tokens')).toBe(7);
+      expect(await count('refresh_tokens')).toBe(tokens + 5);
     } finally {
       await app.close();
     }
     expect(await deleteExpired(db)).toMatchObject({ refresh_tokens: 5 });
+  });
+
+  it('stops between batches when asked, and cleans the other tables when one fails', async () => {
+    await addRefreshTokens(2500, -1);
+    const stopped = await deleteExpired(db, { stopping: () => true });
+    expect(stopped).toEqual({ authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0 });
+
+    await addSession(-1);
+    const failing = db.withPlugin({
+      // Every statement on refresh_tokens fails, as a timed-out one would.
+      transformQuery: (args) => {
+        const text = JSON.stringify(args.node);
+        if (text.includes('refresh_tokens')) throw new Error('simulated failure');
+        return args.node;
+      },
+      transformResult: async (args) => args.result,
+    });
+    const errors: string[] = [];
+    const deleted = await deleteExpired(failing, { onError: (table) => errors.push(table) });
+    expect(errors).toEqual(['refresh_tokens']);
+    expect(deleted.sessions).toBe(1);
+    expect((await deleteExpired(db)).refresh_tokens).toBe(2500);
   });
 });

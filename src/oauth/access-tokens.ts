@@ -13,7 +13,7 @@ import type { RevocationList } from './revocations.js';
 import type { FindApplication } from './application-cache.js';
 
 export const ACCESS_TOKEN_TYPE = 'at+jwt';
-const CLOCK_TOLERANCE_S = 60;
+export const CLOCK_TOLERANCE_S = 60;
 
 export const apiAudience = (config: Pick<Config, 'issuer'>): string => `${config.issuer}/api`;
 

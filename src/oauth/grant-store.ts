@@ -120,8 +120,8 @@ export async function revokeGrant(
 
 /**
  * Revokes one access token and not its grant: for the tokens a private application gets for
- * itself, which share one grant (client-grants.ts). Kept until the token expires; expired rows
- * of the organization are pruned on the way. Returns false when it was revoked already.
+ * itself, which share one grant (client-grants.ts). Kept until an hour after the token expires
+ * (src/retention.ts deletes it then). Returns false when it was revoked already.
  */
 export async function revokeAccessToken(
   db: DB,
@@ -130,7 +130,6 @@ export async function revokeAccessToken(
   actor: { actorUserId?: number | null; actorClientId?: string | null } = {},
 ): Promise<boolean> {
   return inTransaction(db, async (trx) => {
-    await trx.deleteFrom('revoked_access_tokens').where('organization_id', '=', token.organizationId).where('expires_at', '<', sql<Date>`now()`).execute();
     const inserted = await trx
       .insertInto('revoked_access_tokens')
       .values({ jti: token.jti, organization_id: token.organizationId, grant_id: token.grantId, expires_at: new Date(token.exp * 1000) })

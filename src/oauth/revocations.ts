@@ -9,6 +9,7 @@ import { sql } from 'kysely';
 import type { FastifyBaseLogger } from 'fastify';
 import type { DB, Listen } from '../db/connect.js';
 import type { Metrics } from '../metrics.js';
+import { CLOCK_TOLERANCE_S } from './access-tokens.js';
 import { REVOCATION_CHANNEL, revokeAccessToken, revokeGrant, type RevocationReason } from './grant-store.js';
 
 const POLL_MS = 500;
@@ -123,7 +124,8 @@ export class RevocationList {
             .selectFrom('revoked_access_tokens')
             .select(['jti', 'expires_at', 'revoked_at'])
             .where('revoked_at', '>', since)
-            .where('expires_at', '>', sql<Date>`now()`)
+            // Verification accepts a token up to CLOCK_TOLERANCE_S past its exp.
+            .where('expires_at', '>', sql<Date>`now() - make_interval(secs => ${CLOCK_TOLERANCE_S})`)
             .execute(),
         ]);
         let newest = this.newestSeen;

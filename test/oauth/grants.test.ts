@@ -1,3 +1,4 @@
+import { sql } from 'kysely';
 import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import argon2 from 'argon2';
@@ -358,6 +359,22 @@ describe(`revocations reach other instances on ${BACKEND} (BR-5)`, () => {
       await vi.waitFor(() => expect(elsewhere.isRevoked(revoked.id)).toBe(true), { timeout: 1000, interval: 10 });
     } finally {
       await elsewhere.stop();
+    }
+  });
+
+  it('are loaded by an instance starting within the 60 s of leeway after the token expired', async () => {
+    await tokens();
+    const grant = await t.handle.db.selectFrom('grants').select(['id', 'organization_id']).orderBy('id', 'desc').executeTakeFirstOrThrow();
+    await t.handle.db
+      .insertInto('revoked_access_tokens')
+      .values({ jti: 'expired-30-s-ago', organization_id: grant.organization_id, grant_id: grant.id, expires_at: sql<Date>`now() - interval '30 seconds'` })
+      .execute();
+    const starting = new RevocationList(t.handle.db, { accessTokenTtl: 3600 });
+    await starting.start();
+    try {
+      expect(starting.isTokenRevoked({ jti: 'expired-30-s-ago', grant_id: grant.id })).toBe(true);
+    } finally {
+      await starting.stop();
     }
   });
 });
