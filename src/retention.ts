@@ -84,7 +84,7 @@ export class ExpiredRowSweeper {
   }
 
   /** One sweep; a sweep still running is joined, not doubled. */
-  sweep(): Promise<void> {
+  private sweep(): Promise<void> {
     const { logger } = this.options;
     this.running ??= deleteExpired(this.db, {
       // A backlog (the first sweep of a large database) must not hold up a shutdown.

@@ -3,8 +3,9 @@
  * application itself. Every token (access or refresh) names its grant; revoking the grant kills
  * them all, on every instance (see revocations.ts).
  */
-import { sql } from 'kysely';
+import { sql, type Transaction } from 'kysely';
 import type { DB } from '../db/connect.js';
+import type { Database } from '../db/schema.js';
 import { inTransaction } from '../db/connect.js';
 import { recordAuditEvent } from '../audit/events.js';
 
@@ -79,6 +80,33 @@ export async function createGrant(db: DB, grant: NewGrant): Promise<{ id: number
   return row && { id: row.id, organizationName: row.name };
 }
 
+/** Who revoked: a user (dashboard) or a client (/oauth/revoke, reuse detection), or neither (the system). */
+export interface Actor {
+  actorUserId?: number | null;
+  actorClientId?: string | null;
+}
+
+/**
+ * Records a revocation in the organization's audit log and publishes it to every instance
+ * (RevocationList), in the revoking transaction: NOTIFY is delivered when it commits.
+ */
+async function announceRevocation(
+  trx: Transaction<Database>,
+  organizationId: number,
+  action: 'grant.revoked' | 'access_token.revoked',
+  actor: Actor,
+  event: { details: Record<string, unknown>; notify: string },
+): Promise<void> {
+  await recordAuditEvent(trx, {
+    organizationId,
+    action,
+    actorUserId: actor.actorUserId ?? null,
+    actorClientId: actor.actorClientId ?? null,
+    details: event.details,
+  });
+  await sql`select pg_notify(${REVOCATION_CHANNEL}, ${event.notify})`.execute(trx);
+}
+
 /**
  * Revokes a grant and every refresh token of it, records why, and publishes the revocation so
  * every instance refuses its access tokens (NOTIFY is delivered when the transaction commits).
@@ -88,7 +116,7 @@ export async function revokeGrant(
   db: DB,
   grantId: number,
   reason: RevocationReason,
-  actor: { actorUserId?: number | null; actorClientId?: string | null } = {},
+  actor: Actor = {},
 ): Promise<boolean> {
   return inTransaction(db, async (trx) => {
     const grant = await trx
@@ -106,14 +134,10 @@ export async function revokeGrant(
       .where('grant_id', '=', grant.id)
       .where('revoked_at', 'is', null)
       .execute();
-    await recordAuditEvent(trx, {
-      organizationId: grant.organization_id,
-      action: 'grant.revoked',
-      actorUserId: actor.actorUserId ?? null,
-      actorClientId: actor.actorClientId ?? null,
+    await announceRevocation(trx, grant.organization_id, 'grant.revoked', actor, {
       details: { grant_id: grant.id, application_id: grant.application_id, user_id: grant.user_id, reason },
+      notify: String(grant.id),
     });
-    await sql`select pg_notify(${REVOCATION_CHANNEL}, ${String(grant.id)})`.execute(trx);
     return true;
   });
 }
@@ -127,7 +151,7 @@ export async function revokeAccessToken(
   db: DB,
   token: { jti: string; organizationId: number; grantId: number; exp: number },
   reason: RevocationReason,
-  actor: { actorUserId?: number | null; actorClientId?: string | null } = {},
+  actor: Actor = {},
 ): Promise<boolean> {
   return inTransaction(db, async (trx) => {
     const inserted = await trx
@@ -137,14 +161,10 @@ export async function revokeAccessToken(
       .returning('jti')
       .executeTakeFirst();
     if (!inserted) return false;
-    await recordAuditEvent(trx, {
-      organizationId: token.organizationId,
-      action: 'access_token.revoked',
-      actorUserId: actor.actorUserId ?? null,
-      actorClientId: actor.actorClientId ?? null,
+    await announceRevocation(trx, token.organizationId, 'access_token.revoked', actor, {
       details: { grant_id: token.grantId, jti: token.jti, reason },
+      notify: `jti ${token.jti} ${token.exp}`,
     });
-    await sql`select pg_notify(${REVOCATION_CHANNEL}, ${`jti ${token.jti} ${token.exp}`})`.execute(trx);
     return true;
   });
 }

@@ -10,7 +10,7 @@ import type { FastifyBaseLogger } from 'fastify';
 import type { DB, Listen } from '../db/connect.js';
 import type { Metrics } from '../metrics.js';
 import { CLOCK_TOLERANCE_S } from './access-tokens.js';
-import { REVOCATION_CHANNEL, revokeAccessToken, revokeGrant, type RevocationReason } from './grant-store.js';
+import { type Actor, REVOCATION_CHANNEL, revokeAccessToken, revokeGrant, type RevocationReason } from './grant-store.js';
 
 const POLL_MS = 500;
 /** Commits land after their now(): the poll looks back this far past the newest revocation it saw. */
@@ -19,7 +19,6 @@ const POLL_OVERLAP_S = 10;
 const PRUNE_EVERY_MS = 60_000;
 const PRUNE_MARGIN_S = 60;
 
-type Actor = Parameters<typeof revokeGrant>[3];
 
 /** What an access token says about itself that revocation looks at. */
 export interface RevocableToken {
