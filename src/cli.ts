@@ -143,7 +143,10 @@ const COMMANDS: Record<string, Command> = {
     summary: "replace an application's client secret; the old one stops working at once",
     options: { 'client-id': { type: 'string' } },
     run: async ({ db }, v) => {
-      const result = await rotateClientSecret(db, required(v, 'client-id'));
+      const clientId = required(v, 'client-id');
+      const application = await findApplicationByClientId(db, clientId);
+      if (!application) throw new NotFoundError(`no application with client_id ${clientId}`);
+      const result = await rotateClientSecret(db, application);
       return {
         json: result,
         text: `client_id:     ${result.client_id}\nclient_secret: ${result.client_secret}   (shown once; the old secret no longer works)`,

@@ -40,13 +40,13 @@ export async function seedDemo(db: DB): Promise<DemoSeed> {
       type: 'public',
       name: 'Demo Public App',
       redirectUris: [DEMO_REDIRECT_URI],
-      actorUserId: user.id,
+      actor: { actorUserId: user.id },
     });
     const private_application = await createApplication(trx, {
       organizationId: organization.id,
       type: 'private',
       name: 'Demo Integration',
-      actorUserId: user.id,
+      actor: { actorUserId: user.id },
     });
     return { user: { ...user, password }, organization, public_application, private_application };
   });

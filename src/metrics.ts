@@ -83,8 +83,8 @@ export class Metrics {
     series.observe(seconds);
   }
 
-  revoked(kind: 'grant' | 'access_token', reason: RevocationReason): void {
-    this.revocations.inc({ kind, reason });
+  revoked(kind: 'grant' | 'access_token', reason: RevocationReason, count = 1): void {
+    if (count > 0) this.revocations.inc({ kind, reason }, count);
   }
 }
 

@@ -46,7 +46,7 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
   let orgId: number;
 
   it('migrate applies the migrations once', async () => {
-    expect(await json('migrate')).toEqual({ applied: ['20261122_0001_initial', '20261122_0002_application_change_notify', '20261122_0003_revoked_access_tokens', '20261122_0004_token_tables_write_path', '20261122_0005_refresh_token_expiry_index'] });
+    expect(await json('migrate')).toEqual({ applied: ['20261122_0001_initial', '20261122_0002_application_change_notify', '20261122_0003_revoked_access_tokens', '20261122_0004_token_tables_write_path', '20261122_0005_refresh_token_expiry_index', '20261123_0006_management_api'] });
     expect(await json('migrate')).toEqual({ applied: [] });
     expect((await cli('migrate')).stdout).toBe('the database is up to date\n');
   });
@@ -162,7 +162,7 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
 
   it('app create refuses bad redirect URIs, unknown scopes, a bad type and an unknown organization', async () => {
     const base = ['app', 'create', '--org', String(orgId), '--name', 'Bad'];
-    expect((await jsonError(...base, '--type', 'public')).error_description).toBe('redirectUris: a public application needs at least one redirect URI');
+    expect((await jsonError(...base, '--type', 'public')).error_description).toBe('redirect_uris: a public application needs at least one redirect URI');
     expect((await jsonError(...base, '--type', 'public', '--redirect-uri', 'http://evil.example.com/cb')).error_description).toMatch(
       /http is allowed only for loopback hosts/,
     );

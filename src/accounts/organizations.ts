@@ -1,10 +1,10 @@
 import { z } from 'zod';
 import { recordAuditEvent } from '../audit/events.js';
-import { revokeGrant } from '../oauth/grant-store.js';
+import { type Actor, revokeGrants, type RevokedGrantsMemory } from '../oauth/grant-store.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import { isUniqueViolation } from '../db/errors.js';
 import type { Organization, Role } from '../db/schema.js';
-import { ConflictError, NotFoundError } from '../errors.js';
+import { ConflictError, ForbiddenError, NotFoundError } from '../errors.js';
 import { parseInput } from '../lib/validate.js';
 
 export const ROLES = ['owner', 'admin', 'member'] as const satisfies readonly Role[];
@@ -48,17 +48,48 @@ export async function getOrganization(db: DB, organizationId: number): Promise<O
   return org;
 }
 
+/** Every organization in id order, a page at a time (the operator's `orgauth org list`). */
+export async function listOrganizations(db: DB, page: { afterId: number; limit: number }): Promise<Organization[]> {
+  return db.selectFrom('organizations').selectAll().where('id', '>', page.afterId).orderBy('id').limit(page.limit).execute();
+}
+
 export interface MembershipResult {
   organization_id: number;
   user_id: number;
   role: Role;
 }
 
+/**
+ * Only an owner may make an owner, or change or remove one. Whoever acts for the organization
+ * acts with a role: a dashboard user with theirs, an application through the management API as
+ * an admin (ownership stays a human decision), the operator's CLI as an owner.
+ */
+export function mayAssign(actingAs: Role, role: Role): boolean {
+  return role !== 'owner' || actingAs === 'owner';
+}
+
+/** Who changes a membership: the audit log's actor and the role they act with (see mayAssign); an owner by default. */
+export interface MemberChangeOptions {
+  actor?: Actor | undefined;
+  actingAs?: Role | undefined;
+  /** This instance's revoked set, told of the grants a removal revokes once it has committed. */
+  revocations?: RevokedGrantsMemory | undefined;
+}
+
+function refuseUnlessAllowed(options: MemberChangeOptions, ...roles: Role[]): void {
+  const actingAs = options.actingAs ?? 'owner';
+  if (!roles.every((role) => mayAssign(actingAs, role))) throw new ForbiddenError('only an owner may make an owner, or change or remove one');
+}
+
+const auditActor = (options: MemberChangeOptions) => ({ actorUserId: options.actor?.actorUserId ?? null, actorClientId: options.actor?.actorClientId ?? null });
+
 /** Adds a user to an organization. A user already in it is a ConflictError (roles change elsewhere). */
 export async function addMember(
   db: DB,
-  input: { organizationId: number; userId: number; role: Role; actorUserId?: number | null },
+  input: { organizationId: number; userId: number; role: Role },
+  options: MemberChangeOptions = {},
 ): Promise<MembershipResult> {
+  refuseUnlessAllowed(options, input.role);
   return inTransaction(db, async (trx) => {
     await getOrganization(trx, input.organizationId);
     try {
@@ -68,9 +99,9 @@ export async function addMember(
         .returning(['organization_id', 'user_id', 'role'])
         .executeTakeFirstOrThrow();
       await recordAuditEvent(trx, {
+        ...auditActor(options),
         organizationId: input.organizationId,
         action: 'member.added',
-        actorUserId: input.actorUserId ?? null,
         details: { user_id: input.userId, role: input.role },
       });
       return membership;
@@ -82,37 +113,91 @@ export async function addMember(
 }
 
 /**
- * Removes a user from an organization and revokes every grant that user gave there, so their
- * tokens stop working on every instance (the API never has to re-check membership). The last
- * owner cannot be removed.
+ * The organization's memberships, locked for the rest of the transaction, and the one of
+ * `userId`. Changes that could leave the organization without an owner lock them all first, so
+ * two concurrent demotions or removals cannot both pass the last-owner check (RO-3).
  */
-export async function removeMember(db: DB, input: { organizationId: number; userId: number; actorUserId?: number | null }): Promise<void> {
-  await inTransaction(db, async (trx) => {
-    const owners = await trx
-      .selectFrom('memberships')
-      .select(['user_id', 'role'])
-      .where('organization_id', '=', input.organizationId)
-      .forUpdate()
-      .execute();
-    const member = owners.find((m) => m.user_id === input.userId);
-    if (!member) throw new NotFoundError(`user ${input.userId} is not a member of organization ${input.organizationId}`);
-    if (member.role === 'owner' && owners.filter((m) => m.role === 'owner').length === 1) {
-      throw new ConflictError('the last owner of an organization cannot be removed');
-    }
+async function lockMemberships(trx: DB, organizationId: number, userId: number) {
+  const members = await trx.selectFrom('memberships').select(['user_id', 'role']).where('organization_id', '=', organizationId).forUpdate().execute();
+  const member = members.find((m) => m.user_id === userId);
+  if (!member) throw new NotFoundError('no such member in this organization');
+  return { member, isLastOwner: member.role === 'owner' && members.filter((m) => m.role === 'owner').length === 1 };
+}
+
+/** Changes a member's role. The last owner cannot be demoted (RO-3). */
+export async function changeMemberRole(
+  db: DB,
+  input: { organizationId: number; userId: number; role: Role },
+  options: MemberChangeOptions = {},
+): Promise<MembershipResult> {
+  return inTransaction(db, async (trx) => {
+    const { member, isLastOwner } = await lockMemberships(trx, input.organizationId, input.userId);
+    refuseUnlessAllowed(options, member.role, input.role);
+    if (member.role === input.role) return { organization_id: input.organizationId, user_id: input.userId, role: member.role };
+    if (isLastOwner) throw new ConflictError('the last owner of an organization cannot be demoted; make someone else an owner first');
+    await trx.updateTable('memberships').set({ role: input.role }).where('organization_id', '=', input.organizationId).where('user_id', '=', input.userId).execute();
+    await recordAuditEvent(trx, {
+      ...auditActor(options),
+      organizationId: input.organizationId,
+      action: 'member.role_changed',
+      details: { user_id: input.userId, from: member.role, to: input.role },
+    });
+    return { organization_id: input.organizationId, user_id: input.userId, role: input.role };
+  });
+}
+
+/**
+ * Removes a user from an organization and, in the same transaction, revokes every grant that
+ * user gave there, so their tokens stop working on every instance (the API never has to
+ * re-check membership). The last owner cannot be removed (RO-3).
+ */
+export async function removeMember(db: DB, input: { organizationId: number; userId: number }, options: MemberChangeOptions = {}): Promise<void> {
+  const revoked = await inTransaction(db, async (trx) => {
+    const { member, isLastOwner } = await lockMemberships(trx, input.organizationId, input.userId);
+    refuseUnlessAllowed(options, member.role);
+    if (isLastOwner) throw new ConflictError('the last owner of an organization cannot be removed');
     await trx.deleteFrom('memberships').where('organization_id', '=', input.organizationId).where('user_id', '=', input.userId).execute();
     await recordAuditEvent(trx, {
+      ...auditActor(options),
       organizationId: input.organizationId,
       action: 'member.removed',
-      actorUserId: input.actorUserId ?? null,
       details: { user_id: input.userId, role: member.role },
     });
-    const grants = await trx
-      .selectFrom('grants')
-      .select('id')
-      .where('organization_id', '=', input.organizationId)
-      .where('user_id', '=', input.userId)
-      .where('revoked_at', 'is', null)
-      .execute();
-    for (const grant of grants) await revokeGrant(trx, grant.id, 'member_removed', { actorUserId: input.actorUserId ?? null });
+    return revokeGrants(trx, { organizationId: input.organizationId, userId: input.userId }, 'member_removed', options.actor);
   });
+  options.revocations?.noteRevoked(revoked, 'member_removed');
+}
+
+export interface Member {
+  user_id: number;
+  email: string;
+  name: string;
+  role: Role;
+  created_at: Date;
+}
+
+/** An organization's members in user id order, a page at a time (keyset on the memberships primary key). */
+export async function listMembers(db: DB, organizationId: number, page: { afterUserId: number; limit: number }): Promise<Member[]> {
+  return db
+    .selectFrom('memberships')
+    .innerJoin('users', 'users.id', 'memberships.user_id')
+    .select(['memberships.user_id', 'users.email', 'users.name', 'memberships.role', 'memberships.created_at'])
+    .where('memberships.organization_id', '=', organizationId)
+    .where('memberships.user_id', '>', page.afterUserId)
+    .orderBy('memberships.user_id')
+    .limit(page.limit)
+    .execute();
+}
+
+/** A member of the organization, or NotFoundError (also for another organization's). */
+export async function getMember(db: DB, organizationId: number, userId: number): Promise<Member> {
+  const member = await db
+    .selectFrom('memberships')
+    .innerJoin('users', 'users.id', 'memberships.user_id')
+    .select(['memberships.user_id', 'users.email', 'users.name', 'memberships.role', 'memberships.created_at'])
+    .where('memberships.organization_id', '=', organizationId)
+    .where('memberships.user_id', '=', userId)
+    .executeTakeFirst();
+  if (!member) throw new NotFoundError('no such member in this organization');
+  return member;
 }

@@ -10,6 +10,7 @@ import { type AccessTokenClaims, AccessTokenVerifier, InvalidTokenError } from '
 import type { KeyStore } from '../oauth/key-store.js';
 import type { RevocationList } from '../oauth/revocations.js';
 import type { ApplicationCache } from '../oauth/application-cache.js';
+import { isManagementScope } from '../oauth/scopes.js';
 
 export interface ApiAuth {
   organizationId: number;
@@ -99,8 +100,16 @@ export function authenticateApiRequest(ctx: { keys: KeyStore; revocations: Revoc
     // BR-2, before the body is even validated: a token without the scope learns nothing else.
     const needed = req.routeOptions.config.scope;
     if (needed && !scopes.has(needed)) throw new InsufficientScopeError(needed);
+    // AD-1: management scopes act for the organization itself, never for a user's delegation
+    // (the database keeps them off public applications; this keeps them off user tokens anyway).
+    if (needed && isManagementScope(needed) && userId !== null) throw new InsufficientScopeError(needed);
     req.auth = { organizationId, claims, scopes, userId };
   };
+}
+
+/** Who acts in the audit log: the token's application, and its user when it acts for one. */
+export function actorOf(auth: ApiAuth): { actorUserId: number | null; actorClientId: string } {
+  return { actorUserId: auth.userId, actorClientId: auth.claims.client_id };
 }
 
 /** The authenticated request's auth; routes inside the API plugin always have it. */

@@ -6,7 +6,7 @@ import { recordAuditEvent } from '../audit/events.js';
 import type { DB } from '../db/connect.js';
 import type { Contact } from '../db/schema.js';
 import { NotFoundError } from '../errors.js';
-import { authOf, parsePathId } from './auth.js';
+import { actorOf, authOf, parsePathId } from './auth.js';
 import { decodeCursor, listQuery, page } from './pagination.js';
 import { errorResponses, idParams, listOf, orgParams } from './schemas.js';
 
@@ -90,7 +90,7 @@ export const contactRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { db
     async (req) => {
       const { organizationId } = authOf(req);
       const rows = await listContacts(db, organizationId, { afterId: decodeCursor(req.query.cursor), limit: req.query.limit, q: req.query.q });
-      const result = page(rows, req.query.limit);
+      const result = page(rows, req.query.limit, (c) => c.id);
       return { data: result.rows.map(contactOut), next_cursor: result.next_cursor };
     },
   );
@@ -161,8 +161,7 @@ export const contactRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { db
       await recordAuditEvent(db, {
         organizationId: auth.organizationId,
         action: 'contact.deleted',
-        actorUserId: auth.userId,
-        actorClientId: auth.claims.client_id,
+        ...actorOf(auth),
         details: { contact_id: deleted.id, name: deleted.name },
       });
       return reply.code(204).send(null);

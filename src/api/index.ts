@@ -12,9 +12,13 @@ import { getOrganization } from '../accounts/organizations.js';
 import type { KeyStore } from '../oauth/key-store.js';
 import type { RevocationList } from '../oauth/revocations.js';
 import type { ApplicationCache } from '../oauth/application-cache.js';
+import { applicationRoutes } from './applications.js';
+import { auditEventRoutes } from './audit-events.js';
 import { authenticateApiRequest, authOf } from './auth.js';
 import { contactRoutes } from './contacts.js';
 import { registerApiRateLimit } from './rate-limit.js';
+import { grantRoutes } from './grants.js';
+import { memberRoutes } from './members.js';
 import { errorResponses, orgParams, serializerCompiler } from './schemas.js';
 import { taskRoutes } from './tasks.js';
 
@@ -57,4 +61,9 @@ export async function apiRoutes(
   );
   await api.register(contactRoutes, { db: options.db });
   await api.register(taskRoutes, { db: options.db });
+  // The management API: the organization's own private applications administering it.
+  await api.register(applicationRoutes, { db: options.db, revocations: options.revocations, applications: options.applications });
+  await api.register(memberRoutes, { db: options.db, revocations: options.revocations });
+  await api.register(grantRoutes, { db: options.db, revocations: options.revocations });
+  await api.register(auditEventRoutes, { db: options.db });
 }

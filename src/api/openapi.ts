@@ -8,7 +8,7 @@ import swaggerUi from '@fastify/swagger-ui';
 import type { FastifyInstance } from 'fastify';
 import { jsonSchemaTransform, jsonSchemaTransformObject } from 'fastify-type-provider-zod';
 import type { Config } from '../config.js';
-import { SCOPE_DESCRIPTIONS } from '../oauth/scopes.js';
+import { DATA_SCOPES, SCOPE_DESCRIPTIONS } from '../oauth/scopes.js';
 
 const API_PATH = /^\/api\/v1\//;
 
@@ -20,7 +20,7 @@ export async function registerOpenApi(app: FastifyInstance, config: Config): Pro
         title: 'orgauth API',
         version: '1.0.0',
         description:
-          'Organization-scoped API. Every path starts with the organization_id of the token response; a token for another organization is refused with 403 organization_mismatch.',
+          'Organization-scoped API. Every path starts with the organization_id of the token response; a token for another organization is refused with 403 organization_mismatch. The management operations (applications, members, grants, audit-events) need management scopes, which only the organization\'s own private applications can hold (client_credentials, the dashboard\'s Generate Token, `orgauth token create`).',
       },
       servers: [{ url: config.issuer }],
       components: {
@@ -33,7 +33,8 @@ export async function registerOpenApi(app: FastifyInstance, config: Config): Pro
                 authorizationUrl: `${config.issuer}/oauth/authorize`,
                 tokenUrl: `${config.issuer}/oauth/token`,
                 refreshUrl: `${config.issuer}/oauth/token`,
-                scopes: SCOPE_DESCRIPTIONS,
+                // What a user can delegate to a public application: the data scopes (AD-1).
+                scopes: Object.fromEntries(DATA_SCOPES.map((s) => [s, SCOPE_DESCRIPTIONS[s]])),
               },
               clientCredentials: { tokenUrl: `${config.issuer}/oauth/token`, scopes: SCOPE_DESCRIPTIONS },
             },

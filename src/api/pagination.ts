@@ -1,6 +1,8 @@
 /**
- * Keyset pagination: pages follow the (organization_id, id) index, so page 40,000 costs what
- * page 1 does, and rows inserted meanwhile never duplicate or hide rows that existed.
+ * Keyset pagination: pages follow an index led by organization_id (and the row's id, or for
+ * members the user id), so page 40,000 costs what page 1 does, and rows inserted meanwhile never
+ * duplicate or hide rows that existed. Lists are in ascending key order, except the newest-first
+ * ones (connected apps, audit events), whose cursor holds the key the next page goes below.
  */
 import { z } from 'zod';
 import { InvalidRequestError } from '../errors.js';
@@ -28,10 +30,20 @@ export function decodeCursor(cursor: string | undefined): number {
   throw new InvalidRequestError('cursor is invalid', { details: [{ path: 'cursor', message: 'not a cursor this API issued' }] });
 }
 
-/** Fetches limit + 1 rows to know whether another page exists; returns the page and its cursor. */
-export function page<T extends { id: number }>(rows: T[], limit: number): { rows: T[]; next_cursor: string | null } {
+/**
+ * Callers fetch limit + 1 rows, in the list's order, to know whether another page exists; this
+ * returns the page and the cursor of its last row's key (the position after which the next page
+ * starts, whichever the list's direction).
+ */
+export function page<T>(rows: T[], limit: number, keyOf: (row: T) => number): { rows: T[]; next_cursor: string | null } {
   const more = rows.length > limit;
   const pageRows = more ? rows.slice(0, limit) : rows;
   const last = pageRows.at(-1);
-  return { rows: pageRows, next_cursor: more && last ? encodeCursor(last.id) : null };
+  return { rows: pageRows, next_cursor: more && last ? encodeCursor(keyOf(last)) : null };
+}
+
+/** The key of the row before which a newest-first page starts, or undefined for the first page. */
+export function decodeDescendingCursor(cursor: string | undefined): number | undefined {
+  const after = decodeCursor(cursor);
+  return after === 0 ? undefined : after;
 }

@@ -7,7 +7,7 @@ import type { DB } from '../db/connect.js';
 import { isForeignKeyViolation } from '../db/errors.js';
 import type { Task } from '../db/schema.js';
 import { InvalidRequestError, NotFoundError } from '../errors.js';
-import { authOf } from './auth.js';
+import { actorOf, authOf } from './auth.js';
 import { pathId, text } from './contacts.js';
 import { decodeCursor, listQuery, page } from './pagination.js';
 import { errorResponses, idParams, listOf, orgParams } from './schemas.js';
@@ -98,7 +98,7 @@ export const taskRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { db })
         .where('id', '>', decodeCursor(req.query.cursor));
       if (req.query.status) query = query.where('status', '=', req.query.status);
       if (req.query.contact_id) query = query.where('contact_id', '=', req.query.contact_id);
-      const result = page(await query.orderBy('id').limit(req.query.limit + 1).execute(), req.query.limit);
+      const result = page(await query.orderBy('id').limit(req.query.limit + 1).execute(), req.query.limit, (t) => t.id);
       return { data: result.rows.map(taskOut), next_cursor: result.next_cursor };
     },
   );
@@ -188,8 +188,7 @@ export const taskRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { db })
       await recordAuditEvent(db, {
         organizationId: auth.organizationId,
         action: 'task.deleted',
-        actorUserId: auth.userId,
-        actorClientId: auth.claims.client_id,
+        ...actorOf(auth),
         details: { task_id: deleted.id, title: deleted.title },
       });
       return reply.code(204).send(null);

@@ -23,3 +23,34 @@ export async function recordAuditEvent(db: DB, event: AuditEventInput): Promise<
     })
     .execute();
 }
+
+export interface AuditEventRow {
+  id: number;
+  action: string;
+  actor_user_id: number | null;
+  actor_email: string | null;
+  actor_client_id: string | null;
+  details: Record<string, unknown>;
+  created_at: Date;
+}
+
+/** An organization's audit log, newest first, a page at a time (keyset on the (organization_id, id desc) index). */
+export async function listAuditEvents(db: DB, organizationId: number, page: { beforeId: number | undefined; limit: number }): Promise<AuditEventRow[]> {
+  return db
+    .selectFrom('audit_events')
+    .leftJoin('users', 'users.id', 'audit_events.actor_user_id')
+    .select([
+      'audit_events.id',
+      'audit_events.action',
+      'audit_events.actor_user_id',
+      'users.email as actor_email',
+      'audit_events.actor_client_id',
+      'audit_events.details',
+      'audit_events.created_at',
+    ])
+    .where('audit_events.organization_id', '=', organizationId)
+    .$if(page.beforeId !== undefined, (qb) => qb.where('audit_events.id', '<', page.beforeId ?? 0))
+    .orderBy('audit_events.id', 'desc')
+    .limit(page.limit)
+    .execute();
+}

@@ -15,6 +15,9 @@ import { type Params, parseCanonicalId, readParams } from '../oauth/params.js';
 import { listUserOrganizations } from '../accounts/pages.js';
 import { type CurrentOrganization, resolveCurrentOrganization } from './current-organization.js';
 
+/** Rows per page of the dashboard's lists (keyset pagination: every page costs what the first does). */
+export const DASHBOARD_PAGE_SIZE = 100;
+
 export const CSRF_FAILED = 'This form has expired or did not come from this site. Go back, reload the page and try again.';
 const NOT_ALLOWED = 'Your role in this organization does not allow this.';
 

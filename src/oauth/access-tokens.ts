@@ -127,7 +127,7 @@ export async function verifyAccessToken(keys: KeyStore, config: Pick<Config, 'is
 
 /**
  * What the API accepts: a verified token, not revoked, nor its grant, of an existing and enabled
- * application. Tokens are used for many
+ * application that still has the token's scopes. Tokens are used for many
  * calls, so verified claims are kept (bounded, keyed by the whole token, dropped at exp): a
  * repeat costs a Map lookup instead of a signature check. Revocation is checked every time.
  */
@@ -154,6 +154,10 @@ export class AccessTokenVerifier {
     // deleted) still learns it here within the cache's 500 ms.
     const application = await this.ctx.applications.find(claims.client_id);
     if (!application || application.disabled) throw new InvalidTokenError('application disabled or deleted');
+    // Nor may it carry a scope its application no longer has: narrowing an application's scopes
+    // revokes the grants that hold a removed one, and this refuses their tokens on every
+    // instance at once, while those revocations are still being written.
+    if (!claims.scope.split(' ').every((s) => application.scopes.includes(s))) throw new InvalidTokenError('scope beyond the application’s');
     return claims;
   }
 }

@@ -1,41 +1,54 @@
 import { randomBytes } from 'node:crypto';
+import { sql } from 'kysely';
 import { z } from 'zod';
 import { recordAuditEvent } from '../audit/events.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import { isForeignKeyViolation } from '../db/errors.js';
 import type { Application, ApplicationType } from '../db/schema.js';
-import { InvalidRequestError, NotFoundError } from '../errors.js';
+import { NotFoundError } from '../errors.js';
 import { generateSecret, sha256Hex } from '../lib/crypto.js';
 import { parseInput } from '../lib/validate.js';
 import { redirectUriSchema } from './redirect-uris.js';
-import { KNOWN_SCOPES, parseScopes, type Scope } from './scopes.js';
+import { type Actor, type RevocationReason, revokeGrants, type RevokedGrantsMemory } from './grant-store.js';
+import { applicationScopes } from './scopes.js';
 
-const newApplicationSchema = z
-  .object({
-    organizationId: z.number().int().positive(),
-    type: z.enum(['public', 'private'], { error: 'must be public or private' }),
-    name: z.string().trim().min(1, 'must not be empty').max(200, 'must be at most 200 characters'),
-    redirectUris: z.array(redirectUriSchema).max(20, 'at most 20 redirect URIs').default([]),
-    requirePkce: z.boolean().default(false),
-  })
+// Validated under the names clients send (API bodies, CLI JSON), so that error details name them.
+const nameSchema = z.string().trim().min(1, 'must not be empty').max(200, 'must be at most 200 characters');
+const redirectUrisSchema = z.array(redirectUriSchema).max(20, 'at most 20 redirect URIs');
+const typeSchema = z.enum(['public', 'private'], { error: 'must be public or private' });
+
+/** Public applications redirect users back and need a redirect URI; private ones never redirect (and PKCE is for redirects). */
+const shapeSchema = z
+  .object({ type: typeSchema, redirect_uris: z.array(z.string()), require_pkce: z.boolean() })
   .superRefine((app, ctx) => {
-    if (app.type === 'public' && app.redirectUris.length === 0) {
-      ctx.addIssue({ code: 'custom', path: ['redirectUris'], message: 'a public application needs at least one redirect URI' });
+    if (app.type === 'public' && app.redirect_uris.length === 0) {
+      ctx.addIssue({ code: 'custom', path: ['redirect_uris'], message: 'a public application needs at least one redirect URI' });
     }
-    if (app.type === 'private' && app.redirectUris.length > 0) {
-      ctx.addIssue({ code: 'custom', path: ['redirectUris'], message: 'a private application has no redirect URIs (it uses client_credentials)' });
+    if (app.type === 'private' && app.redirect_uris.length > 0) {
+      ctx.addIssue({ code: 'custom', path: ['redirect_uris'], message: 'a private application has no redirect URIs (it uses client_credentials)' });
+    }
+    if (app.type === 'private' && app.require_pkce) {
+      ctx.addIssue({ code: 'custom', path: ['require_pkce'], message: 'PKCE applies to public applications only' });
     }
   });
+
+const newApplicationSchema = z.object({
+  organization_id: z.number().int().positive(),
+  type: typeSchema,
+  name: nameSchema,
+  redirect_uris: redirectUrisSchema.default([]),
+  require_pkce: z.boolean().default(false),
+});
 
 export interface NewApplicationInput {
   organizationId: number;
   type: ApplicationType;
   name: string;
   redirectUris?: string[];
-  /** Space-separated or a list; all known scopes when omitted. */
+  /** Space-separated or a list; the data scopes when omitted. Management scopes: private applications only (AD-1). */
   scopes?: string | string[];
   requirePkce?: boolean;
-  actorUserId?: number | null;
+  actor?: Actor;
 }
 
 /** What leaves the server about an application, plus its secret the one time it is known. */
@@ -70,36 +83,43 @@ function newClientSecret(): { secret: string; hash: string } {
  * keeps only its SHA-256 digest.
  */
 export async function createApplication(db: DB, input: NewApplicationInput): Promise<ApplicationWithSecret> {
-  const app = parseInput(newApplicationSchema, input);
-  const scopes: Scope[] = input.scopes === undefined ? [...KNOWN_SCOPES] : parseScopes(input.scopes);
-  if (scopes.length === 0) throw new InvalidRequestError('scopes: at least one scope is required');
+  const app = parseInput(newApplicationSchema, {
+    organization_id: input.organizationId,
+    type: input.type,
+    name: input.name,
+    redirect_uris: input.redirectUris,
+    require_pkce: input.requirePkce,
+  });
+  parseInput(shapeSchema, app);
+  const scopes = applicationScopes(app.type, input.scopes);
   const { secret, hash } = newClientSecret();
   try {
     return await inTransaction(db, async (trx) => {
       const row = await trx
         .insertInto('applications')
         .values({
-          organization_id: app.organizationId,
+          organization_id: app.organization_id,
           client_id: newClientId(),
           client_secret_hash: hash,
           type: app.type,
           name: app.name,
-          redirect_uris: app.redirectUris,
+          redirect_uris: app.redirect_uris,
           scopes,
-          require_pkce: app.requirePkce,
+          require_pkce: app.require_pkce,
         })
         .returning(['client_id', 'type', 'organization_id', 'name', 'redirect_uris', 'scopes'])
         .executeTakeFirstOrThrow();
       await recordAuditEvent(trx, {
         organizationId: row.organization_id,
         action: 'application.created',
-        actorUserId: input.actorUserId ?? null,
-        details: { client_id: row.client_id, type: row.type, name: row.name },
+        actorUserId: input.actor?.actorUserId ?? null,
+        actorClientId: input.actor?.actorClientId ?? null,
+        details: { client_id: row.client_id, type: row.type, name: row.name, scopes },
       });
       return { ...row, client_secret: secret };
     });
   } catch (err) {
-    if (isForeignKeyViolation(err)) throw new NotFoundError(`organization ${app.organizationId} not found`);
+    if (isForeignKeyViolation(err)) throw new NotFoundError(`organization ${app.organization_id} not found`);
     throw err;
   }
 }
@@ -108,27 +128,176 @@ export async function findApplicationByClientId(db: DB, clientId: string): Promi
   return db.selectFrom('applications').selectAll().where('client_id', '=', clientId).executeTakeFirst();
 }
 
-/** Replaces an application's secret; the old one stops working as soon as this commits. */
+/** Replaces an application's secret; the old one stops working as soon as this commits (and at once on this instance). */
 export async function rotateClientSecret(
   db: DB,
-  clientId: string,
-  actor: { actorUserId?: number | null } = {},
+  application: Pick<Application, 'organization_id' | 'client_id'>,
+  options: ChangeOptions = {},
 ): Promise<{ client_id: string; client_secret: string }> {
   const { secret, hash } = newClientSecret();
-  return inTransaction(db, async (trx) => {
+  const rotated = await inTransaction(db, async (trx) => {
     const row = await trx
       .updateTable('applications')
-      .set({ client_secret_hash: hash, secret_rotated_at: new Date(), updated_at: new Date() })
-      .where('client_id', '=', clientId)
+      .set({ client_secret_hash: hash, secret_rotated_at: sql`now()`, updated_at: sql`now()` })
+      .where('organization_id', '=', application.organization_id)
+      .where('client_id', '=', application.client_id)
       .returning(['client_id', 'organization_id'])
       .executeTakeFirst();
-    if (!row) throw new NotFoundError(`no application with client_id ${clientId}`);
-    await recordAuditEvent(trx, {
-      organizationId: row.organization_id,
-      action: 'application.secret_rotated',
-      actorUserId: actor.actorUserId ?? null,
-      details: { client_id: row.client_id },
-    });
+    if (!row) throw new NotFoundError(`no application with client_id ${application.client_id}`);
+    await recordAuditEvent(trx, { ...auditActor(options.actor), organizationId: row.organization_id, action: 'application.secret_rotated', details: { client_id: row.client_id } });
     return { client_id: row.client_id, client_secret: secret };
   });
+  options.applications?.forget(application.client_id);
+  return rotated;
+}
+
+/**
+ * What a change to applications or grants tells besides the database: who made it (for the
+ * audit log), and this instance's caches, so that its own API and token endpoint see the change
+ * at once. Other instances hear of it by NOTIFY within milliseconds, and within a second by
+ * polling and cache age (README, "Running several instances").
+ */
+export interface ChangeOptions {
+  actor?: Actor | undefined;
+  revocations?: RevokedGrantsMemory | undefined;
+  applications?: { forget(clientId: string): void } | undefined;
+}
+
+function auditActor(actor: Actor | undefined): { actorUserId: number | null; actorClientId: string | null } {
+  return { actorUserId: actor?.actorUserId ?? null, actorClientId: actor?.actorClientId ?? null };
+}
+
+/** An organization's applications in id order, a page at a time (keyset on the (organization_id, id) index). */
+export async function listApplications(db: DB, organizationId: number, page: { afterId: number; limit: number }): Promise<Application[]> {
+  return db
+    .selectFrom('applications')
+    .selectAll()
+    .where('organization_id', '=', organizationId)
+    .where('id', '>', page.afterId)
+    .orderBy('id')
+    .limit(page.limit)
+    .execute();
+}
+
+/** An application of the organization, or NotFoundError: another organization's is as missing as an unknown one. */
+export async function getApplication(db: DB, organizationId: number, clientId: string | undefined): Promise<Application> {
+  const application =
+    clientId === undefined || !CLIENT_ID_PATTERN.test(clientId)
+      ? undefined
+      : await db.selectFrom('applications').selectAll().where('organization_id', '=', organizationId).where('client_id', '=', clientId).executeTakeFirst();
+  if (!application) throw new NotFoundError('no such application in this organization');
+  return application;
+}
+
+/** How many live grants of the application hold a scope outside `scopes` (what narrowing to them revokes). */
+export async function countGrantsBeyond(db: DB, application: Pick<Application, 'id' | 'organization_id'>, scopes: readonly string[]): Promise<number> {
+  const row = await db
+    .selectFrom('grants')
+    .select((eb) => eb.fn.countAll<number>().as('n'))
+    .where('organization_id', '=', application.organization_id)
+    .where('application_id', '=', application.id)
+    .where('revoked_at', 'is', null)
+    .where(sql<boolean>`not (scopes <@ ${[...scopes]}::text[])`)
+    .executeTakeFirstOrThrow();
+  return Number(row.n);
+}
+
+/** What may change about an application; absent fields stay as they are. */
+export interface ApplicationChanges {
+  name?: string | undefined;
+  redirectUris?: readonly string[] | undefined;
+  /** Space-separated or a list. */
+  scopes?: string | readonly string[] | undefined;
+  requirePkce?: boolean | undefined;
+  disabled?: boolean | undefined;
+}
+
+const changesSchema = z.object({
+  name: nameSchema.optional(),
+  redirect_uris: redirectUrisSchema.optional(),
+  require_pkce: z.boolean().optional(),
+  disabled: z.boolean().optional(),
+});
+
+/**
+ * Changes an application of its organization, audited, and then revokes what the change takes
+ * away: narrowing the scopes revokes the live grants holding a removed scope (`scopes_narrowed`),
+ * disabling revokes them all (`application_disabled`). The change commits first, so no new grant
+ * can get what was removed while the old ones are revoked; meanwhile every instance already
+ * refuses the tokens, because the API checks each token's application and scopes against its
+ * cached application (access-tokens.ts). Returns the application as it now is.
+ */
+export async function updateApplication(db: DB, application: Application, changes: ApplicationChanges, options: ChangeOptions = {}): Promise<Application> {
+  const valid = parseInput(changesSchema, { name: changes.name, redirect_uris: changes.redirectUris, require_pkce: changes.requirePkce, disabled: changes.disabled });
+  const next = {
+    name: valid.name ?? application.name,
+    redirectUris: valid.redirect_uris ?? application.redirect_uris,
+    scopes: changes.scopes === undefined ? application.scopes : applicationScopes(application.type, changes.scopes),
+    requirePkce: valid.require_pkce ?? application.require_pkce,
+    disabled: valid.disabled ?? application.disabled,
+  };
+  parseInput(shapeSchema, { type: application.type, redirect_uris: next.redirectUris, require_pkce: next.requirePkce });
+  const edited: Record<string, unknown> = {};
+  if (next.name !== application.name) edited.name = next.name;
+  if (!sameList(next.redirectUris, application.redirect_uris)) edited.redirect_uris = next.redirectUris;
+  if (!sameList(next.scopes, application.scopes)) edited.scopes = next.scopes;
+  if (next.requirePkce !== application.require_pkce) edited.require_pkce = next.requirePkce;
+  const toggled = next.disabled !== application.disabled;
+
+  const updated = await inTransaction(db, async (trx) => {
+    const row = await trx
+      .updateTable('applications')
+      .set({ name: next.name, redirect_uris: [...next.redirectUris], scopes: [...next.scopes], require_pkce: next.requirePkce, disabled: next.disabled, updated_at: sql`now()` })
+      .where('organization_id', '=', application.organization_id)
+      .where('id', '=', application.id)
+      .returningAll()
+      .executeTakeFirst();
+    if (!row) throw new NotFoundError('no such application in this organization');
+    const audit = (action: string, details: Record<string, unknown>) =>
+      recordAuditEvent(trx, { ...auditActor(options.actor), organizationId: application.organization_id, action, details: { client_id: application.client_id, ...details } });
+    if (Object.keys(edited).length > 0) await audit('application.updated', edited);
+    if (toggled) await audit(next.disabled ? 'application.disabled' : 'application.enabled', {});
+    return row;
+  });
+  options.applications?.forget(application.client_id);
+
+  const removed = application.scopes.filter((s) => !next.scopes.includes(s));
+  if (next.disabled && toggled) await revokeApplicationGrants(db, application, {}, 'application_disabled', options);
+  else if (!next.disabled && removed.length > 0) await revokeApplicationGrants(db, application, { beyondScopes: next.scopes }, 'scopes_narrowed', options);
+  return updated;
+}
+
+/**
+ * Deletes an application: disabled first, so it gets no new grant, then every grant revoked and
+ * published (so every instance refuses its tokens), then the row and its grants go.
+ */
+export async function deleteApplication(db: DB, application: Application, options: ChangeOptions = {}): Promise<void> {
+  await db.updateTable('applications').set({ disabled: true }).where('organization_id', '=', application.organization_id).where('id', '=', application.id).execute();
+  options.applications?.forget(application.client_id);
+  await revokeApplicationGrants(db, application, {}, 'application_disabled', options);
+  await inTransaction(db, async (trx) => {
+    await trx.deleteFrom('applications').where('organization_id', '=', application.organization_id).where('id', '=', application.id).execute();
+    await recordAuditEvent(trx, {
+      ...auditActor(options.actor),
+      organizationId: application.organization_id,
+      action: 'application.deleted',
+      details: { client_id: application.client_id, name: application.name },
+    });
+  });
+  options.applications?.forget(application.client_id);
+}
+
+async function revokeApplicationGrants(
+  db: DB,
+  application: Application,
+  filter: { beyondScopes?: readonly string[] },
+  reason: RevocationReason,
+  options: ChangeOptions,
+): Promise<void> {
+  const ids = await revokeGrants(db, { organizationId: application.organization_id, applicationId: application.id, ...filter }, reason, options.actor);
+  options.revocations?.noteRevoked(ids, reason);
+}
+
+function sameList(a: readonly string[], b: readonly string[]): boolean {
+  return a.length === b.length && a.every((v, i) => v === b[i]);
 }

@@ -20,7 +20,7 @@ import { createAuthorizationCode } from './codes.js';
 import { recordAuditEvent } from '../audit/events.js';
 import { InvalidScopeError } from './errors.js';
 import { parseCanonicalId, readParams } from './params.js';
-import { grantableScopes, type Scope, SCOPE_DESCRIPTIONS } from './scopes.js';
+import { grantableScopes, mayHold, type Scope, SCOPE_DESCRIPTIONS } from './scopes.js';
 
 export const STATE_MIN_LENGTH = 16;
 /** RFC 7636 §4.2: a code challenge is 43 to 128 unreserved characters. */
@@ -110,7 +110,9 @@ function validateRequest(target: ClientTarget, raw: Raw): AuthorizationRequest |
   if (scope === undefined) return fail('invalid_scope', 'scope is required');
   let scopes: Scope[];
   try {
-    scopes = grantableScopes(scope, target.application.scopes);
+    // AD-1: a user delegates only the data scopes; a management scope is invalid_scope here
+    // whatever the application's row says (the database keeps them off public ones too).
+    scopes = grantableScopes(scope, target.application.scopes.filter((s) => mayHold('public', s)));
   } catch (err) {
     if (err instanceof InvalidScopeError) return fail('invalid_scope', err.description);
     throw err;

@@ -3,21 +3,22 @@
  * application itself. Every token (access or refresh) names its grant; revoking the grant kills
  * them all, on every instance (see revocations.ts).
  */
-import { sql, type Transaction } from 'kysely';
+import { sql } from 'kysely';
 import type { DB } from '../db/connect.js';
-import type { Database } from '../db/schema.js';
 import { inTransaction } from '../db/connect.js';
 import { recordAuditEvent } from '../audit/events.js';
 
 /**
- * The channel revocations are published on. The payload is a grant id, or for one access token
- * `jti <jti> <exp>` (see revokeAccessToken).
+ * The channel revocations are published on. The payload is grant ids, comma separated (see
+ * revokeGrants), or for one access token `jti <jti> <exp>` (see revokeAccessToken).
  */
 export const REVOCATION_CHANNEL = 'orgauth_revocations';
 
 export type RevocationReason =
   | 'revoked_by_client'
   | 'revoked_by_user'
+  /** By an organization's administrator: an application through the management API, or the operator's CLI. */
+  | 'revoked_by_admin'
   | 'code_replay'
   | 'refresh_token_reuse'
   | 'application_disabled'
@@ -80,66 +81,96 @@ export async function createGrant(db: DB, grant: NewGrant): Promise<{ id: number
   return row && { id: row.id, organizationName: row.name };
 }
 
-/** Who revoked: a user (dashboard) or a client (/oauth/revoke, reuse detection), or neither (the system). */
+/**
+ * Who acted: a user (dashboard, consent), a client (/oauth/revoke, reuse detection, the
+ * management API), or neither (the system, the operator's CLI).
+ */
 export interface Actor {
   actorUserId?: number | null;
   actorClientId?: string | null;
 }
 
-/**
- * Records a revocation in the organization's audit log and publishes it to every instance
- * (RevocationList), in the revoking transaction: NOTIFY is delivered when it commits.
- */
-async function announceRevocation(
-  trx: Transaction<Database>,
-  organizationId: number,
-  action: 'grant.revoked' | 'access_token.revoked',
-  actor: Actor,
-  event: { details: Record<string, unknown>; notify: string },
-): Promise<void> {
-  await recordAuditEvent(trx, {
-    organizationId,
-    action,
-    actorUserId: actor.actorUserId ?? null,
-    actorClientId: actor.actorClientId ?? null,
-    details: event.details,
-  });
-  await sql`select pg_notify(${REVOCATION_CHANNEL}, ${event.notify})`.execute(trx);
-}
+/** Which live grants to revoke: one by id, or those of an organization that match every condition given. */
+export type GrantSelection =
+  | { grantId: number }
+  | {
+      organizationId: number;
+      applicationId?: number;
+      userId?: number;
+      /** Only grants holding a scope outside this list (an application's scopes were narrowed). */
+      beyondScopes?: readonly string[];
+    };
 
 /**
- * Revokes a grant and every refresh token of it, records why, and publishes the revocation so
- * every instance refuses its access tokens (NOTIFY is delivered when the transaction commits).
- * Returns false when the grant was already revoked or does not exist.
+ * This instance's memory of revoked grants (RevocationList), told of revocations made here once
+ * they have committed, so its API refuses their tokens at once (other instances hear by NOTIFY
+ * within milliseconds, or by polling within a second).
  */
-export async function revokeGrant(
-  db: DB,
-  grantId: number,
-  reason: RevocationReason,
-  actor: Actor = {},
-): Promise<boolean> {
-  return inTransaction(db, async (trx) => {
-    const grant = await trx
-      .updateTable('grants')
-      .set({ revoked_at: sql`now()`, revoked_reason: reason })
-      .where('id', '=', grantId)
-      .where('revoked_at', 'is', null)
-      .returning(['id', 'organization_id', 'application_id', 'user_id'])
-      .executeTakeFirst();
-    if (!grant) return false;
-    await trx
-      .updateTable('refresh_tokens')
-      .set({ revoked_at: sql`now()` })
-      .where('organization_id', '=', grant.organization_id)
-      .where('grant_id', '=', grant.id)
-      .where('revoked_at', 'is', null)
-      .execute();
-    await announceRevocation(trx, grant.organization_id, 'grant.revoked', actor, {
-      details: { grant_id: grant.id, application_id: grant.application_id, user_id: grant.user_id, reason },
-      notify: String(grant.id),
+export interface RevokedGrantsMemory {
+  noteRevoked(grantIds: readonly number[], reason: RevocationReason): void;
+}
+
+/** Grants revoked per transaction: short locks beside the requests, and NOTIFY payloads under PostgreSQL's 8000 bytes. */
+const REVOKE_BATCH = 300;
+
+/**
+ * Revokes the selected live grants and every refresh token of them, records each in the audit
+ * log with its reason, and publishes the revocations so every instance refuses their access
+ * tokens (NOTIFY, delivered when the transaction commits; the payload is the grant ids, comma
+ * separated). A batch at a time, each in its own transaction unless `db` already is one, until
+ * none is left. Returns the ids revoked by this call.
+ */
+export async function revokeGrants(db: DB, selection: GrantSelection, reason: RevocationReason, actor: Actor = {}): Promise<number[]> {
+  const revoked: number[] = [];
+  for (;;) {
+    const batch = await inTransaction(db, async (trx) => {
+      const grants = await trx
+        .updateTable('grants')
+        .set({ revoked_at: sql`now()`, revoked_reason: reason })
+        .where('revoked_at', 'is', null)
+        .where('id', 'in', (eb) => {
+          let live = eb.selectFrom('grants').select('id').where('revoked_at', 'is', null);
+          if ('grantId' in selection) return live.where('id', '=', selection.grantId);
+          live = live.where('organization_id', '=', selection.organizationId);
+          if (selection.applicationId !== undefined) live = live.where('application_id', '=', selection.applicationId);
+          if (selection.userId !== undefined) live = live.where('user_id', '=', selection.userId);
+          if (selection.beyondScopes !== undefined) live = live.where(sql<boolean>`not (scopes <@ ${[...selection.beyondScopes]}::text[])`);
+          return live.orderBy('id').limit(REVOKE_BATCH);
+        })
+        .returning(['id', 'organization_id', 'application_id', 'user_id'])
+        .execute();
+      if (grants.length === 0) return [];
+      const ids = grants.map((g) => g.id);
+      // Locked after the grants, the order the refresh grant locks them in (no deadlock).
+      await trx
+        .updateTable('refresh_tokens')
+        .set({ revoked_at: sql`now()` })
+        .where('grant_id', '=', sql<number>`any(${ids}::bigint[])`)
+        .where('revoked_at', 'is', null)
+        .execute();
+      await trx
+        .insertInto('audit_events')
+        .values(
+          grants.map((g) => ({
+            organization_id: g.organization_id,
+            action: 'grant.revoked',
+            actor_user_id: actor.actorUserId ?? null,
+            actor_client_id: actor.actorClientId ?? null,
+            details: JSON.stringify({ grant_id: g.id, application_id: g.application_id, user_id: g.user_id, reason }),
+          })),
+        )
+        .execute();
+      await sql`select pg_notify(${REVOCATION_CHANNEL}, ${ids.join(',')})`.execute(trx);
+      return ids;
     });
-    return true;
-  });
+    revoked.push(...batch);
+    if (batch.length === 0 || 'grantId' in selection) return revoked;
+  }
+}
+
+/** Revokes one grant (see revokeGrants). Returns false when it was already revoked or does not exist. */
+export async function revokeGrant(db: DB, grantId: number, reason: RevocationReason, actor: Actor = {}): Promise<boolean> {
+  return (await revokeGrants(db, { grantId }, reason, actor)).length > 0;
 }
 
 /**
@@ -161,10 +192,66 @@ export async function revokeAccessToken(
       .returning('jti')
       .executeTakeFirst();
     if (!inserted) return false;
-    await announceRevocation(trx, token.organizationId, 'access_token.revoked', actor, {
+    await recordAuditEvent(trx, {
+      organizationId: token.organizationId,
+      action: 'access_token.revoked',
+      actorUserId: actor.actorUserId ?? null,
+      actorClientId: actor.actorClientId ?? null,
       details: { grant_id: token.grantId, jti: token.jti, reason },
-      notify: `jti ${token.jti} ${token.exp}`,
     });
+    // Delivered to every instance (RevocationList) when the transaction commits.
+    await sql`select pg_notify(${REVOCATION_CHANNEL}, ${`jti ${token.jti} ${token.exp}`})`.execute(trx);
     return true;
   });
+}
+
+/** A live grant as the connected-apps lists show it (dashboard, management API, CLI). */
+export interface LiveGrant {
+  id: number;
+  scopes: string[];
+  created_at: Date;
+  last_used_at: Date | null;
+  application_client_id: string;
+  application_name: string;
+  application_type: 'public' | 'private';
+  /** null: the application acting for itself. */
+  user_id: number | null;
+  user_email: string | null;
+}
+
+function liveGrants(db: DB, organizationId: number) {
+  return db
+    .selectFrom('grants')
+    .innerJoin('applications', (j) => j.onRef('applications.id', '=', 'grants.application_id').onRef('applications.organization_id', '=', 'grants.organization_id'))
+    .leftJoin('users', 'users.id', 'grants.user_id')
+    .select([
+      'grants.id',
+      'grants.scopes',
+      'grants.created_at',
+      'grants.last_used_at',
+      'applications.client_id as application_client_id',
+      'applications.name as application_name',
+      'applications.type as application_type',
+      'grants.user_id',
+      'users.email as user_email',
+    ])
+    .where('grants.organization_id', '=', organizationId)
+    .where('grants.revoked_at', 'is', null);
+}
+
+/**
+ * The organization's connected apps (live grants), newest first, a page at a time: keyset on
+ * the partial index of live grants, so a page costs the same however many were revoked.
+ */
+export async function listLiveGrants(db: DB, organizationId: number, page: { beforeId: number | undefined; limit: number }): Promise<LiveGrant[]> {
+  return liveGrants(db, organizationId)
+    .$if(page.beforeId !== undefined, (qb) => qb.where('grants.id', '<', page.beforeId ?? 0))
+    .orderBy('grants.id', 'desc')
+    .limit(page.limit)
+    .execute();
+}
+
+/** A live grant of the organization, or undefined (revoked, missing, or another organization's). */
+export async function findLiveGrant(db: DB, organizationId: number, grantId: number): Promise<LiveGrant | undefined> {
+  return liveGrants(db, organizationId).where('grants.id', '=', grantId).executeTakeFirst();
 }

@@ -10,7 +10,7 @@ import type { FastifyBaseLogger } from 'fastify';
 import type { DB, Listen } from '../db/connect.js';
 import type { Metrics } from '../metrics.js';
 import { CLOCK_TOLERANCE_S } from './access-tokens.js';
-import { type Actor, REVOCATION_CHANNEL, revokeAccessToken, revokeGrant, type RevocationReason } from './grant-store.js';
+import { type Actor, REVOCATION_CHANNEL, revokeAccessToken, revokeGrant, type RevocationReason, type RevokedGrantsMemory } from './grant-store.js';
 
 const POLL_MS = 500;
 /** Commits land after their now(): the poll looks back this far past the newest revocation it saw. */
@@ -28,7 +28,7 @@ export interface RevocableToken {
   exp: number;
 }
 
-export class RevocationList {
+export class RevocationList implements RevokedGrantsMemory {
   /** Grant id → when it was revoked (ms), as far as this instance knows. */
   private readonly grants = new Map<number, number>();
   /** jti → the token's exp (s). */
@@ -72,9 +72,23 @@ export class RevocationList {
   /** Revokes a grant (see revokeGrant) and refuses its tokens here at once, before the NOTIFY arrives. */
   async revoke(grantId: number, reason: RevocationReason, actor?: Actor): Promise<boolean> {
     const revoked = await revokeGrant(this.db, grantId, reason, actor);
-    this.grants.set(grantId, Date.now());
+    this.markRevoked([grantId]);
     if (revoked) this.options.metrics?.revoked('grant', reason);
     return revoked;
+  }
+
+  /**
+   * Grants revoked by this instance (revokeGrants, committed): refused here at once, before the
+   * NOTIFY arrives, and counted in the metrics.
+   */
+  noteRevoked(grantIds: readonly number[], reason: RevocationReason): void {
+    this.markRevoked(grantIds);
+    this.options.metrics?.revoked('grant', reason, grantIds.length);
+  }
+
+  private markRevoked(grantIds: readonly number[]): void {
+    const now = Date.now();
+    for (const id of grantIds) if (!this.grants.has(id)) this.grants.set(id, now);
   }
 
   /** Revokes one access token (see revokeAccessToken), refused here at once. */
@@ -91,8 +105,9 @@ export class RevocationList {
       this.tokens.set(token[1]!, Number(token[2]));
       return;
     }
-    const id = Number(payload);
-    if (Number.isSafeInteger(id)) this.grants.set(id, Date.now());
+    // Grant ids, comma separated (revokeGrants).
+    const ids = payload.split(',').map(Number).filter((id) => Number.isSafeInteger(id) && id > 0);
+    this.markRevoked(ids);
   }
 
   /** Drops what can no longer matter: tokens past exp, grants revoked longer ago than a token lives. */

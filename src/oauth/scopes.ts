@@ -1,19 +1,59 @@
+import type { ApplicationType } from '../db/schema.js';
 import { InvalidRequestError } from '../errors.js';
 import { InvalidScopeError } from './errors.js';
 
-/** Every scope orgauth knows, with the description the consent page shows. */
+/** Every scope orgauth knows, with the description the consent page and the dashboard show. */
 export const SCOPE_DESCRIPTIONS = {
   'contacts.read': 'Read contacts',
   'contacts.write': 'Create, change and delete contacts',
   'tasks.read': 'Read tasks',
   'tasks.write': 'Create, change and delete tasks',
+  'applications.read': 'Read the organization’s applications',
+  'applications.write': 'Create, change, disable and delete applications and rotate their secrets',
+  'members.read': 'Read the organization’s members and their roles',
+  'members.write': 'Add and remove members and change their roles',
+  'grants.read': 'Read the connected apps (live grants)',
+  'grants.write': 'Revoke connected apps',
+  'audit.read': 'Read the audit log',
 } as const;
 
 export type Scope = keyof typeof SCOPE_DESCRIPTIONS;
-export const KNOWN_SCOPES: readonly Scope[] = ['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write'] satisfies (keyof typeof SCOPE_DESCRIPTIONS)[];
+
+/** The organization's data: what a user can delegate to a public application. */
+export const DATA_SCOPES = ['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write'] as const satisfies readonly Scope[];
+/**
+ * Administration of the organization (the management API). Held only by the organization's own
+ * private applications (AD-1): a user never delegates them to a third party.
+ */
+export const MANAGEMENT_SCOPES = [
+  'applications.read',
+  'applications.write',
+  'members.read',
+  'members.write',
+  'grants.read',
+  'grants.write',
+  'audit.read',
+] as const satisfies readonly Scope[];
+
+/** Canonical order: scope lists are always written in this order. */
+export const KNOWN_SCOPES: readonly Scope[] = [...DATA_SCOPES, ...MANAGEMENT_SCOPES];
 
 export function isKnownScope(value: string): value is Scope {
   return Object.hasOwn(SCOPE_DESCRIPTIONS, value);
+}
+
+export function isManagementScope(value: string): boolean {
+  return (MANAGEMENT_SCOPES as readonly string[]).includes(value);
+}
+
+/** What an application of this type may hold: public ones the data scopes only (AD-1). */
+export function scopesForType(type: ApplicationType): readonly Scope[] {
+  return type === 'private' ? KNOWN_SCOPES : DATA_SCOPES;
+}
+
+/** Whether an application of this type may hold `scope`. */
+export function mayHold(type: ApplicationType, scope: string): boolean {
+  return (scopesForType(type) as readonly string[]).includes(scope);
 }
 
 /**
@@ -24,9 +64,26 @@ export function parseScopes(input: string | readonly string[]): Scope[] {
   const words = (typeof input === 'string' ? [input] : input).flatMap((s) => s.split(/[ \t\n\r]+/)).filter((s) => s !== '');
   const unknown = words.filter((w) => !isKnownScope(w));
   if (unknown.length > 0) {
-    throw new InvalidRequestError(`unknown scope ${unknown.map((s) => JSON.stringify(s)).join(', ')}; known scopes: ${KNOWN_SCOPES.join(' ')}`);
+    throw new InvalidRequestError(`unknown scope ${unknown.map((s) => JSON.stringify(s.slice(0, 40))).join(', ')}; known scopes: ${KNOWN_SCOPES.join(' ')}`, {
+      details: [{ path: 'scopes', message: `unknown scope ${unknown.map((s) => JSON.stringify(s.slice(0, 40))).join(', ')}` }],
+    });
   }
   return KNOWN_SCOPES.filter((s) => words.includes(s));
+}
+
+/**
+ * The scopes an application of `type` is registered with: `input` parsed (data scopes when
+ * omitted), at least one, and for a public application no management scope (AD-1).
+ */
+export function applicationScopes(type: ApplicationType, input: string | readonly string[] | undefined): Scope[] {
+  const scopes = input === undefined ? [...DATA_SCOPES] : parseScopes(input);
+  if (scopes.length === 0) throw new InvalidRequestError('scopes: at least one scope is required', { details: [{ path: 'scopes', message: 'at least one scope is required' }] });
+  const refused = scopes.filter((s) => !mayHold(type, s));
+  if (refused.length > 0) {
+    const message = `${refused.join(' ')} may be held only by private applications`;
+    throw new InvalidRequestError(`scopes: ${message}`, { details: [{ path: 'scopes', message }] });
+  }
+  return scopes;
 }
 
 /**

@@ -1,10 +1,14 @@
 /**
- * Table-driven: every API route against every single-scope token (the scope matrix), and every
- * route with another organization's ids (isolation).
+ * Table-driven: every API route, the management API's included, against every single-scope
+ * token (the scope matrix), and every route with another organization's path and ids
+ * (isolation: 403 for B's path, 404 for B's ids under A's path, exactly like missing ids).
  */
 import type { FastifyInstance } from 'fastify';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { addMember } from '../../src/accounts/organizations.js';
+import { createApplication } from '../../src/oauth/applications.js';
+import { createGrant } from '../../src/oauth/grant-store.js';
 import { KNOWN_SCOPES } from '../../src/oauth/scopes.js';
 import { ensureSigningKey } from '../../src/oauth/keys.js';
 import { buildTestApp, TEST_SECRET_KEY } from '../helpers/app.js';
@@ -18,7 +22,17 @@ let a: OrgFixture;
 let b: OrgFixture;
 const tokens: Record<string, string> = {};
 let full: string;
-let bIds: { contact: number; task: number };
+let bIds: Ids;
+
+/** The ids a route's path or body may name: fresh rows of one organization for every call. */
+interface Ids {
+  contact: number;
+  task: number;
+  clientId: string;
+  userId: number;
+  email: string;
+  grant: number;
+}
 
 const token = (fixture: OrgFixture, scope?: string) => clientCredentialsToken(app, fixture, scope);
 
@@ -27,74 +41,139 @@ beforeAll(async () => {
   await ensureSigningKey(t.handle.db, { alg: 'ES256', secretKey: TEST_SECRET_KEY });
   app = await buildTestApp(t.handle.db, { listen: t.handle.listen });
   second = await buildTestApp(t.handle.db, { listen: t.handle.listen });
-  a = await createOrgFixture(t.handle.db);
-  b = await createOrgFixture(t.handle.db);
+  // Private applications that may hold every scope, the management ones included.
+  a = await createOrgFixture(t.handle.db, { scopes: KNOWN_SCOPES.join(' ') });
+  b = await createOrgFixture(t.handle.db, { scopes: KNOWN_SCOPES.join(' ') });
   for (const scope of KNOWN_SCOPES) tokens[scope] = await token(a, scope);
   full = await token(a);
-  const contact = await t.handle.db.insertInto('contacts').values({ organization_id: b.organizationId, name: 'B contact' }).returning('id').executeTakeFirstOrThrow();
-  const task = await t.handle.db.insertInto('tasks').values({ organization_id: b.organizationId, title: 'B task' }).returning('id').executeTakeFirstOrThrow();
-  bIds = { contact: contact.id, task: task.id };
+  bIds = await freshIds(b);
+  bBefore = await stateOfB();
 });
+
+/** Everything of B's that a route could change, to compare after the isolation tests. */
+async function stateOfB() {
+  const db = t.handle.db;
+  const org = b.organizationId;
+  return {
+    contact: await db.selectFrom('contacts').selectAll().where('id', '=', bIds.contact).executeTakeFirst(),
+    task: await db.selectFrom('tasks').selectAll().where('id', '=', bIds.task).executeTakeFirst(),
+    applications: await db.selectFrom('applications').selectAll().where('organization_id', '=', org).orderBy('id').execute(),
+    members: await db.selectFrom('memberships').selectAll().where('organization_id', '=', org).orderBy('user_id').execute(),
+    grants: await db.selectFrom('grants').selectAll().where('organization_id', '=', org).orderBy('id').execute(),
+    audit: await db.selectFrom('audit_events').selectAll().where('organization_id', '=', org).orderBy('id').execute(),
+  };
+}
+let bBefore: Awaited<ReturnType<typeof stateOfB>>;
 afterAll(async () => {
   await app.close();
   await second.close();
   await t.close();
 });
 
-type Method = 'GET' | 'POST' | 'PATCH' | 'DELETE';
-const ROUTES: { method: Method; path: (ids: { contact: number; task: number }) => string; scope: string | null; body?: object }[] = [
-  { method: 'GET', path: () => '', scope: null },
-  { method: 'GET', path: () => '/contacts', scope: 'contacts.read' },
-  { method: 'POST', path: () => '/contacts', scope: 'contacts.write', body: { name: 'New' } },
-  { method: 'GET', path: (i) => `/contacts/${i.contact}`, scope: 'contacts.read' },
-  { method: 'PATCH', path: (i) => `/contacts/${i.contact}`, scope: 'contacts.write', body: { name: 'Changed' } },
-  { method: 'DELETE', path: (i) => `/contacts/${i.contact}`, scope: 'contacts.write' },
-  { method: 'GET', path: () => '/tasks', scope: 'tasks.read' },
-  { method: 'POST', path: () => '/tasks', scope: 'tasks.write', body: { title: 'New' } },
-  { method: 'GET', path: (i) => `/tasks/${i.task}`, scope: 'tasks.read' },
-  { method: 'PATCH', path: (i) => `/tasks/${i.task}`, scope: 'tasks.write', body: { title: 'Changed' } },
-  { method: 'DELETE', path: (i) => `/tasks/${i.task}`, scope: 'tasks.write' },
-];
+let n = 0;
 
-async function ownIds(): Promise<{ contact: number; task: number }> {
-  const contact = await t.handle.db.insertInto('contacts').values({ organization_id: a.organizationId, name: 'A contact' }).returning('id').executeTakeFirstOrThrow();
-  const task = await t.handle.db.insertInto('tasks').values({ organization_id: a.organizationId, title: 'A task' }).returning('id').executeTakeFirstOrThrow();
-  return { contact: contact.id, task: task.id };
+/** A contact, a task, an application, a member (with an unused twin to add) and a user's grant of `org`, made directly in the database. */
+async function freshIds(org: OrgFixture): Promise<Ids> {
+  const db = t.handle.db;
+  const i = ++n;
+  const contact = await db.insertInto('contacts').values({ organization_id: org.organizationId, name: `Contact ${i}` }).returning('id').executeTakeFirstOrThrow();
+  const task = await db.insertInto('tasks').values({ organization_id: org.organizationId, title: `Task ${i}` }).returning('id').executeTakeFirstOrThrow();
+  const application = await createApplication(db, { organizationId: org.organizationId, type: 'public', name: `App ${i}`, redirectUris: ['https://m.example.com/cb'] });
+  const user = (tag: string) =>
+    db.insertInto('users').values({ email: `${tag}${i}-${process.pid}@example.com`, password_hash: '$argon2id$matrix' }).returning(['id', 'email']).executeTakeFirstOrThrow();
+  const member = await user('member');
+  const outsider = await user('outsider');
+  await addMember(db, { organizationId: org.organizationId, userId: member.id, role: 'member' });
+  const appRow = await db.selectFrom('applications').select('id').where('client_id', '=', application.client_id).executeTakeFirstOrThrow();
+  const grant = await createGrant(db, { organizationId: org.organizationId, applicationId: appRow.id, userId: member.id, scopes: ['contacts.read'] });
+  return { contact: contact.id, task: task.id, clientId: application.client_id, userId: member.id, email: outsider.email, grant: grant!.id };
 }
 
-const call = (target: FastifyInstance, route: (typeof ROUTES)[number], org: number, ids: { contact: number; task: number }, bearer: string) =>
-  target.inject({ method: route.method, url: `/api/v1/${org}${route.path(ids)}`, headers: { authorization: `Bearer ${bearer}` }, ...(route.body ? { payload: route.body } : {}) });
+type Method = 'GET' | 'POST' | 'PATCH' | 'DELETE';
+interface Route {
+  method: Method;
+  path: (ids: Ids) => string;
+  scope: string | null;
+  /** Whether the path names a row (then another organization's row must be a 404). */
+  names?: true;
+  body?: (ids: Ids) => object;
+  ok?: number;
+}
+const ROUTES: Route[] = [
+  { method: 'GET', path: () => '', scope: null },
+  { method: 'GET', path: () => '/contacts', scope: 'contacts.read' },
+  { method: 'POST', path: () => '/contacts', scope: 'contacts.write', body: () => ({ name: 'New' }) },
+  { method: 'GET', path: (i) => `/contacts/${i.contact}`, scope: 'contacts.read', names: true },
+  { method: 'PATCH', path: (i) => `/contacts/${i.contact}`, scope: 'contacts.write', names: true, body: () => ({ name: 'Changed' }) },
+  { method: 'DELETE', path: (i) => `/contacts/${i.contact}`, scope: 'contacts.write', names: true },
+  { method: 'GET', path: () => '/tasks', scope: 'tasks.read' },
+  { method: 'POST', path: () => '/tasks', scope: 'tasks.write', body: () => ({ title: 'New' }) },
+  { method: 'GET', path: (i) => `/tasks/${i.task}`, scope: 'tasks.read', names: true },
+  { method: 'PATCH', path: (i) => `/tasks/${i.task}`, scope: 'tasks.write', names: true, body: () => ({ title: 'Changed' }) },
+  { method: 'DELETE', path: (i) => `/tasks/${i.task}`, scope: 'tasks.write', names: true },
+  // The management API.
+  { method: 'GET', path: () => '/applications', scope: 'applications.read' },
+  { method: 'POST', path: () => '/applications', scope: 'applications.write', body: () => ({ type: 'private', name: 'Made by the API' }) },
+  { method: 'GET', path: (i) => `/applications/${i.clientId}`, scope: 'applications.read', names: true },
+  { method: 'PATCH', path: (i) => `/applications/${i.clientId}`, scope: 'applications.write', names: true, body: () => ({ name: 'Renamed' }) },
+  { method: 'DELETE', path: (i) => `/applications/${i.clientId}`, scope: 'applications.write', names: true },
+  { method: 'POST', path: (i) => `/applications/${i.clientId}/secret`, scope: 'applications.write', names: true, ok: 200 },
+  { method: 'GET', path: () => '/members', scope: 'members.read' },
+  { method: 'POST', path: () => '/members', scope: 'members.write', body: (i) => ({ email: i.email, role: 'member' }) },
+  { method: 'GET', path: (i) => `/members/${i.userId}`, scope: 'members.read', names: true },
+  { method: 'PATCH', path: (i) => `/members/${i.userId}`, scope: 'members.write', names: true, body: () => ({ role: 'admin' }) },
+  { method: 'DELETE', path: (i) => `/members/${i.userId}`, scope: 'members.write', names: true },
+  { method: 'GET', path: () => '/grants', scope: 'grants.read' },
+  { method: 'GET', path: (i) => `/grants/${i.grant}`, scope: 'grants.read', names: true },
+  { method: 'DELETE', path: (i) => `/grants/${i.grant}`, scope: 'grants.write', names: true },
+  { method: 'GET', path: () => '/audit-events', scope: 'audit.read' },
+];
+
+const MISSING: Ids = { contact: 987_654_321, task: 987_654_321, clientId: 'f'.repeat(32), userId: 987_654_321, email: 'nobody@example.com', grant: 987_654_321 };
+
+const call = (target: FastifyInstance, route: Route, org: number, ids: Ids, bearer: string) =>
+  target.inject({
+    method: route.method,
+    url: `/api/v1/${org}${route.path(ids)}`,
+    headers: { authorization: `Bearer ${bearer}` },
+    ...(route.body ? { payload: route.body(ids) } : {}),
+  });
+
+const success = (route: Route) => route.ok ?? (route.method === 'POST' ? 201 : route.method === 'DELETE' ? 204 : 200);
+const label = (route: Route) => `${route.method} ${route.path({ contact: 0, task: 0, clientId: ':client_id', userId: 0, email: '', grant: 0 }) || '/'}`;
 
 describe(`the scope matrix on ${BACKEND} (BR-2)`, () => {
-  it.each(ROUTES.map((r) => [`${r.method} ${r.path({ contact: 0, task: 0 }) || '/'}`, r] as const))('%s', async (_name, route) => {
+  it.each(ROUTES.map((r) => [label(r), r] as const))('%s', async (_name, route) => {
     for (const scope of KNOWN_SCOPES) {
-      const res = await call(app, route, a.organizationId, await ownIds(), tokens[scope]!);
+      const res = await call(app, route, a.organizationId, await freshIds(a), tokens[scope]!);
       const allowed = route.scope === null || route.scope === scope;
-      expect({ scope, status: res.statusCode }).toEqual({ scope, status: allowed ? (route.method === 'POST' ? 201 : route.method === 'DELETE' ? 204 : 200) : 403 });
+      expect({ scope, status: res.statusCode, body: allowed ? undefined : res.json() }).toEqual({
+        scope,
+        status: allowed ? success(route) : 403,
+        body: allowed ? undefined : { error: 'insufficient_scope', error_description: expect.any(String) },
+      });
       if (!allowed) expect(res.headers['www-authenticate']).toBe(`Bearer realm="orgauth", error="insufficient_scope", scope="${route.scope}"`);
     }
   });
 });
 
 describe(`organization isolation on ${BACKEND} (BR-3, BR-6)`, () => {
-  it.each(ROUTES.map((r) => [`${r.method} ${r.path({ contact: 0, task: 0 }) || '/'}`, r] as const))('%s', async (_name, route) => {
+  it.each(ROUTES.map((r) => [label(r), r] as const))('%s', async (_name, route) => {
     // B's path with A's token: 403 organization_mismatch, whatever the route.
     const mismatch = await call(app, route, b.organizationId, bIds, full);
     expect(mismatch.statusCode).toBe(403);
     expect(mismatch.json().error).toBe('organization_mismatch');
     // A's path with B's ids: 404 exactly like a missing id; B's rows untouched.
-    if (route.path(bIds).match(/\/\d+$/)) {
+    if (route.names) {
       const foreign = await call(app, route, a.organizationId, bIds, full);
-      const missing = await call(app, route, a.organizationId, { contact: 987_654_321, task: 987_654_321 }, full);
+      const missing = await call(app, route, a.organizationId, MISSING, full);
       expect(foreign.statusCode).toBe(404);
       expect(foreign.json()).toEqual(missing.json());
     }
   });
 
   it("leaves the other organization's rows as they were", async () => {
-    const contact = await t.handle.db.selectFrom('contacts').select('name').where('id', '=', bIds.contact).executeTakeFirst();
-    const task = await t.handle.db.selectFrom('tasks').select('title').where('id', '=', bIds.task).executeTakeFirst();
-    expect({ contact, task }).toEqual({ contact: { name: 'B contact' }, task: { title: 'B task' } });
+    expect(await stateOfB()).toEqual(bBefore);
   });
 });
 

@@ -45,8 +45,35 @@ describe('GET /openapi.json', () => {
       'GET /api/v1/{organization_id}/tasks/{id}': ['tasks.read'],
       'PATCH /api/v1/{organization_id}/tasks/{id}': ['tasks.write'],
       'DELETE /api/v1/{organization_id}/tasks/{id}': ['tasks.write'],
+      'GET /api/v1/{organization_id}/applications': ['applications.read'],
+      'POST /api/v1/{organization_id}/applications': ['applications.write'],
+      'GET /api/v1/{organization_id}/applications/{client_id}': ['applications.read'],
+      'PATCH /api/v1/{organization_id}/applications/{client_id}': ['applications.write'],
+      'DELETE /api/v1/{organization_id}/applications/{client_id}': ['applications.write'],
+      'POST /api/v1/{organization_id}/applications/{client_id}/secret': ['applications.write'],
+      'GET /api/v1/{organization_id}/members': ['members.read'],
+      'POST /api/v1/{organization_id}/members': ['members.write'],
+      'GET /api/v1/{organization_id}/members/{user_id}': ['members.read'],
+      'PATCH /api/v1/{organization_id}/members/{user_id}': ['members.write'],
+      'DELETE /api/v1/{organization_id}/members/{user_id}': ['members.write'],
+      'GET /api/v1/{organization_id}/grants': ['grants.read'],
+      'GET /api/v1/{organization_id}/grants/{id}': ['grants.read'],
+      'DELETE /api/v1/{organization_id}/grants/{id}': ['grants.write'],
+      'GET /api/v1/{organization_id}/audit-events': ['audit.read'],
     });
     expect(doc.components.securitySchemes.oauth2).toMatchObject({ type: 'oauth2' });
+  });
+
+  it('offers public applications (authorization code) the data scopes only, and client credentials every scope (AD-1)', async () => {
+    const doc = (await app.inject('/openapi.json')).json() as {
+      components: { securitySchemes: { oauth2: { flows: Record<string, { scopes: Record<string, string> }> } } };
+    };
+    const { flows } = doc.components.securitySchemes.oauth2;
+    expect(Object.keys(flows.authorizationCode!.scopes)).toEqual(['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write']);
+    expect(Object.keys(flows.clientCredentials!.scopes)).toEqual([
+      'contacts.read', 'contacts.write', 'tasks.read', 'tasks.write',
+      'applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read',
+    ]);
   });
 });
 

@@ -59,6 +59,7 @@ const MIGRATIONS = [
   '20261122_0003_revoked_access_tokens',
   '20261122_0004_token_tables_write_path',
   '20261122_0005_refresh_token_expiry_index',
+  '20261123_0006_management_api',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {
@@ -191,6 +192,21 @@ describe(`the migrated schema on ${BACKEND}`, () => {
     await db().insertInto('applications').values(app('p1', 'public', ['https://a.example/cb'])).execute();
     const row = await db().selectFrom('applications').select(['redirect_uris', 'scopes', 'require_pkce', 'disabled']).where('client_id', '=', 'p1').executeTakeFirstOrThrow();
     expect(row).toEqual({ redirect_uris: ['https://a.example/cb'], scopes: ['contacts.read'], require_pkce: false, disabled: false });
+  });
+
+  it('keeps management scopes off public applications (AD-1), whoever writes the row', async () => {
+    const orgId = await newOrg();
+    const app = (client_id: string, type: 'public' | 'private', scopes: string[]) => ({
+      organization_id: orgId, client_id, client_secret_hash: HASH, type, name: 'X', scopes, redirect_uris: type === 'public' ? ['https://a.example/cb'] : [],
+    });
+    for (const scope of ['applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read']) {
+      await expect(db().insertInto('applications').values(app(`pub-${scope}`, 'public', ['contacts.read', scope])).execute()).rejects.toMatchObject({ code: '23514' });
+      await db().insertInto('applications').values(app(`priv-${scope}`, 'private', ['contacts.read', scope])).execute();
+    }
+    await db().insertInto('applications').values(app('pub-data', 'public', ['contacts.read', 'tasks.write'])).execute();
+    await expect(
+      db().updateTable('applications').set({ scopes: ['contacts.read', 'members.write'] }).where('client_id', '=', 'pub-data').execute(),
+    ).rejects.toMatchObject({ code: '23514' });
   });
 
   it('cascades an organization deletion to everything it owns', async () => {

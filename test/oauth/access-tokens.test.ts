@@ -65,7 +65,7 @@ describe(`access tokens on ${BACKEND}`, () => {
   it('caches verified tokens for the API but re-checks revocation every time', async () => {
     const revoked = new Set<number | string>();
     const revocations = { isTokenRevoked: (t: { grant_id: number; jti: string }) => revoked.has(t.grant_id) || revoked.has(t.jti) };
-    const application = { disabled: false } as Application;
+    const application = { disabled: false, scopes: ['contacts.read', 'tasks.read'] } as Application;
     const verifier = new AccessTokenVerifier({ keys, config, revocations: revocations as unknown as RevocationList, applications: { find: async () => application } });
     const { token, claims } = await signAccessToken(await keys.signingKey(), config, input);
     const second = await signAccessToken(await keys.signingKey(), config, input);
@@ -80,6 +80,11 @@ describe(`access tokens on ${BACKEND}`, () => {
     application.disabled = true;
     await expect(verifier.verify(second.token)).rejects.toMatchObject({ reason: 'application disabled or deleted' });
     application.disabled = false;
+    // The application narrowed below the token's scopes: refused at once (its grants are being revoked).
+    application.scopes = ['tasks.read'];
+    await expect(verifier.verify(second.token)).rejects.toMatchObject({ reason: 'scope beyond the application’s' });
+    application.scopes = ['contacts.read', 'tasks.read'];
+    expect((await verifier.verify(second.token)).grant_id).toBe(42);
     revoked.add(42);
     await expect(verifier.verify(second.token)).rejects.toMatchObject({ reason: 'token revoked' });
     await expect(verifier.verify(`${token}x`)).rejects.toBeInstanceOf(InvalidTokenError);

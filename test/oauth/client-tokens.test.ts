@@ -136,7 +136,7 @@ describe(`cached applications on ${BACKEND}`, () => {
     const org = await createOrgFixture(t.handle.db);
     for (const instance of [app, second]) expect((await ccRequest(instance, org)).statusCode).toBe(200);
     // As `orgauth app rotate-secret` does it: straight to the database, no instance told.
-    const rotated = await rotateClientSecret(t.handle.db, org.privateApp.client_id);
+    const rotated = await rotateClientSecret(t.handle.db, org.privateApp);
     for (const instance of [app, second]) {
       expect(await within(1000, async () => (await ccRequest(instance, org)).statusCode === 401)).toBe(true);
       expect((await ccRequest(instance, org, rotated.client_secret)).statusCode).toBe(200);

@@ -46,7 +46,7 @@ describe(`applications on ${BACKEND}`, () => {
     expect(dump).not.toContain(app.client_secret);
   });
 
-  it('get all known scopes by default, and the scopes asked for otherwise', async () => {
+  it('get the data scopes by default, and the scopes asked for otherwise', async () => {
     const all = await createApplication(t.handle.db, { organizationId: orgId, type: 'private', name: 'All' });
     expect(all.scopes).toEqual(['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write']);
     const some = await createApplication(t.handle.db, { organizationId: orgId, type: 'private', name: 'Some', scopes: 'tasks.read  contacts.read tasks.read' });
@@ -55,7 +55,7 @@ describe(`applications on ${BACKEND}`, () => {
 
   it('rotate the secret so the old one stops matching at once', async () => {
     const app = await createApplication(t.handle.db, { organizationId: orgId, type: 'private', name: 'Rotating' });
-    const rotated = await rotateClientSecret(t.handle.db, app.client_id);
+    const rotated = await rotateClientSecret(t.handle.db, app);
     expect(rotated.client_id).toBe(app.client_id);
     expect(rotated.client_secret).not.toBe(app.client_secret);
     const row = await findApplicationByClientId(t.handle.db, app.client_id);

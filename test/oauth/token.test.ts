@@ -236,7 +236,10 @@ describe('metadata (MD-3) and JWKS', () => {
       introspection_endpoint: `${config.issuer}/oauth/introspect`,
       grant_types_supported: ['authorization_code', 'refresh_token', 'client_credentials'],
       jwks_uri: `${config.issuer}/.well-known/jwks.json`,
-      scopes_supported: ['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write'],
+      scopes_supported: [
+        'contacts.read', 'contacts.write', 'tasks.read', 'tasks.write',
+        'applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read',
+      ],
       response_types_supported: ['code'],
       token_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post'],
       code_challenge_methods_supported: ['S256'],

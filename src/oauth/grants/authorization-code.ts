@@ -62,8 +62,8 @@ async function redeemCode(db: DB, application: Application, presented: Presented
       returning c.grant_id, c.organization_id, c.user_id, c.scopes
     ),
     grant_row as (
-      insert into grants (id, organization_id, application_id, user_id, scopes) overriding system value
-      select grant_id, organization_id, ${application.id}, user_id, scopes from consumed
+      insert into grants (id, organization_id, application_id, user_id, scopes, last_used_at) overriding system value
+      select grant_id, organization_id, ${application.id}, user_id, scopes, now() from consumed
       returning id
     ),
     refresh as (

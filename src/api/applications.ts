@@ -1,0 +1,226 @@
+/**
+ * The management API's applications: list, read, create, change, rotate the secret, delete.
+ * The rules are the domain's (src/oauth/applications.ts), shared with the dashboard and the CLI;
+ * this file adds only what is particular to an application administering its own organization:
+ * it may not lock itself out (see refuseSelfLockout).
+ */
+import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
+import { z } from 'zod';
+import type { DB } from '../db/connect.js';
+import type { Application } from '../db/schema.js';
+import { ConflictError } from '../errors.js';
+import type { ApplicationCache } from '../oauth/application-cache.js';
+import {
+  type ChangeOptions,
+  createApplication,
+  deleteApplication,
+  getApplication,
+  listApplications,
+  rotateClientSecret,
+  updateApplication,
+} from '../oauth/applications.js';
+import type { RevocationList } from '../oauth/revocations.js';
+import { actorOf, type ApiAuth, authOf } from './auth.js';
+import { decodeCursor, listQuery, page } from './pagination.js';
+import { conflictResponse, errorResponses, listOf, orgParams } from './schemas.js';
+
+export const applicationSchema = z
+  .object({
+    client_id: z.string(),
+    type: z.enum(['public', 'private']),
+    name: z.string(),
+    redirect_uris: z.array(z.string()),
+    scopes: z.array(z.string()),
+    require_pkce: z.boolean(),
+    disabled: z.boolean(),
+    created_at: z.iso.datetime(),
+    updated_at: z.iso.datetime(),
+    secret_rotated_at: z.iso.datetime().nullable(),
+  })
+  .meta({ id: 'Application' });
+
+/** The fields of an application that leave the server (API and CLI): never its secret or the secret's hash. */
+export function applicationOut(a: Application): z.infer<typeof applicationSchema> {
+  return {
+    client_id: a.client_id,
+    type: a.type,
+    name: a.name,
+    redirect_uris: a.redirect_uris,
+    scopes: a.scopes,
+    require_pkce: a.require_pkce,
+    disabled: a.disabled,
+    created_at: a.created_at.toISOString(),
+    updated_at: a.updated_at.toISOString(),
+    secret_rotated_at: a.secret_rotated_at?.toISOString() ?? null,
+  };
+}
+
+const withSecretSchema = applicationSchema
+  .extend({ client_secret: z.string().describe('shown in this response only: orgauth keeps only its hash') })
+  .meta({ id: 'ApplicationWithSecret' });
+const secretSchema = z
+  .object({ client_id: z.string(), client_secret: z.string().describe('shown in this response only; the previous secret no longer works') })
+  .meta({ id: 'ClientSecret' });
+
+// Types only: the domain checks the values and names the field in `details` (one set of rules
+// for the API, the dashboard and the CLI).
+const scopesField = z.array(z.string()).max(50).describe('the scopes the application may be granted; management scopes for private applications only');
+const newApplicationBody = z.strictObject({
+  type: z.enum(['public', 'private']),
+  name: z.string(),
+  redirect_uris: z.array(z.string()).max(50).optional().describe('public applications: at least one; private applications: none'),
+  scopes: scopesField.optional().describe('the data scopes when omitted'),
+  require_pkce: z.boolean().optional(),
+});
+const applicationPatchBody = z
+  .strictObject({
+    name: z.string().optional(),
+    redirect_uris: z.array(z.string()).max(50).optional(),
+    scopes: scopesField.optional().describe('removing a scope revokes the grants that hold it'),
+    require_pkce: z.boolean().optional(),
+    disabled: z.boolean().optional().describe('disabling revokes every grant of the application'),
+  })
+  .refine((v) => Object.keys(v).length > 0, 'send at least one field');
+const clientIdParams = orgParams.extend({ client_id: z.string() });
+
+/**
+ * An integration cannot lock its own organization out by accident: it may not delete or
+ * disable itself, nor give up applications.write, in one request. (It may rotate its own secret:
+ * the new one is in the response.) A person in the dashboard, or another application, can.
+ */
+function refuseSelfLockout(auth: ApiAuth, application: Application, change: 'delete' | { disabled?: boolean | undefined; scopes?: readonly string[] | undefined }): void {
+  if (application.client_id !== auth.claims.client_id) return;
+  const what =
+    change === 'delete'
+      ? 'delete itself'
+      : change.disabled === true
+        ? 'disable itself'
+        : change.scopes !== undefined && !change.scopes.includes('applications.write')
+          ? 'remove applications.write from itself'
+          : undefined;
+  if (what) throw new ConflictError(`an application cannot ${what}; use another application with applications.write, or the dashboard`);
+}
+
+export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: RevocationList; applications: ApplicationCache }> = async (app, deps) => {
+  const { db } = deps;
+  const changeOptions = (auth: ApiAuth): ChangeOptions => ({ actor: actorOf(auth), revocations: deps.revocations, applications: deps.applications });
+
+  app.get(
+    '/applications',
+    {
+      config: { scope: 'applications.read' },
+      schema: { tags: ['applications'], summary: 'List applications', params: orgParams, querystring: z.object(listQuery), response: { 200: listOf(applicationSchema), ...errorResponses } },
+    },
+    async (req) => {
+      const rows = await listApplications(db, authOf(req).organizationId, { afterId: decodeCursor(req.query.cursor), limit: req.query.limit + 1 });
+      const result = page(rows, req.query.limit, (a) => a.id);
+      return { data: result.rows.map(applicationOut), next_cursor: result.next_cursor };
+    },
+  );
+
+  app.get(
+    '/applications/:client_id',
+    {
+      config: { scope: 'applications.read' },
+      schema: { tags: ['applications'], summary: 'Get an application', params: clientIdParams, response: { 200: applicationSchema, ...errorResponses } },
+    },
+    async (req) => applicationOut(await getApplication(db, authOf(req).organizationId, req.params.client_id)),
+  );
+
+  app.post(
+    '/applications',
+    {
+      config: { scope: 'applications.write' },
+      schema: {
+        tags: ['applications'],
+        summary: 'Create an application; the response holds its client secret, shown this once',
+        params: orgParams,
+        body: newApplicationBody,
+        response: { 201: withSecretSchema, ...errorResponses },
+      },
+    },
+    async (req, reply) => {
+      const auth = authOf(req);
+      const b = req.body;
+      const created = await createApplication(db, {
+        organizationId: auth.organizationId,
+        type: b.type,
+        name: b.name,
+        ...(b.redirect_uris ? { redirectUris: b.redirect_uris } : {}),
+        ...(b.scopes ? { scopes: b.scopes } : {}),
+        ...(b.require_pkce !== undefined ? { requirePkce: b.require_pkce } : {}),
+        actor: actorOf(auth),
+      });
+      const application = await getApplication(db, auth.organizationId, created.client_id);
+      reply.code(201).header('location', `/api/v1/${auth.organizationId}/applications/${created.client_id}`);
+      return { ...applicationOut(application), client_secret: created.client_secret };
+    },
+  );
+
+  app.patch(
+    '/applications/:client_id',
+    {
+      config: { scope: 'applications.write' },
+      schema: {
+        tags: ['applications'],
+        summary: 'Change an application: name, redirect URIs, scopes, PKCE, disabled',
+        description: 'Narrowing the scopes revokes the grants holding a removed scope; disabling revokes every grant. An application cannot disable itself or remove applications.write from itself (409).',
+        params: clientIdParams,
+        body: applicationPatchBody,
+        response: { 200: applicationSchema, ...errorResponses, ...conflictResponse },
+      },
+    },
+    async (req) => {
+      const auth = authOf(req);
+      const application = await getApplication(db, auth.organizationId, req.params.client_id);
+      const b = req.body;
+      refuseSelfLockout(auth, application, b);
+      const updated = await updateApplication(
+        db,
+        application,
+        { name: b.name, redirectUris: b.redirect_uris, scopes: b.scopes, requirePkce: b.require_pkce, disabled: b.disabled },
+        changeOptions(auth),
+      );
+      return applicationOut(updated);
+    },
+  );
+
+  app.delete(
+    '/applications/:client_id',
+    {
+      config: { scope: 'applications.write' },
+      schema: {
+        tags: ['applications'],
+        summary: 'Delete an application, revoking every grant of it',
+        description: 'An application cannot delete itself (409).',
+        params: clientIdParams,
+        response: { 204: z.null().describe('deleted'), ...errorResponses, ...conflictResponse },
+      },
+    },
+    async (req, reply) => {
+      const auth = authOf(req);
+      const application = await getApplication(db, auth.organizationId, req.params.client_id);
+      refuseSelfLockout(auth, application, 'delete');
+      await deleteApplication(db, application, changeOptions(auth));
+      return reply.code(204).send(null);
+    },
+  );
+
+  app.post(
+    '/applications/:client_id/secret',
+    {
+      config: { scope: 'applications.write' },
+      schema: {
+        tags: ['applications'],
+        summary: "Rotate an application's client secret: the new one is in the response, the old one stops working at once",
+        params: clientIdParams,
+        response: { 200: secretSchema, ...errorResponses },
+      },
+    },
+    async (req) => {
+      const auth = authOf(req);
+      const application = await getApplication(db, auth.organizationId, req.params.client_id);
+      return rotateClientSecret(db, application, changeOptions(auth));
+    },
+  );
+};

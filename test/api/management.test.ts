@@ -1,0 +1,403 @@
+/**
+ * The management API (issue 12): an organization's private application administers it through
+ * /api/v1/:organization_id — applications, members, connected apps, the audit log — with the
+ * dashboard's rules, and the effects seen on a second instance within a second.
+ */
+import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { addMember } from '../../src/accounts/organizations.js';
+import { createUser } from '../../src/accounts/users.js';
+import { connectDatabase, type DatabaseHandle } from '../../src/db/connect.js';
+import { createAuthorizationCode } from '../../src/oauth/codes.js';
+import { createGrant } from '../../src/oauth/grant-store.js';
+import { ensureSigningKey } from '../../src/oauth/keys.js';
+import { KNOWN_SCOPES, MANAGEMENT_SCOPES } from '../../src/oauth/scopes.js';
+import { Browser } from '../accounts/browser.js';
+import { buildTestApp, TEST_SECRET_KEY } from '../helpers/app.js';
+import { BACKEND, createTestDatabase } from '../helpers/db.js';
+import { basic, clientCredentialsToken, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
+
+const REDIRECT = 'https://made-by-api.example.com/cb';
+const PASSWORD = 'management-password-1';
+
+let t: Awaited<ReturnType<typeof createTestDatabase>>;
+/** On PostgreSQL the second instance has its own pool and LISTEN connection, as another process would. */
+let secondHandle: DatabaseHandle | undefined;
+let app: FastifyInstance;
+let second: FastifyInstance;
+let org: OrgFixture;
+let admin: string;
+
+beforeAll(async () => {
+  t = await createTestDatabase();
+  await ensureSigningKey(t.handle.db, { alg: 'ES256', secretKey: TEST_SECRET_KEY });
+  app = await buildTestApp(t.handle.db, { listen: t.handle.listen });
+  if (t.target.kind === 'postgres') secondHandle = await connectDatabase(t.target);
+  const other = secondHandle ?? t.handle;
+  second = await buildTestApp(other.db, { listen: other.listen });
+  org = await createOrgFixture(t.handle.db, { scopes: KNOWN_SCOPES.join(' ') });
+  admin = await clientCredentialsToken(app, org);
+});
+afterAll(async () => {
+  await app.close();
+  await second.close();
+  await secondHandle?.close();
+  await t.close();
+});
+
+const base = (fixture: OrgFixture = org) => `/api/v1/${fixture.organizationId}`;
+
+function api(method: 'GET' | 'POST' | 'PATCH' | 'DELETE', path: string, options: { token?: string; body?: object; target?: FastifyInstance } = {}) {
+  return (options.target ?? app).inject({
+    method,
+    url: `${base()}${path}`,
+    headers: { authorization: `Bearer ${options.token ?? admin}` },
+    ...(options.body ? { payload: options.body } : {}),
+  });
+}
+
+function expectError(res: LightMyRequestResponse, status: number, error: string): Record<string, unknown> {
+  expect({ status: res.statusCode, body: res.json() }).toMatchObject({ status, body: { error, error_description: expect.any(String) } });
+  return res.json();
+}
+
+function tokenRequest(clientId: string, secret: string, fields: Record<string, string>) {
+  return app.inject({
+    method: 'POST',
+    url: '/oauth/token',
+    headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(clientId, secret) },
+    payload: form(fields),
+  });
+}
+
+/** A user's tokens for a public application, through a code redeemed at the token endpoint. */
+async function userTokens(clientId: string, secret: string, userId: number, scopes: string[]): Promise<{ access_token: string; refresh_token: string }> {
+  const application = await t.handle.db.selectFrom('applications').select(['id', 'redirect_uris']).where('client_id', '=', clientId).executeTakeFirstOrThrow();
+  const code = await createAuthorizationCode(t.handle.db, {
+    organizationId: org.organizationId, applicationId: application.id, userId, redirectUri: application.redirect_uris[0]!, scopes, codeChallenge: null, ttlSeconds: 60,
+  });
+  const res = await tokenRequest(clientId, secret, { grant_type: 'authorization_code', code, redirect_uri: application.redirect_uris[0]! });
+  expect(res.statusCode, res.body).toBe(200);
+  return res.json();
+}
+
+const contactsWith = (token: string, target: FastifyInstance) =>
+  target.inject({ method: 'GET', url: `${base()}/contacts`, headers: { authorization: `Bearer ${token}` } }).then((r) => r.statusCode);
+
+async function auditActions(): Promise<{ action: string; client_id: string | null; details: Record<string, unknown> }[]> {
+  const res = await api('GET', '/audit-events?limit=100', { token: await clientCredentialsToken(app, org, 'audit.read') });
+  expect(res.statusCode).toBe(200);
+  return res.json().data.map((e: { action: string; actor: { client_id: string | null }; details: Record<string, unknown> }) => ({
+    action: e.action,
+    client_id: e.actor.client_id,
+    details: e.details,
+  }));
+}
+
+describe(`the management API on ${BACKEND}: an integration administers applications`, () => {
+  it('creates a public application, rotates its secret, disables it (401 on both instances within a second), and the audit log shows it all', async () => {
+    // Create: 201, Location, the secret in this response only.
+    const created = await api('POST', '/applications', { body: { type: 'public', name: 'Made by API', redirect_uris: [REDIRECT], scopes: ['contacts.read'] } });
+    expect(created.statusCode, created.body).toBe(201);
+    const made = created.json();
+    expect(made).toEqual({
+      client_id: expect.stringMatching(/^[0-9a-f]{32}$/), client_secret: expect.stringMatching(/^[A-Za-z0-9_-]{43}$/), type: 'public', name: 'Made by API',
+      redirect_uris: [REDIRECT], scopes: ['contacts.read'], require_pkce: false, disabled: false,
+      created_at: expect.any(String), updated_at: expect.any(String), secret_rotated_at: null,
+    });
+    expect(created.headers.location).toBe(`${base()}/applications/${made.client_id}`);
+    const shown = await api('GET', `/applications/${made.client_id}`);
+    expect(shown.json()).toEqual({ ...made, client_secret: undefined });
+    expect(shown.body).not.toContain(made.client_secret);
+
+    // Rotate: the new secret works, the old one is invalid_client at once.
+    const rotated = await api('POST', `/applications/${made.client_id}/secret`);
+    expect(rotated.statusCode).toBe(200);
+    const { client_secret: newSecret } = rotated.json();
+    expect(rotated.json()).toEqual({ client_id: made.client_id, client_secret: expect.stringMatching(/^[A-Za-z0-9_-]{43}$/) });
+    const old = await tokenRequest(made.client_id, made.client_secret, { grant_type: 'refresh_token', refresh_token: 'x'.repeat(43) });
+    expectError(old, 401, 'invalid_client');
+    const tokens = await userTokens(made.client_id, newSecret, org.ownerId, ['contacts.read']);
+
+    // Both instances accept its token; disabling makes both refuse it within a second.
+    expect(await contactsWith(tokens.access_token, app)).toBe(200);
+    expect(await contactsWith(tokens.access_token, second)).toBe(200);
+    const disabled = await api('PATCH', `/applications/${made.client_id}`, { body: { disabled: true } });
+    expect(disabled.statusCode).toBe(200);
+    expect(disabled.json()).toMatchObject({ client_id: made.client_id, disabled: true });
+    const since = performance.now();
+    expect(await contactsWith(tokens.access_token, app)).toBe(401);
+    await expect.poll(() => contactsWith(tokens.access_token, second), { timeout: 1000, interval: 20 }).toBe(401);
+    expect(performance.now() - since).toBeLessThan(1000);
+    expectError(await tokenRequest(made.client_id, newSecret, { grant_type: 'refresh_token', refresh_token: tokens.refresh_token }), 401, 'invalid_client');
+
+    const events = (await auditActions()).filter((e) => e.details.client_id === made.client_id || e.action === 'grant.revoked');
+    const actor = org.privateApp.client_id;
+    expect(events).toEqual(
+      expect.arrayContaining([
+        { action: 'application.created', client_id: actor, details: expect.objectContaining({ client_id: made.client_id, type: 'public' }) },
+        { action: 'application.secret_rotated', client_id: actor, details: { client_id: made.client_id } },
+        { action: 'application.disabled', client_id: actor, details: { client_id: made.client_id } },
+        { action: 'grant.revoked', client_id: actor, details: expect.objectContaining({ reason: 'application_disabled' }) },
+      ]),
+    );
+    // Newest first.
+    const actions = events.map((e) => e.action);
+    expect(actions.indexOf('application.disabled')).toBeLessThan(actions.indexOf('application.secret_rotated'));
+    expect(actions.indexOf('application.secret_rotated')).toBeLessThan(actions.indexOf('application.created'));
+  });
+
+  it('narrowing scopes revokes only the grants holding a removed scope, on both instances', async () => {
+    const made = (await api('POST', '/applications', { body: { type: 'public', name: 'Narrowed', redirect_uris: [REDIRECT], scopes: ['contacts.read', 'tasks.read'] } })).json();
+    const wide = await userTokens(made.client_id, made.client_secret, org.ownerId, ['contacts.read', 'tasks.read']);
+    const narrow = await userTokens(made.client_id, made.client_secret, org.ownerId, ['contacts.read']);
+    expect(await contactsWith(wide.access_token, second)).toBe(200);
+    const res = await api('PATCH', `/applications/${made.client_id}`, { body: { scopes: ['contacts.read'], name: 'Narrowed more' } });
+    expect(res.json()).toMatchObject({ scopes: ['contacts.read'], name: 'Narrowed more' });
+    expect(await contactsWith(wide.access_token, app)).toBe(401);
+    await expect.poll(() => contactsWith(wide.access_token, second), { timeout: 1000, interval: 20 }).toBe(401);
+    expect(await contactsWith(narrow.access_token, app)).toBe(200);
+    expect(await contactsWith(narrow.access_token, second)).toBe(200);
+    const revoked = await t.handle.db.selectFrom('grants').select('revoked_reason').where('revoked_at', 'is not', null).orderBy('id', 'desc').executeTakeFirstOrThrow();
+    expect(revoked.revoked_reason).toBe('scopes_narrowed');
+  });
+
+  it('deletes an application: its tokens stop, it is gone (404)', async () => {
+    const made = (await api('POST', '/applications', { body: { type: 'public', name: 'Doomed', redirect_uris: [REDIRECT] } })).json();
+    const tokens = await userTokens(made.client_id, made.client_secret, org.ownerId, ['contacts.read']);
+    expect((await api('DELETE', `/applications/${made.client_id}`)).statusCode).toBe(204);
+    expect(await contactsWith(tokens.access_token, app)).toBe(401);
+    await expect.poll(() => contactsWith(tokens.access_token, second), { timeout: 1000, interval: 20 }).toBe(401);
+    expectError(await api('GET', `/applications/${made.client_id}`), 404, 'not_found');
+    expectError(await api('DELETE', `/applications/${made.client_id}`), 404, 'not_found');
+    expect((await auditActions()).find((e) => e.action === 'application.deleted')).toEqual({
+      action: 'application.deleted', client_id: org.privateApp.client_id, details: { client_id: made.client_id, name: 'Doomed' },
+    });
+  });
+
+  it('lists applications a page at a time, never with a secret', async () => {
+    const seen: string[] = [];
+    let cursor: string | null = null;
+    do {
+      const res: LightMyRequestResponse = await api('GET', `/applications?limit=2${cursor ? `&cursor=${cursor}` : ''}`);
+      expect(res.statusCode).toBe(200);
+      expect(res.body).not.toMatch(/client_secret/);
+      const body = res.json() as { data: { client_id: string }[]; next_cursor: string | null };
+      expect(body.data.length).toBeLessThanOrEqual(2);
+      seen.push(...body.data.map((a) => a.client_id));
+      cursor = body.next_cursor;
+    } while (cursor);
+    const all = await t.handle.db.selectFrom('applications').select('client_id').where('organization_id', '=', org.organizationId).orderBy('id').execute();
+    expect(seen).toEqual(all.map((a) => a.client_id));
+  });
+
+  it('an integration cannot lock itself out: not delete or disable itself, nor drop applications.write (409); it may rename itself and rotate its own secret', async () => {
+    const self = `/applications/${org.privateApp.client_id}`;
+    expect(expectError(await api('DELETE', self), 409, 'conflict').error_description).toMatch(/cannot delete itself/);
+    expect(expectError(await api('PATCH', self, { body: { disabled: true } }), 409, 'conflict').error_description).toMatch(/cannot disable itself/);
+    expect(expectError(await api('PATCH', self, { body: { scopes: ['contacts.read', 'applications.read'] } }), 409, 'conflict').error_description).toMatch(
+      /cannot remove applications.write from itself/,
+    );
+    const row = await t.handle.db.selectFrom('applications').select(['disabled', 'scopes']).where('client_id', '=', org.privateApp.client_id).executeTakeFirstOrThrow();
+    expect(row).toEqual({ disabled: false, scopes: [...KNOWN_SCOPES] });
+    expect((await api('PATCH', self, { body: { name: 'Integration, renamed' } })).json()).toMatchObject({ name: 'Integration, renamed', disabled: false });
+    const rotated = await api('POST', `${self}/secret`);
+    expect(rotated.statusCode).toBe(200);
+    org.privateApp.client_secret = rotated.json().client_secret;
+    // Its current token still works, and the new secret gets new ones.
+    expect((await api('GET', '/applications?limit=1')).statusCode).toBe(200);
+    admin = await clientCredentialsToken(app, org);
+  });
+
+  it('answers validation errors with 400 invalid_request and details naming the field', async () => {
+    const cases: [object, string][] = [
+      [{ type: 'public', name: 'X', redirect_uris: ['http://evil.example.com/cb'] }, 'redirect_uris.0'],
+      [{ type: 'public', name: 'X' }, 'redirect_uris'],
+      [{ type: 'private', name: 'X', redirect_uris: [REDIRECT] }, 'redirect_uris'],
+      [{ type: 'private', name: '   ' }, 'name'],
+      [{ type: 'private', name: 'X', scopes: ['admin'] }, 'scopes'],
+      [{ type: 'private', name: 'X', scopes: [] }, 'scopes'],
+      [{ type: 'private', name: 'X', require_pkce: true }, 'require_pkce'],
+      [{ type: 'sideways', name: 'X' }, 'type'],
+      [{ type: 'private', name: 'X', extra: 1 }, ''],
+    ];
+    for (const [body, path] of cases) {
+      const error = expectError(await api('POST', '/applications', { body }), 400, 'invalid_request');
+      expect({ body, details: error.details }).toEqual({ body, details: expect.arrayContaining([expect.objectContaining({ path: expect.stringContaining(path) })]) });
+    }
+    const before = await t.handle.db.selectFrom('applications').select('id').where('organization_id', '=', org.organizationId).execute();
+    expectError(await api('PATCH', `/applications/${org.publicApp.client_id}`, { body: {} }), 400, 'invalid_request');
+    expectError(await api('PATCH', `/applications/${org.publicApp.client_id}`, { body: { redirect_uris: [] } }), 400, 'invalid_request');
+    expect(await t.handle.db.selectFrom('applications').select('id').where('organization_id', '=', org.organizationId).execute()).toEqual(before);
+  });
+});
+
+describe(`the management API on ${BACKEND}: no management scope for a public application (AD-1)`, () => {
+  it('cannot be created with one, nor given one later', async () => {
+    for (const scope of MANAGEMENT_SCOPES) {
+      const error = expectError(
+        await api('POST', '/applications', { body: { type: 'public', name: 'Greedy', redirect_uris: [REDIRECT], scopes: ['contacts.read', scope] } }),
+        400,
+        'invalid_request',
+      );
+      expect(error.details).toEqual([{ path: 'scopes', message: `${scope} may be held only by private applications` }]);
+    }
+    expectError(await api('PATCH', `/applications/${org.publicApp.client_id}`, { body: { scopes: ['contacts.read', 'members.read'] } }), 400, 'invalid_request');
+  });
+
+  it('gets invalid_scope at /oauth/authorize for every management scope, redirected with state and iss', async () => {
+    const user = await createUser(t.handle.db, { email: `consenter-${process.pid}@example.com`, password: PASSWORD });
+    await addMember(t.handle.db, { organizationId: org.organizationId, userId: user.id, role: 'owner' });
+    const browser = new Browser(app, '10.30.0.1');
+    expect((await browser.login(user.email, PASSWORD)).statusCode).toBe(303);
+    for (const scope of MANAGEMENT_SCOPES) {
+      const query = new URLSearchParams({
+        client_id: org.publicApp.client_id, redirect_uri: 'https://client.example.com/cb', response_type: 'code', scope: `contacts.read ${scope}`, state: 'state-0123456789abcdef',
+      });
+      const res = await browser.get(`/oauth/authorize?${query.toString()}`);
+      expect(res.statusCode).toBe(303);
+      const location = new URL(String(res.headers.location));
+      expect(Object.fromEntries(location.searchParams)).toEqual({
+        error: 'invalid_scope', error_description: expect.any(String), state: 'state-0123456789abcdef', iss: expect.any(String),
+      });
+    }
+  });
+
+  it('cannot hold one even through the token endpoint: client_credentials is for private applications', async () => {
+    const res = await tokenRequest(org.publicApp.client_id, org.publicApp.client_secret, { grant_type: 'client_credentials', organization_id: String(org.organizationId), scope: 'applications.read' });
+    expectError(res, 400, 'unauthorized_client');
+  });
+});
+
+describe(`the management API on ${BACKEND}: members`, () => {
+  let n = 0;
+  const newUser = () => createUser(t.handle.db, { email: `mgmt${++n}-${process.pid}@example.com`, password: PASSWORD, name: `User ${n}` });
+
+  it('adds an existing user (201), refuses a duplicate (409) and an unknown email (400 with details)', async () => {
+    const user = await newUser();
+    const res = await api('POST', '/members', { body: { email: user.email.toUpperCase(), role: 'member' } });
+    expect(res.statusCode).toBe(201);
+    expect(res.json()).toEqual({ user_id: user.id, email: user.email, name: user.name, role: 'member', created_at: expect.any(String) });
+    expect(res.headers.location).toBe(`${base()}/members/${user.id}`);
+    expectError(await api('POST', '/members', { body: { email: user.email, role: 'admin' } }), 409, 'conflict');
+    const unknown = expectError(await api('POST', '/members', { body: { email: 'nobody-here@example.com', role: 'member' } }), 400, 'invalid_request');
+    expect(unknown.details).toEqual([{ path: 'email', message: 'no user has this email address' }]);
+    expectError(await api('POST', '/members', { body: { email: user.email, role: 'king' } }), 400, 'invalid_request');
+  });
+
+  it('acts as an admin: manages members and admins, but never makes, changes or removes an owner (403)', async () => {
+    const user = await newUser();
+    expectError(await api('POST', '/members', { body: { email: user.email, role: 'owner' } }), 403, 'forbidden');
+    expect((await api('POST', '/members', { body: { email: user.email, role: 'admin' } })).statusCode).toBe(201);
+    expect((await api('PATCH', `/members/${user.id}`, { body: { role: 'member' } })).json()).toMatchObject({ user_id: user.id, role: 'member' });
+    expectError(await api('PATCH', `/members/${user.id}`, { body: { role: 'owner' } }), 403, 'forbidden');
+    expectError(await api('PATCH', `/members/${org.ownerId}`, { body: { role: 'member' } }), 403, 'forbidden');
+    expectError(await api('DELETE', `/members/${org.ownerId}`), 403, 'forbidden');
+    const owner = await t.handle.db.selectFrom('memberships').select('role').where('organization_id', '=', org.organizationId).where('user_id', '=', org.ownerId).executeTakeFirstOrThrow();
+    expect(owner.role).toBe('owner');
+  });
+
+  it('removes a member: every grant they gave here is revoked, on both instances', async () => {
+    const user = await newUser();
+    expect((await api('POST', '/members', { body: { email: user.email, role: 'member' } })).statusCode).toBe(201);
+    const tokens = await userTokens(org.publicApp.client_id, org.publicApp.client_secret, user.id, ['contacts.read']);
+    expect(await contactsWith(tokens.access_token, second)).toBe(200);
+    expect((await api('DELETE', `/members/${user.id}`)).statusCode).toBe(204);
+    expect(await contactsWith(tokens.access_token, app)).toBe(401);
+    await expect.poll(() => contactsWith(tokens.access_token, second), { timeout: 1000, interval: 20 }).toBe(401);
+    expectError(await api('GET', `/members/${user.id}`), 404, 'not_found');
+    expectError(await api('DELETE', `/members/${user.id}`), 404, 'not_found');
+    const actions = await auditActions();
+    expect(actions).toContainEqual({ action: 'member.removed', client_id: org.privateApp.client_id, details: { user_id: user.id, role: 'member' } });
+    expect(actions).toContainEqual(expect.objectContaining({ action: 'grant.revoked', client_id: org.privateApp.client_id, details: expect.objectContaining({ reason: 'member_removed', user_id: user.id }) }));
+  });
+
+  it('lists members in user id order, a page at a time', async () => {
+    const seen: number[] = [];
+    let cursor: string | null = null;
+    do {
+      const body: { data: { user_id: number }[]; next_cursor: string | null } = (await api('GET', `/members?limit=2${cursor ? `&cursor=${cursor}` : ''}`)).json();
+      seen.push(...body.data.map((m) => m.user_id));
+      cursor = body.next_cursor;
+    } while (cursor);
+    const all = await t.handle.db.selectFrom('memberships').select('user_id').where('organization_id', '=', org.organizationId).orderBy('user_id').execute();
+    expect(seen).toEqual(all.map((m) => m.user_id));
+  });
+});
+
+describe(`the management API on ${BACKEND}: the last owner (RO-3)`, () => {
+  it('stays protected whatever an owner-less integration asks', async () => {
+    const solo = await createOrgFixture(t.handle.db, { scopes: 'members.read members.write' });
+    const token = await clientCredentialsToken(app, solo);
+    const call = (method: 'PATCH' | 'DELETE', body?: object) =>
+      app.inject({ method, url: `${base(solo)}/members/${solo.ownerId}`, headers: { authorization: `Bearer ${token}` }, ...(body ? { payload: body } : {}) });
+    expect((await call('PATCH', { role: 'admin' })).statusCode).toBe(403);
+    expect((await call('DELETE')).statusCode).toBe(403);
+    const members = await t.handle.db.selectFrom('memberships').select(['user_id', 'role']).where('organization_id', '=', solo.organizationId).execute();
+    expect(members).toEqual([{ user_id: solo.ownerId, role: 'owner' }]);
+  });
+});
+
+describe(`the management API on ${BACKEND}: connected apps`, () => {
+  it('lists live grants newest first, with who authorized them, and revokes one (204, then 404)', async () => {
+    const user = await createUser(t.handle.db, { email: `granter-${process.pid}@example.com`, password: PASSWORD });
+    await addMember(t.handle.db, { organizationId: org.organizationId, userId: user.id, role: 'member' });
+    const tokens = await userTokens(org.publicApp.client_id, org.publicApp.client_secret, user.id, ['contacts.read']);
+    const list = await api('GET', '/grants?limit=100');
+    expect(list.statusCode).toBe(200);
+    const grants = list.json().data as { id: number; user: { id: number; email: string } | null; application: { client_id: string } }[];
+    expect(grants.map((g) => g.id)).toEqual([...grants.map((g) => g.id)].sort((x, y) => y - x));
+    const theirs = grants.find((g) => g.user?.id === user.id)!;
+    expect(theirs).toEqual({
+      id: expect.any(Number), application: { client_id: org.publicApp.client_id, name: expect.any(String), type: 'public' }, user: { id: user.id, email: user.email },
+      scopes: ['contacts.read'], created_at: expect.any(String), last_used_at: expect.any(String),
+    });
+    // The integration's own grant: the application acting for itself.
+    expect(grants).toContainEqual(expect.objectContaining({ user: null, application: expect.objectContaining({ client_id: org.privateApp.client_id, type: 'private' }) }));
+    expect((await api('GET', `/grants/${theirs.id}`)).json()).toEqual(theirs);
+
+    expect(await contactsWith(tokens.access_token, second)).toBe(200);
+    expect((await api('DELETE', `/grants/${theirs.id}`)).statusCode).toBe(204);
+    expect(await contactsWith(tokens.access_token, app)).toBe(401);
+    await expect.poll(() => contactsWith(tokens.access_token, second), { timeout: 1000, interval: 20 }).toBe(401);
+    expectError(await api('DELETE', `/grants/${theirs.id}`), 404, 'not_found');
+    expectError(await api('GET', `/grants/${theirs.id}`), 404, 'not_found');
+    expect(await auditActions()).toContainEqual({
+      action: 'grant.revoked', client_id: org.privateApp.client_id, details: expect.objectContaining({ grant_id: theirs.id, reason: 'revoked_by_admin' }),
+    });
+  });
+
+  it('pages newest first without gaps or repeats while grants are added', async () => {
+    const application = await t.handle.db.selectFrom('applications').select('id').where('client_id', '=', org.publicApp.client_id).executeTakeFirstOrThrow();
+    for (let i = 0; i < 5; i++) await createGrant(t.handle.db, { organizationId: org.organizationId, applicationId: application.id, userId: org.ownerId, scopes: ['tasks.read'] });
+    const live = await t.handle.db.selectFrom('grants').select('id').where('organization_id', '=', org.organizationId).where('revoked_at', 'is', null).orderBy('id', 'desc').execute();
+    const seen: number[] = [];
+    let cursor: string | null = null;
+    do {
+      const body: { data: { id: number }[]; next_cursor: string | null } = (await api('GET', `/grants?limit=2${cursor ? `&cursor=${cursor}` : ''}`)).json();
+      seen.push(...body.data.map((g) => g.id));
+      cursor = body.next_cursor;
+      // One added meanwhile: newer than the first page, so it is not among the pages that follow.
+      if (seen.length === 2) await createGrant(t.handle.db, { organizationId: org.organizationId, applicationId: application.id, userId: org.ownerId, scopes: ['tasks.read'] });
+    } while (cursor);
+    expect(seen).toEqual(live.map((g) => g.id));
+  });
+});
+
+describe(`the management API on ${BACKEND}: the audit log`, () => {
+  it('reads newest first, a page at a time, the whole log exactly once', async () => {
+    const token = await clientCredentialsToken(app, org, 'audit.read');
+    const seen: number[] = [];
+    let cursor: string | null = null;
+    do {
+      const res: LightMyRequestResponse = await api('GET', `/audit-events?limit=7${cursor ? `&cursor=${cursor}` : ''}`, { token });
+      const body = res.json() as { data: { id: number; action: string; created_at: string; actor: object; details: object }[]; next_cursor: string | null };
+      for (const e of body.data) expect(e).toEqual({ id: expect.any(Number), action: expect.any(String), actor: expect.any(Object), details: expect.any(Object), created_at: expect.any(String) });
+      seen.push(...body.data.map((e) => e.id));
+      cursor = body.next_cursor;
+    } while (cursor);
+    const all = await t.handle.db.selectFrom('audit_events').select('id').where('organization_id', '=', org.organizationId).orderBy('id', 'desc').execute();
+    expect(seen).toEqual(all.map((e) => e.id));
+    expectError(await api('GET', '/audit-events?cursor=bogus', { token }), 400, 'invalid_request');
+  });
+});
