@@ -1,31 +1,54 @@
 /**
  * The `orgauth` command: administration from a shell, with the server's configuration.
  * With --json every command prints exactly one JSON object on stdout; errors go to stderr and
- * the exit code is 1.
+ * the exit code is 1. Lists print `{"data": [...], "next_cursor"}`, a page at a time.
+ *
+ * On PostgreSQL the command connects to the database itself. On the embedded database, which
+ * one process opens at a time, it does so when no server runs; while one does, it sends the
+ * command line to that server's admin socket (src/admin-socket.ts), which runs it here, in
+ * runCommandLine, with the same output and exit code.
  */
 import { parseArgs, type ParseArgsConfig } from 'node:util';
 import { z } from 'zod';
-import { addMember, createOrganization, organizationIdSchema, ROLES } from './accounts/organizations.js';
-import { createUser, getUserByEmail } from './accounts/users.js';
+import {
+  addMember,
+  changeMemberRole,
+  createOrganization,
+  listMembers,
+  listOrganizations,
+  organizationIdSchema,
+  removeMember,
+  ROLES,
+} from './accounts/organizations.js';
+import { createUser, getUserByEmail, listUsers } from './accounts/users.js';
+import { sendToAdminSocket, type CommandOutcome } from './admin-socket.js';
+import { applicationOut } from './api/applications.js';
+import { grantOut } from './api/grants.js';
+import { memberOut } from './api/members.js';
+import { decodeCursor, decodeDescendingCursor, page } from './api/pagination.js';
 import { ConfigError, loadConfig, type Config } from './config.js';
 import type { DB } from './db/connect.js';
+import { DatabaseInUseError } from './db/lock.js';
 import { formatDemoBanner, seedDemo } from './demo.js';
 import { AppError, InvalidRequestError, NotFoundError } from './errors.js';
 import { parseInput } from './lib/validate.js';
-import { createApplication, findApplicationByClientId, rotateClientSecret } from './oauth/applications.js';
+import { createApplication, deleteApplication, findApplicationByClientId, listApplications, rotateClientSecret, updateApplication } from './oauth/applications.js';
+import { ClientGrants } from './oauth/client-grants.js';
 import { UnauthorizedClientError } from './oauth/errors.js';
+import { listLiveGrants, revokeGrant } from './oauth/grant-store.js';
 import { KeyStore } from './oauth/key-store.js';
+import { ensureSigningKey, listSigningKeys, rotateSigningKey } from './oauth/keys.js';
+import { parseCanonicalId } from './oauth/params.js';
 import { grantableScopes } from './oauth/scopes.js';
 import { issueClientToken } from './oauth/token-response.js';
-import { ClientGrants } from './oauth/client-grants.js';
-import { ensureSigningKey, rotateSigningKey } from './oauth/keys.js';
 import { deleteExpired } from './retention.js';
 import { describeStartupError, openDatabase } from './runtime.js';
 
 type Options = NonNullable<ParseArgsConfig['options']>;
 type Values = Record<string, string | boolean | (string | boolean)[] | undefined>;
 
-interface Context {
+/** What a command runs with: the database, and the configuration of whoever opened it (this process, or the server). */
+export interface CommandContext {
   db: DB;
   config: Config;
   /** Migrations applied while opening the database. */
@@ -36,7 +59,7 @@ interface Command {
   usage: string;
   summary: string;
   options: Options;
-  run(ctx: Context, values: Values): Promise<{ json: object; text: string }>;
+  run(ctx: CommandContext, values: Values): Promise<{ json: object; text: string }>;
 }
 
 class UsageError extends InvalidRequestError {}
@@ -56,11 +79,61 @@ function orgId(values: Values): number {
   return parseInput(organizationIdSchema, required(values, 'org'));
 }
 
+const roleSchema = z.enum(ROLES, { error: `--role must be one of ${ROLES.join(', ')}` });
+
+async function applicationByClientId(db: DB, clientId: string) {
+  const application = await findApplicationByClientId(db, clientId);
+  if (!application) throw new NotFoundError(`no application with client_id ${clientId}`);
+  return application;
+}
+
+async function memberByEmail(db: DB, values: Values) {
+  const organizationId = orgId(values);
+  const user = await getUserByEmail(db, required(values, 'email'));
+  return { organizationId, user };
+}
+
+// Lists: a page at a time, like the API (keyset pagination; --cursor is the previous page's next_cursor).
+const PAGE_OPTIONS: Options = { limit: { type: 'string' }, cursor: { type: 'string' } };
+const PAGE_USAGE = '[--limit N] [--cursor C]';
+const DEFAULT_PAGE = 100;
+const MAX_PAGE = 1000;
+
+function pageLimit(values: Values): number {
+  const raw = optionalString(values, 'limit');
+  if (raw === undefined) return DEFAULT_PAGE;
+  const n = /^[1-9][0-9]{0,3}$/.test(raw) ? Number(raw) : NaN;
+  if (!(n <= MAX_PAGE)) throw new UsageError(`--limit must be a whole number from 1 to ${MAX_PAGE}`);
+  return n;
+}
+
+/** Fetches one page (limit + 1 rows) and shapes it as the API does, with a text table. */
+async function listed<R, T extends object>(
+  values: Values,
+  fetch: (limit: number) => Promise<R[]>,
+  keyOf: (row: R) => number,
+  out: (row: R) => T,
+  columns: [header: string, cell: (row: T) => string][],
+): Promise<{ json: object; text: string }> {
+  const limit = pageLimit(values);
+  const result = page(await fetch(limit + 1), limit, keyOf);
+  const data = result.rows.map(out);
+  const lines = [table(columns.map(([h]) => h), data.map((row) => columns.map(([, cell]) => cell(row))))];
+  if (result.next_cursor) lines.push(`more: --cursor ${result.next_cursor}`);
+  return { json: { data, next_cursor: result.next_cursor }, text: data.length === 0 ? '(none)' : lines.join('\n') };
+}
+
+function table(headers: string[], rows: string[][]): string {
+  const widths = headers.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
+  return [headers, ...rows].map((r) => r.map((cell, i) => cell.padEnd(widths[i]!)).join('  ').trimEnd()).join('\n');
+}
+
 const COMMANDS: Record<string, Command> = {
   migrate: {
     usage: 'orgauth migrate',
     summary: 'apply pending database migrations',
     options: {},
+    // Opening the database migrates it; a running server migrated it when it started.
     run: async ({ applied }) => ({
       json: { applied },
       text: applied.length > 0 ? `applied ${applied.join(', ')}` : 'the database is up to date',
@@ -77,6 +150,20 @@ const COMMANDS: Record<string, Command> = {
     },
   },
 
+  'user list': {
+    usage: `orgauth user list ${PAGE_USAGE}`,
+    summary: 'list users, in id order',
+    options: PAGE_OPTIONS,
+    run: async ({ db }, v) =>
+      listed(
+        v,
+        (limit) => listUsers(db, { afterId: decodeCursor(optionalString(v, 'cursor')), limit }),
+        (u) => u.id,
+        (u) => ({ id: u.id, email: u.email, name: u.name, created_at: u.created_at.toISOString() }),
+        [['ID', (u) => String(u.id)], ['EMAIL', (u) => u.email], ['NAME', (u) => u.name], ['CREATED', (u) => u.created_at]],
+      ),
+  },
+
   'org create': {
     usage: 'orgauth org create --name N --owner EMAIL',
     summary: 'create an organization owned by an existing user',
@@ -88,16 +175,68 @@ const COMMANDS: Record<string, Command> = {
     },
   },
 
+  'org list': {
+    usage: `orgauth org list ${PAGE_USAGE}`,
+    summary: 'list organizations, in id order',
+    options: PAGE_OPTIONS,
+    run: async ({ db }, v) =>
+      listed(
+        v,
+        (limit) => listOrganizations(db, { afterId: decodeCursor(optionalString(v, 'cursor')), limit }),
+        (o) => o.id,
+        (o) => ({ id: o.id, name: o.name, created_at: o.created_at.toISOString() }),
+        [['ID', (o) => String(o.id)], ['NAME', (o) => o.name], ['CREATED', (o) => o.created_at]],
+      ),
+  },
+
   'member add': {
     usage: 'orgauth member add --org ID --email E [--role owner|admin|member]',
     summary: 'add an existing user to an organization (role member by default)',
     options: { org: { type: 'string' }, email: { type: 'string' }, role: { type: 'string' } },
     run: async ({ db }, v) => {
-      const role = parseInput(z.enum(ROLES, { error: `--role must be one of ${ROLES.join(', ')}` }), optionalString(v, 'role') ?? 'member');
-      const organizationId = orgId(v);
-      const user = await getUserByEmail(db, required(v, 'email'));
+      const role = parseInput(roleSchema, optionalString(v, 'role') ?? 'member');
+      const { organizationId, user } = await memberByEmail(db, v);
       const m = await addMember(db, { organizationId, userId: user.id, role });
       return { json: m, text: `added ${user.email} to organization ${m.organization_id} as ${m.role}` };
+    },
+  },
+
+  'member list': {
+    usage: `orgauth member list --org ID ${PAGE_USAGE}`,
+    summary: "list an organization's members, in user id order",
+    options: { org: { type: 'string' }, ...PAGE_OPTIONS },
+    run: async ({ db }, v) => {
+      const organizationId = orgId(v);
+      return listed(
+        v,
+        (limit) => listMembers(db, organizationId, { afterUserId: decodeCursor(optionalString(v, 'cursor')), limit }),
+        (m) => m.user_id,
+        memberOut,
+        [['USER', (m) => String(m.user_id)], ['EMAIL', (m) => m.email], ['NAME', (m) => m.name], ['ROLE', (m) => m.role], ['JOINED', (m) => m.created_at]],
+      );
+    },
+  },
+
+  'member set-role': {
+    usage: 'orgauth member set-role --org ID --email E --role owner|admin|member',
+    summary: "change a member's role (the last owner cannot be demoted)",
+    options: { org: { type: 'string' }, email: { type: 'string' }, role: { type: 'string' } },
+    run: async ({ db }, v) => {
+      const role = parseInput(roleSchema, required(v, 'role'));
+      const { organizationId, user } = await memberByEmail(db, v);
+      const m = await changeMemberRole(db, { organizationId, userId: user.id, role });
+      return { json: m, text: `${user.email} is now ${m.role} of organization ${organizationId}` };
+    },
+  },
+
+  'member remove': {
+    usage: 'orgauth member remove --org ID --email E',
+    summary: 'remove a member and revoke the grants they gave there (the last owner cannot be removed)',
+    options: { org: { type: 'string' }, email: { type: 'string' } },
+    run: async ({ db }, v) => {
+      const { organizationId, user } = await memberByEmail(db, v);
+      await removeMember(db, { organizationId, userId: user.id });
+      return { json: { organization_id: organizationId, user_id: user.id, removed: true }, text: `removed ${user.email} from organization ${organizationId}` };
     },
   },
 
@@ -138,19 +277,75 @@ const COMMANDS: Record<string, Command> = {
     },
   },
 
+  'app list': {
+    usage: `orgauth app list --org ID ${PAGE_USAGE}`,
+    summary: "list an organization's applications (never their secrets)",
+    options: { org: { type: 'string' }, ...PAGE_OPTIONS },
+    run: async ({ db }, v) => {
+      const organizationId = orgId(v);
+      return listed(
+        v,
+        (limit) => listApplications(db, organizationId, { afterId: decodeCursor(optionalString(v, 'cursor')), limit }),
+        (a) => a.id,
+        (a) => ({ organization_id: a.organization_id, ...applicationOut(a) }),
+        [
+          ['CLIENT_ID', (a) => a.client_id],
+          ['TYPE', (a) => a.type],
+          ['NAME', (a) => a.name],
+          ['STATUS', (a) => (a.disabled ? 'disabled' : 'active')],
+          ['SCOPES', (a) => a.scopes.join(' ')],
+        ],
+      );
+    },
+  },
+
+  'app show': {
+    usage: 'orgauth app show --client-id ID',
+    summary: 'show an application (never its secret)',
+    options: { 'client-id': { type: 'string' } },
+    run: async ({ db }, v) => {
+      const a = await applicationByClientId(db, required(v, 'client-id'));
+      const shown = { organization_id: a.organization_id, ...applicationOut(a) };
+      return {
+        json: shown,
+        text: Object.entries(shown)
+          .map(([k, value]) => `${`${k}:`.padEnd(19)}${Array.isArray(value) ? value.join(' ') : String(value)}`)
+          .join('\n'),
+      };
+    },
+  },
+
   'app rotate-secret': {
     usage: 'orgauth app rotate-secret --client-id ID',
     summary: "replace an application's client secret; the old one stops working at once",
     options: { 'client-id': { type: 'string' } },
     run: async ({ db }, v) => {
-      const clientId = required(v, 'client-id');
-      const application = await findApplicationByClientId(db, clientId);
-      if (!application) throw new NotFoundError(`no application with client_id ${clientId}`);
-      const result = await rotateClientSecret(db, application);
+      const result = await rotateClientSecret(db, await applicationByClientId(db, required(v, 'client-id')));
       return {
         json: result,
         text: `client_id:     ${result.client_id}\nclient_secret: ${result.client_secret}   (shown once; the old secret no longer works)`,
       };
+    },
+  },
+
+  'app disable': {
+    usage: 'orgauth app disable --client-id ID',
+    summary: 'disable an application: its credentials and tokens stop working on every instance within a second; its grants are revoked',
+    options: { 'client-id': { type: 'string' } },
+    run: async ({ db }, v) => {
+      const a = await updateApplication(db, await applicationByClientId(db, required(v, 'client-id')), { disabled: true });
+      return { json: { organization_id: a.organization_id, ...applicationOut(a) }, text: `disabled application ${a.client_id} "${a.name}"` };
+    },
+  },
+
+  'app delete': {
+    usage: 'orgauth app delete --client-id ID',
+    summary: 'delete an application after revoking every grant of it',
+    options: { 'client-id': { type: 'string' } },
+    run: async ({ db }, v) => {
+      const a = await applicationByClientId(db, required(v, 'client-id'));
+      await deleteApplication(db, a);
+      return { json: { client_id: a.client_id, organization_id: a.organization_id, deleted: true }, text: `deleted application ${a.client_id} "${a.name}"` };
     },
   },
 
@@ -159,9 +354,7 @@ const COMMANDS: Record<string, Command> = {
     summary: "issue a private application's access token for its organization (as client_credentials does)",
     options: { 'client-id': { type: 'string' }, scopes: { type: 'string' } },
     run: async ({ db, config }, v) => {
-      const clientId = required(v, 'client-id');
-      const application = await findApplicationByClientId(db, clientId);
-      if (!application) throw new NotFoundError(`no application with client_id ${clientId}`);
+      const application = await applicationByClientId(db, required(v, 'client-id'));
       if (application.type !== 'private') throw new UnauthorizedClientError('tokens are issued directly only to private applications');
       if (application.disabled) throw new UnauthorizedClientError('the application is disabled');
       const scopes = grantableScopes(optionalString(v, 'scopes'), application.scopes);
@@ -177,6 +370,41 @@ const COMMANDS: Record<string, Command> = {
     },
   },
 
+  'grant list': {
+    usage: `orgauth grant list --org ID ${PAGE_USAGE}`,
+    summary: "list an organization's connected apps (live grants), newest first",
+    options: { org: { type: 'string' }, ...PAGE_OPTIONS },
+    run: async ({ db }, v) => {
+      const organizationId = orgId(v);
+      return listed(
+        v,
+        (limit) => listLiveGrants(db, organizationId, { beforeId: decodeDescendingCursor(optionalString(v, 'cursor')), limit }),
+        (g) => g.id,
+        grantOut,
+        [
+          ['ID', (g) => String(g.id)],
+          ['APPLICATION', (g) => `${g.application.name} (${g.application.client_id})`],
+          ['AUTHORIZED BY', (g) => g.user?.email ?? 'the application itself'],
+          ['SCOPES', (g) => g.scopes.join(' ')],
+          ['LAST USED', (g) => g.last_used_at ?? 'never'],
+        ],
+      );
+    },
+  },
+
+  'grant revoke': {
+    usage: 'orgauth grant revoke --id ID',
+    summary: "revoke a grant: its tokens stop working on every instance within a second",
+    options: { id: { type: 'string' } },
+    run: async ({ db }, v) => {
+      const raw = required(v, 'id');
+      const id = parseCanonicalId(raw);
+      if (id === undefined) throw new UsageError('--id must be a positive integer');
+      if (!(await revokeGrant(db, id, 'revoked_by_admin'))) throw new NotFoundError(`no live grant with id ${raw}`);
+      return { json: { id, revoked: true }, text: `revoked grant ${id}` };
+    },
+  },
+
   'keys rotate': {
     usage: 'orgauth keys rotate',
     summary: 'make a new signing key (SIGNING_ALG) active; older keys still verify until their tokens expire',
@@ -184,6 +412,25 @@ const COMMANDS: Record<string, Command> = {
     run: async ({ db, config }) => {
       const key = await rotateSigningKey(db, { alg: config.signingAlg, secretKey: config.secretKey });
       return { json: key, text: `new signing key ${key.kid} (${key.alg}) is active` };
+    },
+  },
+
+  'keys list': {
+    usage: 'orgauth keys list',
+    summary: 'list the signing keys, newest first: active, retired (still verifying) or expired',
+    options: {},
+    run: async ({ db, config }) => {
+      const keys = (await listSigningKeys(db, config)).map((k) => ({
+        kid: k.kid,
+        alg: k.alg,
+        status: k.status,
+        created_at: k.created_at.toISOString(),
+        retired_at: k.retired_at?.toISOString() ?? null,
+      }));
+      return {
+        json: { data: keys },
+        text: table(['KID', 'ALG', 'STATUS', 'CREATED', 'RETIRED'], keys.map((k) => [k.kid, k.alg, k.status, k.created_at, k.retired_at ?? ''])),
+      };
     },
   },
 
@@ -219,6 +466,7 @@ function helpText(): string {
     ...Object.entries(COMMANDS).map(([name, c]) => `  ${name.padEnd(width)}  ${c.summary}`),
     '',
     'Every command uses the server\'s configuration (DATABASE_URL, DATA_DIR, SECRET_KEY, ...).',
+    'On the embedded database, while the server runs, commands are run by that server.',
     'With --json a command prints exactly one JSON object on stdout.',
     'Run `orgauth <command> --help` for its options.',
   ].join('\n');
@@ -234,57 +482,87 @@ export interface CliIo {
 function findCommand(argv: string[]): { name: string; command: Command; rest: string[] } | undefined {
   for (const words of [2, 1]) {
     const name = argv.slice(0, words).join(' ');
-    const command = COMMANDS[name];
+    const command = Object.hasOwn(COMMANDS, name) ? COMMANDS[name] : undefined;
     if (command && argv.slice(0, words).every((w) => !w.startsWith('-'))) return { name, command, rest: argv.slice(words) };
   }
   return undefined;
 }
 
-/** Runs one command; returns the exit code. Never throws. */
-export async function runCli(argv: string[], io: CliIo): Promise<number> {
-  const json = argv.includes('--json');
-  const fail = (code: string, description: string): number => {
-    io.stderr(json ? `${JSON.stringify({ error: code, error_description: description })}\n` : `orgauth: ${description}\n`);
-    return 1;
-  };
+const failure = (json: boolean, code: string, description: string): CommandOutcome => ({
+  code: 1,
+  stdout: '',
+  stderr: json ? `${JSON.stringify({ error: code, error_description: description })}\n` : `orgauth: ${description}\n`,
+});
 
+type Parsed = { outcome: CommandOutcome } | { command: Command; values: Values; json: boolean };
+
+/** Reads the command line: help and usage errors are answered here, before any database is opened. */
+function parseCommandLine(argv: string[]): Parsed {
+  const json = argv.includes('--json');
   const found = findCommand(argv);
   if (!found) {
-    if (argv.length === 0 || argv[0] === '--help' || argv[0] === '-h' || argv[0] === 'help') {
-      io.stdout(`${helpText()}\n`);
-      return 0;
-    }
-    return fail('usage', `unknown command "${argv.filter((a) => !a.startsWith('-')).slice(0, 2).join(' ')}"; run \`orgauth --help\``);
+    if (argv.length === 0 || argv[0] === '--help' || argv[0] === '-h' || argv[0] === 'help') return { outcome: { code: 0, stdout: `${helpText()}\n`, stderr: '' } };
+    return { outcome: failure(json, 'usage', `unknown command "${argv.filter((a) => !a.startsWith('-')).slice(0, 2).join(' ')}"; run \`orgauth --help\``) };
   }
-
   let values: Values;
   try {
     values = parseArgs({ args: found.rest, options: { ...GLOBAL_OPTIONS, ...found.command.options }, strict: true, allowPositionals: false }).values;
   } catch (err) {
-    return fail('usage', `${err instanceof Error ? err.message.split('\n')[0] : String(err)}\nusage: ${found.command.usage}`);
+    return { outcome: failure(json, 'usage', `${err instanceof Error ? err.message.split('\n')[0] : String(err)}\nusage: ${found.command.usage}`) };
   }
-  if (values.help === true) {
-    io.stdout(`usage: ${found.command.usage}\n  ${found.command.summary}\n`);
-    return 0;
-  }
+  if (values.help === true) return { outcome: { code: 0, stdout: `usage: ${found.command.usage}\n  ${found.command.summary}\n`, stderr: '' } };
+  return { command: found.command, values, json };
+}
 
+async function execute(parsed: Exclude<Parsed, { outcome: CommandOutcome }>, ctx: CommandContext): Promise<CommandOutcome> {
+  const { command, values, json } = parsed;
+  try {
+    const result = await command.run(ctx, values);
+    return { code: 0, stdout: json ? `${JSON.stringify(result.json)}\n` : `${result.text}\n`, stderr: '' };
+  } catch (err) {
+    if (err instanceof UsageError) return failure(json, 'usage', `${err.description}\nusage: ${command.usage}`);
+    if (err instanceof AppError) return failure(json, err.code, err.description);
+    return failure(json, 'server_error', describeStartupError(err).join('; '));
+  }
+}
+
+/** Runs a command line on an open database: what the server does for a command sent to its admin socket. Never throws. */
+export async function runCommandLine(argv: string[], ctx: CommandContext): Promise<CommandOutcome> {
+  const parsed = parseCommandLine(argv);
+  return 'outcome' in parsed ? parsed.outcome : execute(parsed, ctx);
+}
+
+/** Runs one command; returns the exit code. Never throws. */
+export async function runCli(argv: string[], io: CliIo): Promise<number> {
+  const emit = (outcome: CommandOutcome): number => {
+    if (outcome.stdout) io.stdout(outcome.stdout);
+    if (outcome.stderr) io.stderr(outcome.stderr);
+    return outcome.code;
+  };
+  const parsed = parseCommandLine(argv);
+  if ('outcome' in parsed) return emit(parsed.outcome);
+
+  const startupFailure = (err: unknown) =>
+    failure(parsed.json, err instanceof ConfigError ? 'invalid_configuration' : err instanceof AppError ? err.code : 'startup_failed', describeStartupError(err).join('; '));
   let config: Config;
-  let opened: Awaited<ReturnType<typeof openDatabase>>;
   try {
     config = loadConfig(io.env);
+  } catch (err) {
+    return emit(startupFailure(err));
+  }
+  let opened: Awaited<ReturnType<typeof openDatabase>>;
+  try {
     opened = await openDatabase(config);
   } catch (err) {
-    const code = err instanceof ConfigError ? 'invalid_configuration' : err instanceof AppError ? err.code : 'startup_failed';
-    return fail(code, describeStartupError(err).join('; '));
+    // The embedded database belongs to a running server: that server runs the command.
+    if (err instanceof DatabaseInUseError) {
+      const forwarded = await sendToAdminSocket(config.dataDir, argv).catch(() => undefined);
+      if (forwarded) return emit(forwarded);
+    }
+    return emit(startupFailure(err));
   }
   try {
-    const result = await found.command.run({ db: opened.handle.db, config, applied: opened.applied }, values);
-    io.stdout(json ? `${JSON.stringify(result.json)}\n` : `${result.text}\n`);
-    return 0;
-  } catch (err) {
-    if (err instanceof UsageError) return fail('usage', `${err.description}\nusage: ${found.command.usage}`);
-    if (err instanceof AppError) return fail(err.code, err.description);
-    return fail('server_error', describeStartupError(err).join('; '));
+    return emit(await execute(parsed, { db: opened.handle.db, config, applied: opened.applied }));
   } finally {
     await opened.handle.close();
   }

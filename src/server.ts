@@ -1,7 +1,9 @@
 /** The only file that listens: loadConfig() → open the database → buildApp() → listen; graceful close. */
 import type { FastifyInstance } from 'fastify';
 import type { Server } from 'node:http';
+import { type AdminSocket, serveAdminSocket } from './admin-socket.js';
 import { buildApp } from './app.js';
+import { runCommandLine } from './cli.js';
 import { Metrics, serveMetrics } from './metrics.js';
 import { loadConfig } from './config.js';
 import type { DatabaseHandle } from './db/connect.js';
@@ -16,6 +18,7 @@ const SHUTDOWN_TIMEOUT_MS = 9000;
 let handle: DatabaseHandle | undefined;
 let app: FastifyInstance | undefined;
 let metricsServer: Server | undefined;
+let adminSocket: AdminSocket | undefined;
 let closing = false;
 
 /**
@@ -33,6 +36,7 @@ function shutdown(signal: NodeJS.Signals): void {
   metricsServer?.close();
   metricsServer?.closeAllConnections();
   Promise.resolve()
+    .then(() => adminSocket?.close())
     .then(() => app?.close())
     .then(() => handle?.close())
     .then(
@@ -70,6 +74,12 @@ async function main(): Promise<void> {
   if (config.metricsPort !== null) {
     metricsServer = await serveMetrics(metrics, config.host, config.metricsPort);
     logger.info({ port: config.metricsPort }, 'metrics served on GET /metrics');
+  }
+  // The embedded database opens in this process only: `orgauth` commands from other terminals
+  // reach it through this server (src/admin-socket.ts). PostgreSQL needs no such channel.
+  if (handle.kind === 'pglite') {
+    adminSocket = await serveAdminSocket(config.dataDir, (argv) => runCommandLine(argv, { db, config, applied: [] }), logger);
+    if (adminSocket) logger.info({ socket: adminSocket.path }, 'orgauth commands from this machine run here (admin socket)');
   }
   logger.info({ issuer: config.issuer, database: handle.kind }, 'orgauth is ready');
 }

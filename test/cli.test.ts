@@ -203,13 +203,96 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
     expect((await jsonError('token', 'create', '--client-id', 'nope')).error).toBe('not_found');
   });
 
-  it('keys rotate makes a new active key of SIGNING_ALG', async () => {
+  it('user list and org list page through everything with --limit and --cursor', async () => {
+    const all = await withDb((db) => db.selectFrom('users').select(['id', 'email']).orderBy('id').execute());
+    const seen: unknown[] = [];
+    let cursor: string | null = null;
+    do {
+      const listed: { data: { id: number; email: string }[]; next_cursor: string | null } = (await json('user', 'list', '--limit', '1', ...(cursor ? ['--cursor', cursor] : []))) as never;
+      expect(listed.data.length).toBeLessThanOrEqual(1);
+      seen.push(...listed.data.map((u) => ({ id: u.id, email: u.email })));
+      cursor = listed.next_cursor;
+    } while (cursor);
+    expect(seen).toEqual(all);
+    expect((await json('org', 'list')).data).toContainEqual({ id: orgId, name: 'Acme Corp', created_at: expect.any(String) });
+    for (const bad of ['0', '1001', 'x', '-1']) expect((await jsonError('user', 'list', `--limit=${bad}`)).error).toBe('usage');
+    expect(await jsonError('user', 'list', '--cursor', 'nonsense')).toEqual({ error: 'invalid_request', error_description: 'cursor is invalid' });
+  });
+
+  it('member list, set-role and remove; the last owner stays (RO-3)', async () => {
+    const members = (await json('member', 'list', '--org', String(orgId))).data as { email: string; role: string }[];
+    expect(members.map((m) => [m.email, m.role])).toEqual([['Owner@Example.com', 'owner'], ['member@example.com', 'member']]);
+    expect(await json('member', 'set-role', '--org', String(orgId), '--email', 'member@example.com', '--role', 'owner')).toEqual({
+      organization_id: orgId, user_id: expect.any(Number), role: 'owner',
+    });
+    expect((await json('member', 'set-role', '--org', String(orgId), '--email', 'owner@example.com', '--role', 'admin')).role).toBe('admin');
+    expect(await jsonError('member', 'set-role', '--org', String(orgId), '--email', 'member@example.com', '--role', 'member')).toEqual({
+      error: 'conflict', error_description: 'the last owner of an organization cannot be demoted; make someone else an owner first',
+    });
+    expect(await jsonError('member', 'remove', '--org', String(orgId), '--email', 'member@example.com')).toEqual({
+      error: 'conflict', error_description: 'the last owner of an organization cannot be removed',
+    });
+    expect((await jsonError('member', 'set-role', '--org', String(orgId), '--email', 'member@example.com', '--role', 'god')).error_description).toBe('--role must be one of owner, admin, member');
+    expect((await json('member', 'set-role', '--org', String(orgId), '--email', 'owner@example.com', '--role', 'owner')).role).toBe('owner');
+    expect(await json('member', 'remove', '--org', String(orgId), '--email', 'member@example.com')).toEqual({ organization_id: orgId, user_id: expect.any(Number), removed: true });
+    expect(await jsonError('member', 'remove', '--org', String(orgId), '--email', 'member@example.com')).toEqual({ error: 'not_found', error_description: 'no such member in this organization' });
+  });
+
+  it('app list, show, disable and delete; grant list and revoke', async () => {
+    const app = await json('app', 'create', '--org', String(orgId), '--type', 'private', '--name', 'Lifecycle', '--scopes', 'contacts.read');
+    const token = await json('token', 'create', '--client-id', app.client_id as string);
+    const listed = (await json('app', 'list', '--org', String(orgId))).data as { client_id: string }[];
+    expect(listed.map((a) => a.client_id)).toContain(app.client_id);
+    expect(JSON.stringify(listed)).not.toMatch(/client_secret/);
+    expect(await json('app', 'show', '--client-id', app.client_id as string)).toEqual({
+      organization_id: orgId, client_id: app.client_id, type: 'private', name: 'Lifecycle', redirect_uris: [], scopes: ['contacts.read'], require_pkce: false, disabled: false,
+      created_at: expect.any(String), updated_at: expect.any(String), secret_rotated_at: null,
+    });
+    const grants = (await json('grant', 'list', '--org', String(orgId))).data as { id: number; application: { client_id: string }; user: unknown }[];
+    const own = grants.find((g) => g.application.client_id === app.client_id)!;
+    expect(own).toMatchObject({ user: null, scopes: ['contacts.read'] });
+    expect(await json('grant', 'revoke', '--id', String(own.id))).toEqual({ id: own.id, revoked: true });
+    expect(await jsonError('grant', 'revoke', '--id', String(own.id))).toEqual({ error: 'not_found', error_description: `no live grant with id ${own.id}` });
+    expect((await jsonError('grant', 'revoke', '--id', '01')).error).toBe('usage');
+    const revoked = await withDb((db) => db.selectFrom('grants').select(['revoked_reason']).where('id', '=', own.id).executeTakeFirstOrThrow());
+    expect(revoked.revoked_reason).toBe('revoked_by_admin');
+    expect(token.organization_id).toBe(orgId);
+
+    await json('token', 'create', '--client-id', app.client_id as string);
+    expect(await json('app', 'disable', '--client-id', app.client_id as string)).toMatchObject({ client_id: app.client_id, disabled: true });
+    const live = await withDb((db) => db.selectFrom('grants').innerJoin('applications', 'applications.id', 'grants.application_id').select('grants.revoked_reason').where('client_id', '=', app.client_id as string).orderBy('grants.id').execute());
+    expect(live.map((g) => g.revoked_reason)).toEqual(['revoked_by_admin', 'application_disabled']);
+    expect((await jsonError('token', 'create', '--client-id', app.client_id as string)).error).toBe('unauthorized_client');
+    expect(await json('app', 'delete', '--client-id', app.client_id as string)).toEqual({ client_id: app.client_id, organization_id: orgId, deleted: true });
+    expect(await jsonError('app', 'show', '--client-id', app.client_id as string)).toEqual({ error: 'not_found', error_description: `no application with client_id ${app.client_id}` });
+    const events = await withDb((db) => db.selectFrom('audit_events').select('action').where('organization_id', '=', orgId).orderBy('id').execute());
+    expect(events.map((e) => e.action)).toEqual(expect.arrayContaining(['application.disabled', 'application.deleted', 'grant.revoked']));
+  });
+
+  it('app create gives management scopes to private applications only (AD-1)', async () => {
+    const admin = await json('app', 'create', '--org', String(orgId), '--type', 'private', '--name', 'Admin', '--scopes', 'applications.read applications.write audit.read');
+    expect(admin.scopes).toEqual(['applications.read', 'applications.write', 'audit.read']);
+    expect(await jsonError('app', 'create', '--org', String(orgId), '--type', 'public', '--name', 'P', '--redirect-uri', 'https://p.example.com/cb', '--scopes', 'contacts.read members.write')).toEqual({
+      error: 'invalid_request', error_description: 'scopes: members.write may be held only by private applications',
+    });
+  });
+
+  it('keys rotate makes a new active key of SIGNING_ALG; keys list shows each key and what it is still good for', async () => {
     const first = await json('keys', 'rotate');
     expect(first).toEqual({ kid: expect.stringMatching(/^[A-Za-z0-9_-]{43}$/), alg: 'ES256' });
     const second = await json('keys', 'rotate');
     expect(second.kid).not.toBe(first.kid);
     const active = await withDb((db) => db.selectFrom('signing_keys').select('kid').where('retired_at', 'is', null).execute());
     expect(active).toEqual([{ kid: second.kid }]);
+    const listed = (await json('keys', 'list')).data as { kid: string; status: string }[];
+    expect(listed.slice(0, 2)).toEqual([
+      { kid: second.kid, alg: 'ES256', status: 'active', created_at: expect.any(String), retired_at: null },
+      { kid: first.kid, alg: 'ES256', status: 'retired', created_at: expect.any(String), retired_at: expect.any(String) },
+    ]);
+    // A key retired longer ago than a token lives verifies nothing any more.
+    await withDb((db) => db.updateTable('signing_keys').set({ retired_at: new Date(Date.now() - 366 * 24 * 3600 * 1000) }).where('kid', '=', first.kid as string).execute());
+    expect(((await json('keys', 'list')).data as { kid: string; status: string }[]).find((k) => k.kid === first.kid)?.status).toBe('expired');
+    expect(JSON.stringify(await json('keys', 'list'))).not.toMatch(/private|"d":/);
   });
 
   it('cleanup deletes expired rows and says how many', async () => {
@@ -233,7 +316,11 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
   it('prints help, and refuses unknown commands and options', async () => {
     const help = await cli('--help');
     expect(help.code).toBe(0);
-    for (const command of ['migrate', 'user create', 'org create', 'member add', 'app create', 'app rotate-secret', 'token create', 'keys rotate', 'cleanup', 'seed-demo']) {
+    for (const command of [
+      'migrate', 'user create', 'user list', 'org create', 'org list', 'member add', 'member list', 'member set-role', 'member remove',
+      'app create', 'app list', 'app show', 'app rotate-secret', 'app disable', 'app delete', 'token create', 'grant list', 'grant revoke',
+      'keys rotate', 'keys list', 'cleanup', 'seed-demo',
+    ]) {
       expect(help.stdout).toContain(command);
     }
     expect((await cli('app', 'create', '--help')).stdout).toMatch(/^usage: orgauth app create --org ID/);

@@ -72,3 +72,8 @@ export async function getUserByEmail(db: DB, email: string): Promise<User> {
   if (!user) throw new NotFoundError(`no user with email ${email.trim()}`);
   return user;
 }
+
+/** Every user in id order, a page at a time (the operator's `orgauth user list`). */
+export async function listUsers(db: DB, page: { afterId: number; limit: number }): Promise<Pick<User, 'id' | 'email' | 'name' | 'created_at'>[]> {
+  return db.selectFrom('users').select(['id', 'email', 'name', 'created_at']).where('id', '>', page.afterId).orderBy('id').limit(page.limit).execute();
+}

@@ -130,3 +130,19 @@ export async function importPrivateKey(key: Pick<SigningKey, 'alg' | 'private_jw
   if (imported instanceof Uint8Array) throw new Error('a signing key decrypted to a symmetric key');
   return imported;
 }
+
+export interface SigningKeyStatus {
+  kid: string;
+  alg: SigningAlg;
+  /** active: signs new tokens; retired: verifies tokens it signed until they expire (in the JWKS); expired: none of its tokens is left. */
+  status: 'active' | 'retired' | 'expired';
+  created_at: Date;
+  retired_at: Date | null;
+}
+
+/** Every signing key, newest first, with what it is still good for; never the private half. */
+export async function listSigningKeys(db: DB, options: { accessTokenTtl: number }): Promise<SigningKeyStatus[]> {
+  const rows = await db.selectFrom('signing_keys').select(['kid', 'alg', 'created_at', 'retired_at']).orderBy('created_at', 'desc').orderBy('kid').execute();
+  const cutoff = Date.now() - options.accessTokenTtl * 1000;
+  return rows.map((k) => ({ ...k, status: k.retired_at === null ? 'active' : k.retired_at.getTime() > cutoff ? 'retired' : 'expired' }));
+}

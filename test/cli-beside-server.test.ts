@@ -1,0 +1,231 @@
+/**
+ * Issue 12, part 1: with the server running on the embedded database (`npm start`'s default),
+ * the `orgauth` command works from another shell — the real binary, as a separate process —
+ * through the server's admin socket, with the output and exit codes it has on its own; and
+ * that channel is reachable only by the owner of DATA_DIR, never over the network (AD-2).
+ */
+import { spawn } from 'node:child_process';
+import { chmodSync, existsSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { adminSocketPath } from '../src/admin-socket.js';
+import { CLI, freePort, ROOT, run, type Running, SERVER, start } from './helpers/process.js';
+
+const dataDir = mkdtempSync(path.join(tmpdir(), 'orgauth-beside-'));
+let port: number;
+let server: Running;
+const env = () => ({ DATA_DIR: dataDir, LOG_LEVEL: 'silent' });
+
+beforeAll(async () => {
+  if (!existsSync(path.join(ROOT, SERVER))) throw new Error(`${SERVER} is missing: run the tests with \`npm test\`, which builds first`);
+  port = await freePort();
+  server = start(SERVER, [], { DATA_DIR: dataDir, PORT: String(port) });
+  await server.waitForOutput(/orgauth is ready/);
+});
+afterAll(async () => {
+  if (server.child.exitCode === null) {
+    server.child.kill('SIGTERM');
+    await server.exited;
+  }
+  rmSync(dataDir, { recursive: true, force: true });
+});
+
+/** The real `orgauth` binary in its own process, as from a second terminal. */
+const orgauth = (...args: string[]) => run(CLI, args, env());
+
+async function json(...args: string[]): Promise<any> {
+  const result = await orgauth(...args, '--json');
+  expect(result, result.stderr).toMatchObject({ code: 0, stderr: '' });
+  expect(result.stdout.trim().split('\n')).toHaveLength(1);
+  return JSON.parse(result.stdout);
+}
+
+const api = (orgId: number, token: string, path = '/contacts') =>
+  fetch(`http://127.0.0.1:${port}/api/v1/${orgId}${path}`, { headers: { authorization: `Bearer ${token}` } }).then((r) => r.status);
+
+/** Polls until the running server answers `expected`; fails after a second (the issue's bound). */
+async function withinOneSecond(probe: () => Promise<number>, expected: number): Promise<void> {
+  const since = Date.now();
+  for (;;) {
+    const status = await probe();
+    if (status === expected) return;
+    if (Date.now() - since > 1000) throw new Error(`still ${status} a second later, expected ${expected}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+describe('the orgauth command beside a running server on the embedded database', () => {
+  let orgId: number;
+  let app: { client_id: string; client_secret: string };
+  let token: string;
+
+  it('creates a user, an organization and a private application, and issues a token the server accepts', async () => {
+    const user = await json('user', 'create', '--email', 'shell@example.com', '--password', 'shell-password-1', '--name', 'Shell User');
+    expect(user).toEqual({ id: expect.any(Number), email: 'shell@example.com', name: 'Shell User' });
+    const org = await json('org', 'create', '--name', 'Shell Org', '--owner', 'shell@example.com');
+    expect(org).toEqual({ id: expect.any(Number), name: 'Shell Org' });
+    orgId = org.id;
+    app = await json('app', 'create', '--org', String(orgId), '--type', 'private', '--name', 'Shell Integration', '--scopes', 'contacts.read applications.read');
+    expect(app).toMatchObject({ client_id: expect.stringMatching(/^[0-9a-f]{32}$/), client_secret: expect.any(String), organization_id: orgId, scopes: ['contacts.read', 'applications.read'] });
+    const issued = await json('token', 'create', '--client-id', app.client_id);
+    expect(issued).toMatchObject({ token_type: 'Bearer', organization_id: orgId, organization_name: 'Shell Org', scope: 'contacts.read applications.read' });
+    token = issued.access_token;
+    expect(await api(orgId, token)).toBe(200);
+    expect(await api(orgId, token, '/applications')).toBe(200);
+    // The application's secret works on the server's token endpoint, too.
+    const res = await fetch(`http://127.0.0.1:${port}/oauth/token`, {
+      method: 'POST',
+      headers: { authorization: `Basic ${Buffer.from(`${app.client_id}:${app.client_secret}`).toString('base64')}`, 'content-type': 'application/x-www-form-urlencoded' },
+      body: new URLSearchParams({ grant_type: 'client_credentials', organization_id: String(orgId), scope: 'contacts.read' }),
+    });
+    expect(res.status).toBe(200);
+  });
+
+  it('lists users, organizations, members, applications, grants and keys as {"data": [...]}', async () => {
+    const users = await json('user', 'list');
+    expect(users.data).toContainEqual({ id: expect.any(Number), email: 'shell@example.com', name: 'Shell User', created_at: expect.any(String) });
+    expect(users).toHaveProperty('next_cursor', null);
+    expect((await json('org', 'list')).data).toContainEqual({ id: orgId, name: 'Shell Org', created_at: expect.any(String) });
+    expect((await json('member', 'list', '--org', String(orgId))).data).toEqual([
+      { user_id: expect.any(Number), email: 'shell@example.com', name: 'Shell User', role: 'owner', created_at: expect.any(String) },
+    ]);
+    const apps = await json('app', 'list', '--org', String(orgId));
+    expect(apps.data).toEqual([expect.objectContaining({ client_id: app.client_id, organization_id: orgId, type: 'private', disabled: false })]);
+    expect(JSON.stringify(apps)).not.toContain(app.client_secret);
+    const grants = await json('grant', 'list', '--org', String(orgId));
+    expect(grants.data).toEqual([expect.objectContaining({ user: null, application: expect.objectContaining({ client_id: app.client_id }) })]);
+    const keys = await json('keys', 'list');
+    expect(keys.data).toEqual([{ kid: expect.any(String), alg: 'ES256', status: 'active', created_at: expect.any(String), retired_at: null }]);
+    // Plain text for people.
+    const text = await orgauth('member', 'list', '--org', String(orgId));
+    expect(text.code).toBe(0);
+    expect(text.stdout).toMatch(/^USER +EMAIL +NAME +ROLE +JOINED\n\d+ +shell@example.com +Shell User +owner /);
+  });
+
+  it('changes roles and membership, refusing to demote or remove the last owner (RO-3)', async () => {
+    await json('user', 'create', '--email', 'second@example.com', '--password', 'second-password-1');
+    expect(await json('member', 'add', '--org', String(orgId), '--email', 'second@example.com')).toMatchObject({ role: 'member' });
+    expect(await json('member', 'set-role', '--org', String(orgId), '--email', 'second@example.com', '--role', 'admin')).toMatchObject({ role: 'admin' });
+    const demote = await orgauth('member', 'set-role', '--org', String(orgId), '--email', 'shell@example.com', '--role', 'member', '--json');
+    expect(demote.code).toBe(1);
+    expect(demote.stdout).toBe('');
+    expect(JSON.parse(demote.stderr)).toEqual({ error: 'conflict', error_description: expect.stringMatching(/last owner/) });
+    const remove = await orgauth('member', 'remove', '--org', String(orgId), '--email', 'shell@example.com');
+    expect(remove).toEqual({ code: 1, stdout: '', stderr: 'orgauth: the last owner of an organization cannot be removed\n' });
+    expect(await json('member', 'remove', '--org', String(orgId), '--email', 'second@example.com')).toEqual({ organization_id: orgId, user_id: expect.any(Number), removed: true });
+  });
+
+  it('revokes a grant and disables an application: the running server refuses their tokens within a second', async () => {
+    const [grant] = (await json('grant', 'list', '--org', String(orgId))).data;
+    expect(await json('grant', 'revoke', '--id', String(grant.id))).toEqual({ id: grant.id, revoked: true });
+    await withinOneSecond(() => api(orgId, token), 401);
+    const again = await orgauth('grant', 'revoke', '--id', String(grant.id), '--json');
+    expect({ code: again.code, error: JSON.parse(again.stderr).error }).toEqual({ code: 1, error: 'not_found' });
+
+    const fresh = (await json('token', 'create', '--client-id', app.client_id)).access_token;
+    expect(await api(orgId, fresh)).toBe(200);
+    expect(await json('app', 'disable', '--client-id', app.client_id)).toMatchObject({ client_id: app.client_id, disabled: true });
+    await withinOneSecond(() => api(orgId, fresh), 401);
+    expect((await json('app', 'show', '--client-id', app.client_id)).disabled).toBe(true);
+
+    expect(await json('app', 'delete', '--client-id', app.client_id)).toEqual({ client_id: app.client_id, organization_id: orgId, deleted: true });
+    const shown = await orgauth('app', 'show', '--client-id', app.client_id, '--json');
+    expect({ code: shown.code, stderr: JSON.parse(shown.stderr) }).toEqual({ code: 1, stderr: { error: 'not_found', error_description: `no application with client_id ${app.client_id}` } });
+  });
+
+  it('rotates the signing key in the running server', async () => {
+    const rotated = await json('keys', 'rotate');
+    const keys = (await json('keys', 'list')).data;
+    expect(keys.map((k: { kid: string; status: string }) => [k.kid, k.status])).toEqual([[rotated.kid, 'active'], [expect.any(String), 'retired']]);
+  });
+
+  it('answers usage errors and help itself, exactly as without a server', async () => {
+    expect(await orgauth('app', 'show', '--json')).toEqual({
+      code: 1, stdout: '', stderr: `${JSON.stringify({ error: 'usage', error_description: '--client-id is required\nusage: orgauth app show --client-id ID' })}\n`,
+    });
+    expect((await orgauth('user', 'list', '--limit', '0')).stderr).toMatch(/--limit must be a whole number from 1 to 1000/);
+    const help = await orgauth('--help');
+    expect(help.code).toBe(0);
+    for (const command of ['user list', 'org list', 'member list', 'member set-role', 'member remove', 'app list', 'app show', 'app disable', 'app delete', 'grant list', 'grant revoke', 'keys list']) {
+      expect(help.stdout).toContain(command);
+    }
+  });
+
+  it('serves the channel on a Unix socket only the owner of DATA_DIR can use, and on no network port (AD-2)', async () => {
+    const socket = adminSocketPath(dataDir);
+    const stat = statSync(socket);
+    expect(stat.isSocket()).toBe(true);
+    expect(stat.mode & 0o777).toBe(0o600);
+    expect(statSync(path.dirname(socket)).mode & 0o777).toBe(0o700);
+    expect(stat.uid).toBe(process.getuid!());
+
+    // The server listens on its port and nothing else (no TCP socket for administration).
+    expect(listeningTcpPorts(server.child.pid!)).toEqual([port]);
+
+    // Another user cannot connect, even with every directory on the way opened up: the socket's
+    // own mode refuses them. (Needs root to run a process as another user.)
+    if (process.getuid!() !== 0) {
+      console.log('cli-beside-server: not root, so the connection as another user is not tried');
+      return;
+    }
+    chmodSync(dataDir, 0o755);
+    chmodSync(path.dirname(socket), 0o755);
+    try {
+      expect(await connectAs(65534, socket)).toBe('EACCES');
+      expect(await connectAs(0, socket)).toBe('connected');
+    } finally {
+      chmodSync(path.dirname(socket), 0o700);
+      chmodSync(dataDir, 0o700);
+    }
+  });
+
+  it('gives the same output and exit codes once the server has stopped and the command opens the database itself', async () => {
+    const commands = [['org', 'list', '--json'], ['app', 'show', '--client-id', 'f'.repeat(32), '--json'], ['keys', 'list']];
+    // Through the server, several at once.
+    const through = await Promise.all(commands.map((c) => orgauth(...c)));
+    server.child.kill('SIGTERM');
+    expect(await server.exited).toEqual({ code: 0, signal: null });
+    expect(existsSync(adminSocketPath(dataDir))).toBe(false);
+    // On its own, one at a time: the embedded database opens in one process at once.
+    const direct = [];
+    for (const c of commands) direct.push(await orgauth(...c));
+    expect(direct).toEqual(through);
+    expect(through[1]).toMatchObject({ code: 1, stdout: '' });
+  });
+});
+
+/** The TCP ports the process listens on: its socket inodes matched against /proc/net/tcp{,6} (Linux). */
+function listeningTcpPorts(pid: number): number[] {
+  const inodes = new Set(
+    readdirSync(`/proc/${pid}/fd`).flatMap((fd) => {
+      try {
+        return [/^socket:\[(\d+)\]$/.exec(readlinkSync(`/proc/${pid}/fd/${fd}`))?.[1]].filter((x): x is string => x !== undefined);
+      } catch {
+        return [];
+      }
+    }),
+  );
+  const ports = new Set<number>();
+  for (const file of ['/proc/net/tcp', '/proc/net/tcp6']) {
+    if (!existsSync(file)) continue;
+    for (const line of readFileSync(file, 'utf8').split('\n').slice(1)) {
+      const cols = line.trim().split(/\s+/);
+      // local_address is "HEX_IP:HEX_PORT"; st 0A is LISTEN; column 9 is the inode.
+      if (cols[3] === '0A' && inodes.has(cols[9] ?? '')) ports.add(parseInt(cols[1]!.split(':')[1]!, 16));
+    }
+  }
+  return [...ports].sort((x, y) => x - y);
+}
+
+/** Tries to connect to the Unix socket as `uid`; resolves to 'connected' or the error code. */
+function connectAs(uid: number, socket: string): Promise<string> {
+  const script = `const c=require('node:net').connect(${JSON.stringify(socket)});c.on('connect',()=>{process.stdout.write('connected');c.destroy()});c.on('error',(e)=>process.stdout.write(e.code))`;
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, ['-e', script], { uid, gid: uid, stdio: ['ignore', 'pipe', 'inherit'], cwd: '/' });
+    let out = '';
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    child.on('error', reject);
+    child.on('exit', () => resolve(out));
+  });
+}
