@@ -8,6 +8,7 @@ import { insertUser, prepareUser, type PublicUser } from './accounts/users.js';
 import { type DB, inTransaction } from './db/connect.js';
 import { generateSecret } from './lib/crypto.js';
 import { type ApplicationWithSecret, createApplication } from './oauth/applications.js';
+import { isManagementScope, KNOWN_SCOPES } from './oauth/scopes.js';
 
 export const DEMO_EMAIL = 'demo@orgauth.local';
 export const DEMO_REDIRECT_URI = 'http://localhost:8080/callback';
@@ -46,16 +47,22 @@ export async function seedDemo(db: DB): Promise<DemoSeed> {
       organizationId: organization.id,
       type: 'private',
       name: 'Demo Integration',
+      // The data scopes and the management API, so the banner can show both.
+      scopes: [...KNOWN_SCOPES],
       actor: { actorUserId: user.id },
     });
     return { user: { ...user, password }, organization, public_application, private_application };
   });
 }
 
-/** The text printed once after seeding: logins, credentials and a curl that gets a token. */
+/**
+ * The text printed once after seeding: logins, credentials, a curl that gets a token for the
+ * organization's data and one that lists its applications through the management API.
+ */
 export function formatDemoBanner(seed: DemoSeed, issuer: string): string {
   const pub = seed.public_application;
   const priv = seed.private_application;
+  const orgId = seed.organization.id;
   const line = '─'.repeat(72);
   return [
     line,
@@ -77,9 +84,17 @@ export function formatDemoBanner(seed: DemoSeed, issuer: string): string {
     '',
     ' Get an access token for the organization:',
     `   curl -s -u '${priv.client_id}:${priv.client_secret}' \\`,
-    `     -d grant_type=client_credentials -d organization_id=${seed.organization.id} \\`,
-    `     --data-urlencode 'scope=${priv.scopes.join(' ')}' \\`,
+    `     -d grant_type=client_credentials -d organization_id=${orgId} \\`,
+    `     --data-urlencode 'scope=${priv.scopes.filter((s) => !isManagementScope(s)).join(' ')}' \\`,
     `     ${issuer}/oauth/token`,
+    '',
+    " List the organization's applications with a management token:",
+    `   TOKEN=$(curl -s -u '${priv.client_id}:${priv.client_secret}' \\`,
+    `     -d grant_type=client_credentials -d organization_id=${orgId} -d scope=applications.read \\`,
+    `     ${issuer}/oauth/token | sed -E 's/.*"access_token":"([^"]+)".*/\\1/')`,
+    `   curl -s -H "Authorization: Bearer $TOKEN" ${issuer}/api/v1/${orgId}/applications`,
+    '',
+    ' Administer from another terminal while the server runs: npx orgauth --help',
     line,
   ].join('\n');
 }

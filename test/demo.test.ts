@@ -2,6 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { verifyPassword } from '../src/accounts/passwords.js';
 import { formatDemoBanner, isDatabaseEmpty, seedDemo } from '../src/demo.js';
 import { ConflictError } from '../src/errors.js';
+import { KNOWN_SCOPES } from '../src/oauth/scopes.js';
 import { secretMatches } from '../src/lib/crypto.js';
 import { BACKEND, createTestDatabase } from './helpers/db.js';
 
@@ -26,9 +27,10 @@ describe(`the demo seed on ${BACKEND}`, () => {
     expect(membership).toEqual([expect.objectContaining({ organization_id: seed.organization.id, role: 'owner' })]);
 
     const apps = await db.selectFrom('applications').selectAll().where('organization_id', '=', seed.organization.id).orderBy('id').execute();
-    expect(apps.map((a) => [a.type, a.redirect_uris, a.client_id])).toEqual([
-      ['public', ['http://localhost:8080/callback'], seed.public_application.client_id],
-      ['private', [], seed.private_application.client_id],
+    expect(apps.map((a) => [a.type, a.redirect_uris, a.client_id, a.scopes])).toEqual([
+      ['public', ['http://localhost:8080/callback'], seed.public_application.client_id, ['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write']],
+      // The integration may also use the management API, as the banner shows.
+      ['private', [], seed.private_application.client_id, [...KNOWN_SCOPES]],
     ]);
     expect(secretMatches(seed.public_application.client_secret, apps[0]!.client_secret_hash)).toBe(true);
     expect(secretMatches(seed.private_application.client_secret, apps[1]!.client_secret_hash)).toBe(true);
@@ -46,7 +48,7 @@ describe('the demo banner', () => {
   it('shows the login, both applications and a ready-to-paste client_credentials curl', () => {
     const app = (type: 'public' | 'private', id: string) => ({
       client_id: id, client_secret: `${id}-secret`, type, organization_id: 7, name: `${type} app`,
-      redirect_uris: type === 'public' ? ['http://localhost:8080/callback'] : [], scopes: ['contacts.read', 'tasks.read'],
+      redirect_uris: type === 'public' ? ['http://localhost:8080/callback'] : [], scopes: ['contacts.read', 'tasks.read', 'applications.read'],
     });
     const banner = formatDemoBanner(
       {
@@ -66,6 +68,14 @@ describe('the demo banner', () => {
         '     -d grant_type=client_credentials -d organization_id=7 \\',
         "     --data-urlencode 'scope=contacts.read tasks.read' \\",
         '     http://localhost:3000/oauth/token',
+      ].join('\n'),
+    );
+    expect(banner).toContain(
+      [
+        "   TOKEN=$(curl -s -u 'priv:priv-secret' \\",
+        '     -d grant_type=client_credentials -d organization_id=7 -d scope=applications.read \\',
+        `     http://localhost:3000/oauth/token | sed -E 's/.*"access_token":"([^"]+)".*/\\1/')`,
+        '   curl -s -H "Authorization: Bearer $TOKEN" http://localhost:3000/api/v1/7/applications',
       ].join('\n'),
     );
   });

@@ -496,6 +496,35 @@ describe.skipIf(!TEST_DATABASE_URL)('two server processes on one PostgreSQL data
     for (const row of rows) expect(row).toMatchObject({ disabled: true, revoked_at: expect.any(Date), revoked_reason: 'application_disabled' });
   });
 
+  it('4. the CLI (`orgauth grant revoke`, `app disable`, `app delete`) is honoured by both instances within a second', async () => {
+    const revokedApp = await privateApp('Grant revoked by the CLI');
+    const revokedToken = await accessToken(A, revokedApp);
+    const disabledApp = await privateApp('Disabled by the CLI');
+    const disabledTokens = [await accessToken(A, disabledApp), await accessToken(B, disabledApp)];
+    const deletedApp = await privateApp('Deleted by the CLI');
+    const deletedToken = await accessToken(B, deletedApp);
+    for (const token of [revokedToken, ...disabledTokens, deletedToken]) for (const instance of [A, B]) expect((await apiGet(instance, token)).status).toBe(200);
+
+    const grant = JSON.parse(Buffer.from(revokedToken.split('.')[1]!, 'base64url').toString()) as { grant_id: number };
+    const revoked = await run(CLI, ['grant', 'revoke', '--id', String(grant.grant_id), '--json'], database.env);
+    expect(revoked.code, revoked.stderr).toBe(0);
+    let since = performance.now();
+    for (const instance of [A, B]) await honouredWithin(`4. CLI grant revoke: ${instance.name}’s API refuses the token`, since, () => apiGet(instance, revokedToken), (o) => o.status === 401);
+
+    const disabled = await run(CLI, ['app', 'disable', '--client-id', disabledApp.client_id, '--json'], database.env);
+    expect(disabled.code, disabled.stderr).toBe(0);
+    since = performance.now();
+    for (const instance of [A, B]) {
+      await honouredWithin(`4. CLI app disable: ${instance.name} refuses client_credentials`, since, () => clientCredentials(instance, disabledApp, disabledApp.client_secret), (o) => o.status === 401, 150);
+      for (const token of disabledTokens) await honouredWithin(`4. CLI app disable: ${instance.name}’s API refuses its tokens`, since, () => apiGet(instance, token), (o) => o.status === 401);
+    }
+
+    const deleted = await run(CLI, ['app', 'delete', '--client-id', deletedApp.client_id, '--json'], database.env);
+    expect(deleted.code, deleted.stderr).toBe(0);
+    since = performance.now();
+    for (const instance of [A, B]) await honouredWithin(`4. CLI app delete: ${instance.name}’s API refuses its token`, since, () => apiGet(instance, deletedToken), (o) => o.status === 401);
+  });
+
   it('5. a signing key rotated by the CLI: B signs with the new kid within a second, A’s new-key tokens work on B, old tokens stay valid', async () => {
     const app = await privateApp('Key rotation');
     // B has been signing with the current key (cached) right before the rotation.

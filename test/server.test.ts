@@ -2,9 +2,11 @@
  * The server and the CLI as processes, built by `npm test`'s pretest step: zero-setup start on
  * the embedded database, start-up errors, graceful shutdown, the real `orgauth` binary.
  */
+import { execFile } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { verifyPassword } from '../src/accounts/passwords.js';
 import { runCli } from '../src/cli.js';
@@ -44,6 +46,14 @@ describe('zero set-up on the embedded database', () => {
       });
       expect(tokenRes.status).toBe(200);
       expect(await tokenRes.json()).toMatchObject({ token_type: 'Bearer', organization_id: 1, organization_name: 'Demo Organization' });
+      // The second one, pasted into a shell as printed, lists the applications with a management token.
+      const management = /List the organization's applications with a management token:\n((?:   .*\n)+)/.exec(banner)?.[1];
+      expect(management).toBeDefined();
+      const listed = await promisify(execFile)('/bin/bash', ['-c', management!], { env: { PATH: process.env.PATH } });
+      expect(JSON.parse(listed.stdout)).toMatchObject({
+        data: [expect.objectContaining({ name: 'Demo Public App', type: 'public' }), expect.objectContaining({ name: 'Demo Integration', type: 'private' })],
+        next_cursor: null,
+      });
       expect(banner).toContain('email:    demo@orgauth.local');
       expect(banner).toContain(`http://localhost:${port}/oauth/token`);
       expect(readFileSync(path.join(dataDir, 'secret_key'), 'utf8').trim().length).toBeGreaterThanOrEqual(32);

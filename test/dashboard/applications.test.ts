@@ -116,6 +116,40 @@ describe(`dashboard applications on ${BACKEND}`, () => {
     expect(await w.db.selectFrom('applications').select('id').where('organization_id', '=', org.id).execute()).toHaveLength(2);
   });
 
+  it('offers the management scopes for private applications only, and refuses them for a public one (AD-1)', async () => {
+    const org = await newOrganization(w);
+    const page = (await w.browsers.owner.get('/dashboard/applications')).body;
+    const form = (type: string) => page.slice(page.indexOf(`name="type" value="${type}"`), page.indexOf('</form>', page.indexOf(`name="type" value="${type}"`)));
+    expect(form('public')).toContain('value="contacts.read"');
+    expect(form('public')).not.toMatch(/value="(applications|members|grants|audit)\./);
+    for (const scope of ['applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read']) {
+      expect(form('private')).toContain(`value="${scope}"`);
+    }
+    const publicEdit = (await w.browsers.owner.get(`/dashboard/applications/${org.publicApp.client_id}`)).body;
+    expect(publicEdit).not.toMatch(/value="(applications|members|grants|audit)\./);
+
+    const refused = await submit(w.browsers.owner, '/dashboard/applications', {
+      type: 'public', name: 'Greedy', redirect_uris: 'https://ok.example.com/cb', scopes: ['contacts.read', 'members.write'],
+    });
+    expect(refused.statusCode).toBe(400);
+    expect(refused.body).toContain('Choose only the scopes listed.');
+    const edit = await submit(w.browsers.owner, `/dashboard/applications/${org.publicApp.client_id}`, {
+      name: 'Web', redirect_uris: 'https://client.example.com/cb', scopes: ['contacts.read', 'audit.read'],
+    });
+    expect(edit.statusCode).toBe(400);
+
+    const admin = await submit(w.browsers.owner, '/dashboard/applications', { type: 'private', name: 'Admin bot', scopes: ['applications.read', 'audit.read'] });
+    expect(admin.statusCode).toBe(201);
+    const row = await w.db.selectFrom('applications').select(['client_id', 'scopes']).where('organization_id', '=', org.id).where('name', '=', 'Admin bot').executeTakeFirstOrThrow();
+    expect(row.scopes).toEqual(['applications.read', 'audit.read']);
+    // Generate Token offers them for it, and the token works on the management API.
+    const generated = await submit(w.browsers.owner, `/dashboard/applications/${row.client_id}/token`, { scopes: ['applications.read'] });
+    const token = accessTokenIn(generated.body) ?? '';
+    const listed = await w.app.inject({ method: 'GET', url: `/api/v1/${org.id}/applications`, headers: { authorization: `Bearer ${token}` } });
+    expect(listed.statusCode).toBe(200);
+    expect(listed.json().data.map((a: { name: string }) => a.name)).toEqual(['Backend', 'Web', 'Admin bot']);
+  });
+
   it('refuses members (403) and creates nothing', async () => {
     const org = await newOrganization(w);
     const res = await submit(w.browsers.member, '/dashboard/applications', { type: 'private', name: 'Nope', scopes: ['tasks.read'] });

@@ -127,6 +127,52 @@ describe(`dashboard connected apps on ${BACKEND}`, () => {
   });
 });
 
+describe(`dashboard lists on ${BACKEND}`, () => {
+  it('show connected apps and members 100 a page, keyset links to the next page, nothing repeated or skipped', async () => {
+    const org = await newOrganization(w);
+    const application = await w.db.selectFrom('applications').select('id').where('client_id', '=', org.publicApp.client_id).executeTakeFirstOrThrow();
+    await w.db
+      .insertInto('grants')
+      .values(Array.from({ length: 150 }, () => ({ organization_id: org.id, application_id: application.id, user_id: w.users.member.id, scopes: ['contacts.read'] })))
+      .execute();
+    const users = await w.db
+      .insertInto('users')
+      .values(Array.from({ length: 120 }, (_, i) => ({ email: `paged${i}-${process.pid}@example.com`, password_hash: '$argon2id$paged' })))
+      .returning('id')
+      .execute();
+    await w.db.insertInto('memberships').values(users.map((u) => ({ organization_id: org.id, user_id: u.id, role: 'member' as const }))).execute();
+
+    const walk = async (first: string, rowPattern: RegExp, nextPattern: RegExp) => {
+      const ids: string[] = [];
+      const pages: number[] = [];
+      for (let url: string | undefined = first; url; ) {
+        const res = await w.browsers.admin.get(url);
+        expect(res.statusCode).toBe(200);
+        const rows = [...res.body.matchAll(rowPattern)].map((m) => m[1]!);
+        pages.push(rows.length);
+        ids.push(...rows);
+        url = nextPattern.exec(res.body)?.[1]?.replaceAll('&amp;', '&');
+      }
+      return { ids, pages };
+    };
+    const grants = await walk('/dashboard/connected-apps', /action="\/dashboard\/connected-apps\/(\d+)\/revoke"/g, /href="(\/dashboard\/connected-apps\?before=\d+)">Next page/);
+    expect(grants.pages).toEqual([100, 50]);
+    const live = await w.db.selectFrom('grants').select('id').where('organization_id', '=', org.id).where('revoked_at', 'is', null).orderBy('id', 'desc').execute();
+    expect(grants.ids.map(Number)).toEqual(live.map((g) => g.id));
+
+    const members = await walk('/dashboard/members', /<td data-label="Email">([^<]+)<\/td>/g, /href="(\/dashboard\/members\?after=\d+)">Next page/);
+    expect(members.pages).toEqual([100, 23]);
+    const memberRows = await w.db
+      .selectFrom('memberships')
+      .innerJoin('users', 'users.id', 'memberships.user_id')
+      .select('users.email')
+      .where('organization_id', '=', org.id)
+      .orderBy('memberships.user_id')
+      .execute();
+    expect(members.ids).toEqual(memberRows.map((m) => m.email));
+  });
+});
+
 describe(`dashboard members on ${BACKEND}`, () => {
   let n = 0;
   const newUser = async () => createUser(w.db, { email: `new${++n}-${process.pid}@example.com`, password: PASSWORD });
