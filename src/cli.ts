@@ -25,7 +25,7 @@ import { sendToAdminSocket, type CommandOutcome } from './admin-socket.js';
 import { applicationOut } from './api/applications.js';
 import { grantOut } from './api/grants.js';
 import { memberOut } from './api/members.js';
-import { decodeCursor, decodeDescendingCursor, page } from './api/pagination.js';
+import { decodeCursor, decodeDescendingCursor, listPage } from './api/pagination.js';
 import { ConfigError, loadConfig, type Config } from './config.js';
 import type { DB } from './db/connect.js';
 import { DatabaseInUseError } from './db/lock.js';
@@ -107,7 +107,7 @@ function pageLimit(values: Values): number {
   return n;
 }
 
-/** Fetches one page (limit + 1 rows) and shapes it as the API does, with a text table. */
+/** One page, shaped as the API answers it, with a text table for people. */
 async function listed<R, T extends object>(
   values: Values,
   fetch: (limit: number) => Promise<R[]>,
@@ -115,12 +115,10 @@ async function listed<R, T extends object>(
   out: (row: R) => T,
   columns: [header: string, cell: (row: T) => string][],
 ): Promise<{ json: object; text: string }> {
-  const limit = pageLimit(values);
-  const result = page(await fetch(limit + 1), limit, keyOf);
-  const data = result.rows.map(out);
-  const lines = [table(columns.map(([h]) => h), data.map((row) => columns.map(([, cell]) => cell(row))))];
-  if (result.next_cursor) lines.push(`more: --cursor ${result.next_cursor}`);
-  return { json: { data, next_cursor: result.next_cursor }, text: data.length === 0 ? '(none)' : lines.join('\n') };
+  const listed = await listPage(pageLimit(values), fetch, keyOf, out);
+  const lines = [table(columns.map(([h]) => h), listed.data.map((row) => columns.map(([, cell]) => cell(row))))];
+  if (listed.next_cursor) lines.push(`more: --cursor ${listed.next_cursor}`);
+  return { json: listed, text: listed.data.length === 0 ? '(none)' : lines.join('\n') };
 }
 
 function table(headers: string[], rows: string[][]): string {

@@ -21,7 +21,7 @@ import {
 } from '../oauth/applications.js';
 import type { RevocationList } from '../oauth/revocations.js';
 import { actorOf, type ApiAuth, authOf } from './auth.js';
-import { decodeCursor, listQuery, page } from './pagination.js';
+import { decodeCursor, listPage, listQuery } from './pagination.js';
 import { conflictResponse, errorResponses, listOf, orgParams } from './schemas.js';
 
 export const applicationSchema = z
@@ -111,11 +111,8 @@ export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Rev
       config: { scope: 'applications.read' },
       schema: { tags: ['applications'], summary: 'List applications', params: orgParams, querystring: z.object(listQuery), response: { 200: listOf(applicationSchema), ...errorResponses } },
     },
-    async (req) => {
-      const rows = await listApplications(db, authOf(req).organizationId, { afterId: decodeCursor(req.query.cursor), limit: req.query.limit + 1 });
-      const result = page(rows, req.query.limit, (a) => a.id);
-      return { data: result.rows.map(applicationOut), next_cursor: result.next_cursor };
-    },
+    async (req) =>
+      listPage(req.query.limit, (limit) => listApplications(db, authOf(req).organizationId, { afterId: decodeCursor(req.query.cursor), limit }), (a) => a.id, applicationOut),
   );
 
   app.get(

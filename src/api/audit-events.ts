@@ -4,7 +4,7 @@ import { z } from 'zod';
 import { type AuditEventRow, listAuditEvents } from '../audit/events.js';
 import type { DB } from '../db/connect.js';
 import { authOf } from './auth.js';
-import { decodeDescendingCursor, listQuery, page } from './pagination.js';
+import { decodeDescendingCursor, listPage, listQuery } from './pagination.js';
 import { errorResponses, listOf, orgParams } from './schemas.js';
 
 export const auditEventSchema = z
@@ -40,10 +40,7 @@ export const auditEventRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, {
       config: { scope: 'audit.read' },
       schema: { tags: ['audit'], summary: 'List audit events, newest first', params: orgParams, querystring: z.object(listQuery), response: { 200: listOf(auditEventSchema), ...errorResponses } },
     },
-    async (req) => {
-      const rows = await listAuditEvents(db, authOf(req).organizationId, { beforeId: decodeDescendingCursor(req.query.cursor), limit: req.query.limit + 1 });
-      const result = page(rows, req.query.limit, (e) => e.id);
-      return { data: result.rows.map(auditEventOut), next_cursor: result.next_cursor };
-    },
+    async (req) =>
+      listPage(req.query.limit, (limit) => listAuditEvents(db, authOf(req).organizationId, { beforeId: decodeDescendingCursor(req.query.cursor), limit }), (e) => e.id, auditEventOut),
   );
 };

@@ -10,7 +10,7 @@ import { findLiveGrant, type LiveGrant, listLiveGrants } from '../oauth/grant-st
 import type { RevocationList } from '../oauth/revocations.js';
 import { actorOf, authOf } from './auth.js';
 import { pathId } from './contacts.js';
-import { decodeDescendingCursor, listQuery, page } from './pagination.js';
+import { decodeDescendingCursor, listPage, listQuery } from './pagination.js';
 import { errorResponses, listOf, orgParams } from './schemas.js';
 
 export const grantSchema = z
@@ -50,11 +50,8 @@ export const grantRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Revocatio
       config: { scope: 'grants.read' },
       schema: { tags: ['grants'], summary: 'List the connected apps (live grants), newest first', params: orgParams, querystring: z.object(listQuery), response: { 200: listOf(grantSchema), ...errorResponses } },
     },
-    async (req) => {
-      const rows = await listLiveGrants(db, authOf(req).organizationId, { beforeId: decodeDescendingCursor(req.query.cursor), limit: req.query.limit + 1 });
-      const result = page(rows, req.query.limit, (g) => g.id);
-      return { data: result.rows.map(grantOut), next_cursor: result.next_cursor };
-    },
+    async (req) =>
+      listPage(req.query.limit, (limit) => listLiveGrants(db, authOf(req).organizationId, { beforeId: decodeDescendingCursor(req.query.cursor), limit }), (g) => g.id, grantOut),
   );
 
   app.get(

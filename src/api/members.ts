@@ -13,7 +13,7 @@ import { InvalidRequestError } from '../errors.js';
 import type { RevocationList } from '../oauth/revocations.js';
 import { actorOf, type ApiAuth, authOf } from './auth.js';
 import { pathId } from './contacts.js';
-import { decodeCursor, listQuery, page } from './pagination.js';
+import { decodeCursor, listPage, listQuery } from './pagination.js';
 import { conflictResponse, errorResponses, listOf, orgParams } from './schemas.js';
 
 export const memberSchema = z
@@ -43,11 +43,8 @@ export const memberRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Revocati
       config: { scope: 'members.read' },
       schema: { tags: ['members'], summary: 'List members, in user id order', params: orgParams, querystring: z.object(listQuery), response: { 200: listOf(memberSchema), ...errorResponses } },
     },
-    async (req) => {
-      const rows = await listMembers(db, authOf(req).organizationId, { afterUserId: decodeCursor(req.query.cursor), limit: req.query.limit + 1 });
-      const result = page(rows, req.query.limit, (m) => m.user_id);
-      return { data: result.rows.map(memberOut), next_cursor: result.next_cursor };
-    },
+    async (req) =>
+      listPage(req.query.limit, (limit) => listMembers(db, authOf(req).organizationId, { afterUserId: decodeCursor(req.query.cursor), limit }), (m) => m.user_id, memberOut),
   );
 
   app.get(

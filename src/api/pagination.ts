@@ -42,6 +42,20 @@ export function page<T>(rows: T[], limit: number, keyOf: (row: T) => number): { 
   return { rows: pageRows, next_cursor: more && last ? encodeCursor(keyOf(last)) : null };
 }
 
+/**
+ * One page of a list as the API and the CLI answer it: `fetch` gets limit + 1 rows from the
+ * cursor on, `keyOf` is the row's keyset key and `out` the mapper of the fields that leave.
+ */
+export async function listPage<R, T>(
+  limit: number,
+  fetch: (limitPlusOne: number) => Promise<R[]>,
+  keyOf: (row: R) => number,
+  out: (row: R) => T,
+): Promise<{ data: T[]; next_cursor: string | null }> {
+  const result = page(await fetch(limit + 1), limit, keyOf);
+  return { data: result.rows.map(out), next_cursor: result.next_cursor };
+}
+
 /** The key of the row before which a newest-first page starts, or undefined for the first page. */
 export function decodeDescendingCursor(cursor: string | undefined): number | undefined {
   const after = decodeCursor(cursor);

@@ -9,7 +9,7 @@ import type { Task } from '../db/schema.js';
 import { InvalidRequestError, NotFoundError } from '../errors.js';
 import { actorOf, authOf } from './auth.js';
 import { pathId, text } from './contacts.js';
-import { decodeCursor, listQuery, page } from './pagination.js';
+import { decodeCursor, listPage, listQuery } from './pagination.js';
 import { errorResponses, idParams, listOf, orgParams } from './schemas.js';
 
 export const taskSchema = z
@@ -98,8 +98,7 @@ export const taskRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { db })
         .where('id', '>', decodeCursor(req.query.cursor));
       if (req.query.status) query = query.where('status', '=', req.query.status);
       if (req.query.contact_id) query = query.where('contact_id', '=', req.query.contact_id);
-      const result = page(await query.orderBy('id').limit(req.query.limit + 1).execute(), req.query.limit, (t) => t.id);
-      return { data: result.rows.map(taskOut), next_cursor: result.next_cursor };
+      return listPage(req.query.limit, (limit) => query.orderBy('id').limit(limit).execute(), (t) => t.id, taskOut);
     },
   );
 
