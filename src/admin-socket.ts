@@ -38,6 +38,12 @@ const MAX_REQUEST_BYTES = 64 * 1024;
 const MAX_RESPONSE_BYTES = 32 * 1024 * 1024;
 /** A client that connects and sends nothing is dropped after this. */
 const REQUEST_TIMEOUT_MS = 10_000;
+/** Commands at once; more connections wait in the kernel's backlog. */
+const MAX_CONNECTIONS = 16;
+/** On close, commands still running after this are abandoned (their connection is cut). */
+const CLOSE_GRACE_MS = 3000;
+/** How long the CLI waits for the answer to a command (revoking a million grants takes about 90 s). */
+const ANSWER_TIMEOUT_MS = 10 * 60_000;
 /** sun_path holds 108 bytes on Linux and 104 on macOS, the terminating NUL included. */
 const MAX_SOCKET_PATH_BYTES = 103;
 
@@ -66,7 +72,7 @@ function preparePrivateDirectory(dir: string): void {
 
 export interface AdminSocket {
   readonly path: string;
-  /** Stops accepting, waits for the commands in progress, removes the socket. */
+  /** Stops accepting, cuts connections that sent nothing yet, gives running commands CLOSE_GRACE_MS, removes the socket. */
   close(): Promise<void>;
 }
 
@@ -90,11 +96,19 @@ export async function serveAdminSocket(
   preparePrivateDirectory(path.dirname(socketPath));
   rmSync(socketPath, { force: true });
 
-  const inFlight = new Set<Promise<void>>();
+  // Connections still waiting for their request line are cut at close; running commands get
+  // CLOSE_GRACE_MS to finish, so that a shutdown (R-4: within 10 s) is never held up by a client.
+  const waiting = new Set<net.Socket>();
+  const running = new Map<net.Socket, Promise<void>>();
   const server = net.createServer((conn) => {
-    const done = serveConnection(conn, run, logger).finally(() => inFlight.delete(done));
-    inFlight.add(done);
+    waiting.add(conn);
+    const done = serveConnection(conn, run, logger, () => waiting.delete(conn)).finally(() => {
+      waiting.delete(conn);
+      running.delete(conn);
+    });
+    running.set(conn, done);
   });
+  server.maxConnections = MAX_CONNECTIONS;
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
     server.listen(socketPath, () => {
@@ -111,18 +125,28 @@ export async function serveAdminSocket(
     path: socketPath,
     close: () =>
       (closing ??= (async () => {
-        await new Promise<void>((resolve) => server.close(() => resolve()));
-        await Promise.allSettled([...inFlight]);
+        const closed = new Promise<void>((resolve) => server.close(() => resolve()));
+        for (const conn of waiting) conn.destroy();
+        const grace = new Promise<void>((resolve) => setTimeout(resolve, CLOSE_GRACE_MS).unref());
+        await Promise.race([Promise.allSettled([...running.values()]), grace]);
+        for (const conn of running.keys()) conn.destroy();
+        await closed;
         rmSync(socketPath, { force: true });
       })()),
   };
 }
 
-async function serveConnection(conn: net.Socket, run: (argv: string[]) => Promise<CommandOutcome>, logger: Pick<Logger, 'error'>): Promise<void> {
+async function serveConnection(
+  conn: net.Socket,
+  run: (argv: string[]) => Promise<CommandOutcome>,
+  logger: Pick<Logger, 'error'>,
+  started: () => void,
+): Promise<void> {
   conn.on('error', () => {});
   const reply = (outcome: CommandOutcome) => conn.end(`${JSON.stringify(outcome)}\n`);
   const refuse = (description: string) => reply({ code: 1, stdout: '', stderr: `orgauth: ${description}\n` });
   const line = await readLine(conn, MAX_REQUEST_BYTES, REQUEST_TIMEOUT_MS).catch(() => undefined);
+  started();
   if (line === undefined) {
     refuse('the admin request was not a line of at most 64 KiB sent within 10 s');
     return;
@@ -158,50 +182,50 @@ function readLine(conn: net.Socket, maxBytes: number, timeoutMs: number): Promis
       }
     };
     const onEnd = () => finish(new Error('closed before a full line'));
+    const onClose = () => finish(new Error('closed before a full line'));
     const onTimeout = () => finish(new Error('timed out'));
     const onError = (err: Error) => finish(err);
     function finish(err?: Error, value?: string): void {
       conn.setTimeout(0);
-      conn.off('data', onData).off('end', onEnd).off('timeout', onTimeout).off('error', onError);
+      conn.off('data', onData).off('end', onEnd).off('close', onClose).off('timeout', onTimeout).off('error', onError);
       if (err) reject(err);
       else resolve(value ?? '');
     }
     conn.setTimeout(timeoutMs);
-    conn.on('data', onData).on('end', onEnd).on('timeout', onTimeout).on('error', onError);
+    conn.on('data', onData).on('end', onEnd).on('close', onClose).on('timeout', onTimeout).on('error', onError);
   });
 }
 
-/**
- * Sends a command line to the server of `dataDir`. Undefined when no server answers there (no
- * socket, or a stale one) within `waitMs`, which covers a server that is still starting up.
- */
-export async function sendToAdminSocket(dataDir: string, argv: string[], options: { waitMs?: number } = {}): Promise<CommandOutcome | undefined> {
+/** What became of a command line sent to the admin socket. */
+export type Forwarded =
+  | { outcome: CommandOutcome }
+  /** No server listens there (no socket, or a stale one): it may be starting, or gone. */
+  | { absent: true }
+  /** A server may be there, but this process cannot use it; `error` says why. */
+  | { error: string };
+
+/** Sends a command line to the server of `dataDir` and waits for its answer. */
+export async function sendToAdminSocket(dataDir: string, argv: string[]): Promise<Forwarded> {
   const socketPath = adminSocketPath(dataDir);
-  if (pathProblem(socketPath)) return undefined;
-  const deadline = Date.now() + (options.waitMs ?? 5000);
-  for (;;) {
-    let conn: net.Socket;
-    try {
-      conn = await connect(socketPath);
-    } catch (err) {
-      const code = errnoCode(err);
-      if ((code === 'ENOENT' || code === 'ECONNREFUSED') && Date.now() < deadline) {
-        await new Promise((r) => setTimeout(r, 100));
-        continue;
-      }
-      if (code === 'ENOENT' || code === 'ECONNREFUSED') return undefined;
-      throw err;
-    }
-    conn.on('error', () => {});
-    conn.write(`${JSON.stringify({ argv })}\n`);
-    const line = await readLine(conn, MAX_RESPONSE_BYTES, 0).catch(() => undefined);
-    conn.destroy();
-    const outcome = line === undefined ? undefined : outcomeSchema.safeParse(safeJson(line));
-    if (!outcome?.success) {
-      return { code: 1, stdout: '', stderr: 'orgauth: the server closed the admin connection without an answer; see its log\n' };
-    }
-    return outcome.data;
+  const problem = pathProblem(socketPath);
+  if (problem) return { error: problem };
+  let conn: net.Socket;
+  try {
+    conn = await connect(socketPath);
+  } catch (err) {
+    const code = errnoCode(err);
+    if (code === 'ENOENT' || code === 'ECONNREFUSED') return { absent: true };
+    return {
+      error: code === 'EACCES' ? `permission denied on ${socketPath}: it serves the user who runs the server` : `cannot connect to ${socketPath} (${code ?? String(err)})`,
+    };
   }
+  conn.on('error', () => {});
+  conn.write(`${JSON.stringify({ argv })}\n`);
+  const line = await readLine(conn, MAX_RESPONSE_BYTES, ANSWER_TIMEOUT_MS).catch((err: unknown) => (err instanceof Error && err.message === 'timed out' ? 'timed out' : undefined));
+  conn.destroy();
+  if (line === 'timed out') return { error: `the server did not answer within ${ANSWER_TIMEOUT_MS / 1000} s` };
+  const outcome = line === undefined ? undefined : outcomeSchema.safeParse(safeJson(line));
+  return outcome?.success ? { outcome: outcome.data } : { error: 'the server closed the admin connection without an answer; see its log' };
 }
 
 function connect(socketPath: string): Promise<net.Socket> {

@@ -115,10 +115,10 @@ async function listed<R, T extends object>(
   out: (row: R) => T,
   columns: [header: string, cell: (row: T) => string][],
 ): Promise<{ json: object; text: string }> {
-  const listed = await listPage(pageLimit(values), fetch, keyOf, out);
-  const lines = [table(columns.map(([h]) => h), listed.data.map((row) => columns.map(([, cell]) => cell(row))))];
-  if (listed.next_cursor) lines.push(`more: --cursor ${listed.next_cursor}`);
-  return { json: listed, text: listed.data.length === 0 ? '(none)' : lines.join('\n') };
+  const result = await listPage(pageLimit(values), fetch, keyOf, out);
+  const lines = [table(columns.map(([h]) => h), result.data.map((row) => columns.map(([, cell]) => cell(row))))];
+  if (result.next_cursor) lines.push(`more: --cursor ${result.next_cursor}`);
+  return { json: result, text: result.data.length === 0 ? '(none)' : lines.join('\n') };
 }
 
 function table(headers: string[], rows: string[][]): string {
@@ -453,6 +453,9 @@ const COMMANDS: Record<string, Command> = {
   },
 };
 
+/** How long a command waits for an embedded database in use by a server that is starting, or by another command. */
+const IN_USE_WAIT_MS = 5000;
+
 const GLOBAL_OPTIONS: Options = { json: { type: 'boolean' }, help: { type: 'boolean', short: 'h' } };
 
 function helpText(): string {
@@ -548,16 +551,23 @@ export async function runCli(argv: string[], io: CliIo): Promise<number> {
   } catch (err) {
     return emit(startupFailure(err));
   }
+  // The embedded database may belong to a running server, which then runs the command; to a
+  // server still starting (no socket yet); or to another command, finishing soon. Both are
+  // waited for, a little.
+  const deadline = Date.now() + IN_USE_WAIT_MS;
   let opened: Awaited<ReturnType<typeof openDatabase>>;
-  try {
-    opened = await openDatabase(config);
-  } catch (err) {
-    // The embedded database belongs to a running server: that server runs the command.
-    if (err instanceof DatabaseInUseError) {
-      const forwarded = await sendToAdminSocket(config.dataDir, argv).catch(() => undefined);
-      if (forwarded) return emit(forwarded);
+  for (;;) {
+    try {
+      opened = await openDatabase(config);
+      break;
+    } catch (err) {
+      if (!(err instanceof DatabaseInUseError)) return emit(startupFailure(err));
+      const forwarded = await sendToAdminSocket(config.dataDir, argv);
+      if ('outcome' in forwarded) return emit(forwarded.outcome);
+      if ('error' in forwarded) return emit(failure(parsed.json, err.code, `${err.description}; its admin socket cannot be used: ${forwarded.error}`));
+      if (Date.now() > deadline) return emit(startupFailure(err));
+      await new Promise((resolve) => setTimeout(resolve, 100));
     }
-    return emit(startupFailure(err));
   }
   try {
     return emit(await execute(parsed, { db: opened.handle.db, config, applied: opened.applied }));

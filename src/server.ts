@@ -35,9 +35,8 @@ function shutdown(signal: NodeJS.Signals): void {
   }, SHUTDOWN_TIMEOUT_MS).unref();
   metricsServer?.close();
   metricsServer?.closeAllConnections();
-  Promise.resolve()
-    .then(() => adminSocket?.close())
-    .then(() => app?.close())
+  // The admin socket closes beside the HTTP server, not before it: neither waits for the other.
+  Promise.all([adminSocket?.close(), app?.close()])
     .then(() => handle?.close())
     .then(
       () => process.exit(0),

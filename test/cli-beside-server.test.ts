@@ -7,6 +7,7 @@
 import { spawn } from 'node:child_process';
 import { chmodSync, existsSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
+import net from 'node:net';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { adminSocketPath } from '../src/admin-socket.js';
@@ -184,12 +185,17 @@ describe('the orgauth command beside a running server on the embedded database',
     const commands = [['org', 'list', '--json'], ['app', 'show', '--client-id', 'f'.repeat(32), '--json'], ['keys', 'list']];
     // Through the server, several at once.
     const through = await Promise.all(commands.map((c) => orgauth(...c)));
+    // A client that connects and says nothing does not hold up the shutdown.
+    const idle = net.connect(adminSocketPath(dataDir));
+    idle.on('error', () => {});
+    await new Promise((resolve) => idle.on('connect', resolve));
     server.child.kill('SIGTERM');
     expect(await server.exited).toEqual({ code: 0, signal: null });
+    idle.destroy();
     expect(existsSync(adminSocketPath(dataDir))).toBe(false);
-    // On its own, one at a time: the embedded database opens in one process at once.
-    const direct = [];
-    for (const c of commands) direct.push(await orgauth(...c));
+    // On their own, at once: the embedded database opens in one process at a time, so each
+    // command waits for the one before it rather than failing.
+    const direct = await Promise.all(commands.map((c) => orgauth(...c)));
     expect(direct).toEqual(through);
     expect(through[1]).toMatchObject({ code: 1, stdout: '' });
   });

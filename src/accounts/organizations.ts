@@ -1,6 +1,6 @@
 import { z } from 'zod';
-import { recordAuditEvent } from '../audit/events.js';
-import { type Actor, revokeGrants, type RevokedGrantsMemory } from '../oauth/grant-store.js';
+import { type Actor, recordAuditEvent } from '../audit/events.js';
+import { revokeGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/grant-store.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import { isUniqueViolation } from '../db/errors.js';
 import type { Organization, Role } from '../db/schema.js';
@@ -35,7 +35,7 @@ export async function createOrganization(
     await recordAuditEvent(trx, {
       organizationId: org.id,
       action: 'organization.created',
-      actorUserId: input.ownerUserId,
+      actor: { actorUserId: input.ownerUserId },
       details: { name },
     });
     return org;
@@ -81,8 +81,6 @@ function refuseUnlessAllowed(options: MemberChangeOptions, ...roles: Role[]): vo
   if (!roles.every((role) => mayAssign(actingAs, role))) throw new ForbiddenError('only an owner may make an owner, or change or remove one');
 }
 
-const auditActor = (options: MemberChangeOptions) => ({ actorUserId: options.actor?.actorUserId ?? null, actorClientId: options.actor?.actorClientId ?? null });
-
 /** Adds a user to an organization. A user already in it is a ConflictError (roles change elsewhere). */
 export async function addMember(
   db: DB,
@@ -99,7 +97,7 @@ export async function addMember(
         .returning(['organization_id', 'user_id', 'role'])
         .executeTakeFirstOrThrow();
       await recordAuditEvent(trx, {
-        ...auditActor(options),
+        actor: options.actor,
         organizationId: input.organizationId,
         action: 'member.added',
         details: { user_id: input.userId, role: input.role },
@@ -137,7 +135,7 @@ export async function changeMemberRole(
     if (isLastOwner) throw new ConflictError('the last owner of an organization cannot be demoted; make someone else an owner first');
     await trx.updateTable('memberships').set({ role: input.role }).where('organization_id', '=', input.organizationId).where('user_id', '=', input.userId).execute();
     await recordAuditEvent(trx, {
-      ...auditActor(options),
+      actor: options.actor,
       organizationId: input.organizationId,
       action: 'member.role_changed',
       details: { user_id: input.userId, from: member.role, to: input.role },
@@ -158,12 +156,12 @@ export async function removeMember(db: DB, input: { organizationId: number; user
     if (isLastOwner) throw new ConflictError('the last owner of an organization cannot be removed');
     await trx.deleteFrom('memberships').where('organization_id', '=', input.organizationId).where('user_id', '=', input.userId).execute();
     await recordAuditEvent(trx, {
-      ...auditActor(options),
+      actor: options.actor,
       organizationId: input.organizationId,
       action: 'member.removed',
       details: { user_id: input.userId, role: member.role },
     });
-    return revokeGrants(trx, { organizationId: input.organizationId, userId: input.userId }, 'member_removed', options.actor);
+    return revokeGrantsInTransaction(trx, { organizationId: input.organizationId, userId: input.userId }, 'member_removed', options.actor);
   });
   options.revocations?.noteRevoked(revoked, 'member_removed');
 }

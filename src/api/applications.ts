@@ -2,13 +2,14 @@
  * The management API's applications: list, read, create, change, rotate the secret, delete.
  * The rules are the domain's (src/oauth/applications.ts), shared with the dashboard and the CLI;
  * this file adds only what is particular to an application administering its own organization:
- * it may not lock itself out (see refuseSelfLockout).
+ * it may not lock itself out (refuseSelfLockout), nor act beyond its token's scopes
+ * (refuseBeyondToken).
  */
 import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import type { DB } from '../db/connect.js';
 import type { Application } from '../db/schema.js';
-import { ConflictError } from '../errors.js';
+import { ConflictError, ForbiddenError } from '../errors.js';
 import type { ApplicationCache } from '../oauth/application-cache.js';
 import {
   type ChangeOptions,
@@ -20,6 +21,7 @@ import {
   updateApplication,
 } from '../oauth/applications.js';
 import type { RevocationList } from '../oauth/revocations.js';
+import { applicationScopes } from '../oauth/scopes.js';
 import { actorOf, type ApiAuth, authOf } from './auth.js';
 import { decodeCursor, listPage, listQuery } from './pagination.js';
 import { conflictResponse, errorResponses, listOf, orgParams } from './schemas.js';
@@ -101,6 +103,22 @@ function refuseSelfLockout(auth: ApiAuth, application: Application, change: 'del
   if (what) throw new ConflictError(`an application cannot ${what}; use another application with applications.write, or the dashboard`);
 }
 
+/**
+ * applications.write is no master key: an application never hands out more than its token
+ * holds. It may give an application only scopes its token has, and it may change, rotate the
+ * secret of, disable or delete only applications whose scopes its token has, so it can neither
+ * widen itself, nor create a wider sibling, nor take over a wider one through its secret.
+ */
+function refuseBeyondToken(auth: ApiAuth, scopes: readonly string[], whose: 'given' | 'held'): void {
+  const missing = scopes.filter((s) => !auth.scopes.has(s));
+  if (missing.length === 0) return;
+  throw new ForbiddenError(
+    whose === 'given'
+      ? `an application can give only scopes its token holds; the token lacks ${missing.join(' ')}`
+      : `this application holds scopes the token lacks (${missing.join(' ')}), so the token cannot change it`,
+  );
+}
+
 export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: RevocationList; applications: ApplicationCache }> = async (app, deps) => {
   const { db } = deps;
   const changeOptions = (auth: ApiAuth): ChangeOptions => ({ actor: actorOf(auth), revocations: deps.revocations, applications: deps.applications });
@@ -131,6 +149,7 @@ export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Rev
       schema: {
         tags: ['applications'],
         summary: 'Create an application; the response holds its client secret, shown this once',
+        description: 'Its scopes must be scopes the calling token holds (403 otherwise); management scopes only for private applications (400).',
         params: orgParams,
         body: newApplicationBody,
         response: { 201: withSecretSchema, ...errorResponses },
@@ -139,6 +158,7 @@ export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Rev
     async (req, reply) => {
       const auth = authOf(req);
       const b = req.body;
+      refuseBeyondToken(auth, applicationScopes(b.type, b.scopes), 'given');
       const created = await createApplication(db, {
         organizationId: auth.organizationId,
         type: b.type,
@@ -161,7 +181,8 @@ export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Rev
       schema: {
         tags: ['applications'],
         summary: 'Change an application: name, redirect URIs, scopes, PKCE, disabled',
-        description: 'Narrowing the scopes revokes the grants holding a removed scope; disabling revokes every grant. An application cannot disable itself or remove applications.write from itself (409).',
+        description:
+          'Narrowing the scopes revokes the grants holding a removed scope; disabling revokes every grant. An application cannot disable itself or remove applications.write from itself (409), and changes only applications whose scopes, old and new, its token holds (403).',
         params: clientIdParams,
         body: applicationPatchBody,
         response: { 200: applicationSchema, ...errorResponses, ...conflictResponse },
@@ -172,6 +193,8 @@ export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Rev
       const application = await getApplication(db, auth.organizationId, req.params.client_id);
       const b = req.body;
       refuseSelfLockout(auth, application, b);
+      refuseBeyondToken(auth, application.scopes, 'held');
+      if (b.scopes) refuseBeyondToken(auth, applicationScopes(application.type, b.scopes), 'given');
       const updated = await updateApplication(
         db,
         application,
@@ -189,7 +212,7 @@ export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Rev
       schema: {
         tags: ['applications'],
         summary: 'Delete an application, revoking every grant of it',
-        description: 'An application cannot delete itself (409).',
+        description: 'An application cannot delete itself (409), nor an application holding scopes its token lacks (403).',
         params: clientIdParams,
         response: { 204: z.null().describe('deleted'), ...errorResponses, ...conflictResponse },
       },
@@ -198,6 +221,7 @@ export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Rev
       const auth = authOf(req);
       const application = await getApplication(db, auth.organizationId, req.params.client_id);
       refuseSelfLockout(auth, application, 'delete');
+      refuseBeyondToken(auth, application.scopes, 'held');
       await deleteApplication(db, application, changeOptions(auth));
       return reply.code(204).send(null);
     },
@@ -210,6 +234,7 @@ export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Rev
       schema: {
         tags: ['applications'],
         summary: "Rotate an application's client secret: the new one is in the response, the old one stops working at once",
+        description: 'Only of an application whose scopes the calling token holds (403 otherwise).',
         params: clientIdParams,
         response: { 200: secretSchema, ...errorResponses },
       },
@@ -217,6 +242,7 @@ export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Rev
     async (req) => {
       const auth = authOf(req);
       const application = await getApplication(db, auth.organizationId, req.params.client_id);
+      refuseBeyondToken(auth, application.scopes, 'held');
       return rotateClientSecret(db, application, changeOptions(auth));
     },
   );

@@ -6,7 +6,7 @@
 import type { FastifyRequest } from 'fastify';
 import type { Config } from '../config.js';
 import { AppError, NotFoundError } from '../errors.js';
-import { type AccessTokenClaims, AccessTokenVerifier, InvalidTokenError } from '../oauth/access-tokens.js';
+import { type AccessTokenClaims, AccessTokenVerifier, InvalidTokenError, type VerifiedToken } from '../oauth/access-tokens.js';
 import type { KeyStore } from '../oauth/key-store.js';
 import type { RevocationList } from '../oauth/revocations.js';
 import type { ApplicationCache } from '../oauth/application-cache.js';
@@ -41,6 +41,13 @@ export function parsePathId(value: unknown): number | undefined {
   const n = Number(value);
   // Ids beyond 2^53 are valid bigints no row of ours can have.
   return Number.isSafeInteger(n) ? n : undefined;
+}
+
+/** A resource id from the path; a non-canonical spelling is as missing as an unknown id (404). */
+export function pathId(value: string): number {
+  const id = parsePathId(value);
+  if (id === undefined) throw new NotFoundError('not found');
+  return id;
 }
 
 /** Whether an Accept header admits application/json (absent means anything). */
@@ -81,9 +88,9 @@ export function authenticateApiRequest(ctx: { keys: KeyStore; revocations: Revoc
     if (token === undefined) {
       throw new AppError(401, 'invalid_request', 'an access token is required (Authorization: Bearer <token>)', { headers: { 'www-authenticate': REALM } });
     }
-    let claims: AccessTokenClaims;
+    let verified: VerifiedToken;
     try {
-      claims = await verifier.verify(token);
+      verified = await verifier.verify(token);
     } catch (err) {
       if (!(err instanceof InvalidTokenError)) throw err;
       req.log.info({ reason: err.reason }, 'access token refused');
@@ -91,18 +98,21 @@ export function authenticateApiRequest(ctx: { keys: KeyStore; revocations: Revoc
         headers: { 'www-authenticate': `${REALM}, error="invalid_token"` },
       });
     }
+    const { claims, scopes, application } = verified;
     // The contract: the organization in the token is the organization in the path (BR-3).
     if (claims.organization_id !== organizationId) {
       throw new AppError(403, 'organization_mismatch', 'the access token was issued for another organization');
     }
     const userId = claims.sub === claims.client_id ? null : Number(claims.sub);
-    const scopes = new Set(claims.scope.split(' '));
     // BR-2, before the body is even validated: a token without the scope learns nothing else.
     const needed = req.routeOptions.config.scope;
     if (needed && !scopes.has(needed)) throw new InsufficientScopeError(needed);
-    // AD-1: management scopes act for the organization itself, never for a user's delegation
-    // (the database keeps them off public applications; this keeps them off user tokens anyway).
-    if (needed && isManagementScope(needed) && userId !== null) throw new InsufficientScopeError(needed);
+    // AD-1: management scopes are the organization acting on itself, through a private
+    // application of its own; never a user's delegation, nor another organization's application
+    // (the token endpoint issues neither; this holds whatever signed the token).
+    if (needed && isManagementScope(needed) && (userId !== null || application.type !== 'private' || application.organization_id !== organizationId)) {
+      throw new InsufficientScopeError(needed);
+    }
     req.auth = { organizationId, claims, scopes, userId };
   };
 }

@@ -6,7 +6,7 @@ import { recordAuditEvent } from '../audit/events.js';
 import type { DB } from '../db/connect.js';
 import type { Contact } from '../db/schema.js';
 import { NotFoundError } from '../errors.js';
-import { actorOf, authOf, parsePathId } from './auth.js';
+import { actorOf, authOf, pathId } from './auth.js';
 import { decodeCursor, listQuery, page } from './pagination.js';
 import { errorResponses, idParams, listOf, orgParams } from './schemas.js';
 
@@ -161,17 +161,10 @@ export const contactRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { db
       await recordAuditEvent(db, {
         organizationId: auth.organizationId,
         action: 'contact.deleted',
-        ...actorOf(auth),
+        actor: actorOf(auth),
         details: { contact_id: deleted.id, name: deleted.name },
       });
       return reply.code(204).send(null);
     },
   );
 };
-
-/** A resource id from the path; a non-canonical spelling is as missing as an unknown id. */
-export function pathId(value: string): number {
-  const id = parsePathId(value);
-  if (id === undefined) throw new NotFoundError('not found');
-  return id;
-}

@@ -8,8 +8,7 @@ import type { DB } from '../db/connect.js';
 import { NotFoundError } from '../errors.js';
 import { findLiveGrant, type LiveGrant, listLiveGrants } from '../oauth/grant-store.js';
 import type { RevocationList } from '../oauth/revocations.js';
-import { actorOf, authOf } from './auth.js';
-import { pathId } from './contacts.js';
+import { actorOf, authOf, pathId } from './auth.js';
 import { decodeDescendingCursor, listPage, listQuery } from './pagination.js';
 import { errorResponses, listOf, orgParams } from './schemas.js';
 

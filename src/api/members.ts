@@ -11,8 +11,7 @@ import { emailSchema, findUserByEmail } from '../accounts/users.js';
 import type { DB } from '../db/connect.js';
 import { InvalidRequestError } from '../errors.js';
 import type { RevocationList } from '../oauth/revocations.js';
-import { actorOf, type ApiAuth, authOf } from './auth.js';
-import { pathId } from './contacts.js';
+import { actorOf, type ApiAuth, authOf, pathId } from './auth.js';
 import { decodeCursor, listPage, listQuery } from './pagination.js';
 import { conflictResponse, errorResponses, listOf, orgParams } from './schemas.js';
 

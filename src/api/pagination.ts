@@ -8,7 +8,11 @@ import { z } from 'zod';
 import { InvalidRequestError } from '../errors.js';
 
 export const listQuery = {
-  limit: z.coerce.number().int().min(1).max(100).default(25).describe('page size, 1 to 100'),
+  // Canonical digits only: " 5", "1e1" or "0x10" are not a page size, whatever Number() makes of them.
+  limit: z
+    .preprocess((v) => (typeof v === 'string' && /^[1-9][0-9]{0,2}$/.test(v) ? Number(v) : v), z.number().int().min(1).max(100))
+    .default(25)
+    .describe('page size, 1 to 100'),
   cursor: z.string().max(200).optional().describe('opaque: the next_cursor of the previous page'),
 };
 

@@ -7,8 +7,8 @@ import type { DB } from '../db/connect.js';
 import { isForeignKeyViolation } from '../db/errors.js';
 import type { Task } from '../db/schema.js';
 import { InvalidRequestError, NotFoundError } from '../errors.js';
-import { actorOf, authOf } from './auth.js';
-import { pathId, text } from './contacts.js';
+import { actorOf, authOf, pathId } from './auth.js';
+import { text } from './contacts.js';
 import { decodeCursor, listPage, listQuery } from './pagination.js';
 import { errorResponses, idParams, listOf, orgParams } from './schemas.js';
 
@@ -187,7 +187,7 @@ export const taskRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { db })
       await recordAuditEvent(db, {
         organizationId: auth.organizationId,
         action: 'task.deleted',
-        ...actorOf(auth),
+        actor: actorOf(auth),
         details: { task_id: deleted.id, title: deleted.title },
       });
       return reply.code(204).send(null);

@@ -1,11 +1,19 @@
 import type { DB } from '../db/connect.js';
 
+/**
+ * Who acted: a user (dashboard, consent), a client (/oauth/revoke, reuse detection, the
+ * management API), both (a user's token), or neither (the system, the operator's CLI).
+ */
+export interface Actor {
+  actorUserId?: number | null | undefined;
+  actorClientId?: string | null | undefined;
+}
+
 export interface AuditEventInput {
   organizationId: number;
   /** e.g. 'application.created', 'application.secret_rotated', 'member.added', 'grant.revoked'. */
   action: string;
-  actorUserId?: number | null;
-  actorClientId?: string | null;
+  actor?: Actor | undefined;
   /** Never secrets: ids, names, reasons. */
   details?: Record<string, unknown>;
 }
@@ -17,8 +25,8 @@ export async function recordAuditEvent(db: DB, event: AuditEventInput): Promise<
     .values({
       organization_id: event.organizationId,
       action: event.action,
-      actor_user_id: event.actorUserId ?? null,
-      actor_client_id: event.actorClientId ?? null,
+      actor_user_id: event.actor?.actorUserId ?? null,
+      actor_client_id: event.actor?.actorClientId ?? null,
       details: JSON.stringify(event.details ?? {}),
     })
     .execute();

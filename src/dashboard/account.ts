@@ -45,7 +45,7 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
       await trx.deleteFrom('sessions').where('user_id', '=', user.id).where('id_hash', '!=', sha256Hex(ctx.session.sessionId)).execute();
       // Account events have no organization of their own: each organization the user is in sees it.
       for (const org of ctx.organizations) {
-        await recordAuditEvent(trx, { organizationId: org.id, action: 'user.password_changed', actorUserId: user.id, details: { user_id: user.id } });
+        await recordAuditEvent(trx, { organizationId: org.id, action: 'user.password_changed', actor: { actorUserId: user.id }, details: { user_id: user.id } });
       }
     });
     return renderPage(reply, 200, 'dashboard/account', page(ctx, { message: 'Password changed. Your other sessions were signed out.' }));

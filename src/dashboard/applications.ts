@@ -210,7 +210,7 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
         active: 'applications',
         application,
         edit,
-        removed: application.scopes.filter((s) => !(scopes.scopes as readonly string[]).includes(s)),
+        removed: application.scopes.filter((s) => !scopes.scopes.some((kept) => kept === s)),
         affected,
       });
     }
@@ -234,7 +234,7 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
     await recordAuditEvent(db, {
       organizationId: ctx.organization.id,
       action: 'application.token_generated',
-      actorUserId: ctx.session.userId,
+      actor: { actorUserId: ctx.session.userId },
       details: { client_id: application.client_id, scopes },
     });
     return renderApplication(reply, ctx, application, 200, { token, message: 'Token generated.' });

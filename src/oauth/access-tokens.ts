@@ -11,6 +11,7 @@ import { AppError } from '../errors.js';
 import type { KeyStore, SigningKeyMaterial } from './key-store.js';
 import type { RevocationList } from './revocations.js';
 import type { FindApplication } from './application-cache.js';
+import type { Application } from '../db/schema.js';
 
 export const ACCESS_TOKEN_TYPE = 'at+jwt';
 export const CLOCK_TOLERANCE_S = 60;
@@ -125,6 +126,17 @@ export async function verifyAccessToken(keys: KeyStore, config: Pick<Config, 'is
   return claims.data;
 }
 
+/** A token whose signature and claims checked out: its claims and its scopes, parsed once. */
+interface CheckedToken {
+  claims: AccessTokenClaims;
+  scopes: ReadonlySet<string>;
+}
+
+/** A token the API accepts, with its application as this instance knows it now. */
+export interface VerifiedToken extends CheckedToken {
+  application: Application;
+}
+
 /**
  * What the API accepts: a verified token, not revoked, nor its grant, of an existing and enabled
  * application that still has the token's scopes. Tokens are used for many
@@ -132,22 +144,24 @@ export async function verifyAccessToken(keys: KeyStore, config: Pick<Config, 'is
  * repeat costs a Map lookup instead of a signature check. Revocation is checked every time.
  */
 export class AccessTokenVerifier {
-  private readonly verified = new Map<string, AccessTokenClaims>();
+  private readonly verified = new Map<string, CheckedToken>();
 
   constructor(
     private readonly ctx: { keys: KeyStore; revocations: RevocationList; applications: { find: FindApplication }; config: Pick<Config, 'issuer'> },
     private readonly maxEntries = 10_000,
   ) {}
 
-  async verify(token: string): Promise<AccessTokenClaims> {
-    let claims = this.verified.get(token);
-    if (claims === undefined || claims.exp <= Math.floor(Date.now() / 1000) - CLOCK_TOLERANCE_S) {
+  async verify(token: string): Promise<VerifiedToken> {
+    let verified = this.verified.get(token);
+    if (verified === undefined || verified.claims.exp <= Math.floor(Date.now() / 1000) - CLOCK_TOLERANCE_S) {
       this.verified.delete(token);
-      claims = await verifyAccessToken(this.ctx.keys, this.ctx.config, token);
+      const claims = await verifyAccessToken(this.ctx.keys, this.ctx.config, token);
+      verified = { claims, scopes: new Set(claims.scope.split(' ')) };
       // Simple bound: a full cache starts over (a flood of distinct tokens cannot grow it).
       if (this.verified.size >= this.maxEntries) this.verified.clear();
-      this.verified.set(token, claims);
+      this.verified.set(token, verified);
     }
+    const { claims, scopes } = verified;
     if (this.ctx.revocations.isTokenRevoked(claims)) throw new InvalidTokenError('token revoked');
     // Its application must still exist, enabled: a disabled or deleted application's grants are
     // revoked too, but an instance that missed those revocations (LISTEN down while the rows were
@@ -157,7 +171,7 @@ export class AccessTokenVerifier {
     // Nor may it carry a scope its application no longer has: narrowing an application's scopes
     // revokes the grants that hold a removed one, and this refuses their tokens on every
     // instance at once, while those revocations are still being written.
-    if (!claims.scope.split(' ').every((s) => application.scopes.includes(s))) throw new InvalidTokenError('scope beyond the application’s');
-    return claims;
+    for (const scope of scopes) if (!application.scopes.includes(scope)) throw new InvalidTokenError('scope beyond the application’s');
+    return { ...verified, application };
   }
 }

@@ -1,19 +1,24 @@
 import { randomBytes } from 'node:crypto';
 import { sql } from 'kysely';
 import { z } from 'zod';
-import { recordAuditEvent } from '../audit/events.js';
+import { type Actor, recordAuditEvent } from '../audit/events.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import { isForeignKeyViolation } from '../db/errors.js';
 import type { Application, ApplicationType } from '../db/schema.js';
 import { NotFoundError } from '../errors.js';
 import { generateSecret, sha256Hex } from '../lib/crypto.js';
-import { parseInput } from '../lib/validate.js';
+import { isWellFormed, parseInput } from '../lib/validate.js';
 import { redirectUriSchema } from './redirect-uris.js';
-import { type Actor, type RevocationReason, revokeGrants, type RevokedGrantsMemory } from './grant-store.js';
+import { type RevocationReason, revokeGrants, type RevokedGrantsMemory } from './grant-store.js';
 import { applicationScopes } from './scopes.js';
 
 // Validated under the names clients send (API bodies, CLI JSON), so that error details name them.
-const nameSchema = z.string().trim().min(1, 'must not be empty').max(200, 'must be at most 200 characters');
+const nameSchema = z
+  .string()
+  .trim()
+  .min(1, 'must not be empty')
+  .max(200, 'must be at most 200 characters')
+  .refine((v) => isWellFormed(v) && !v.includes('\u0000'), 'must be well-formed Unicode without NUL characters');
 const redirectUrisSchema = z.array(redirectUriSchema).max(20, 'at most 20 redirect URIs');
 const typeSchema = z.enum(['public', 'private'], { error: 'must be public or private' });
 
@@ -112,8 +117,7 @@ export async function createApplication(db: DB, input: NewApplicationInput): Pro
       await recordAuditEvent(trx, {
         organizationId: row.organization_id,
         action: 'application.created',
-        actorUserId: input.actor?.actorUserId ?? null,
-        actorClientId: input.actor?.actorClientId ?? null,
+        actor: input.actor,
         details: { client_id: row.client_id, type: row.type, name: row.name, scopes },
       });
       return { ...row, client_secret: secret };
@@ -144,7 +148,7 @@ export async function rotateClientSecret(
       .returning(['client_id', 'organization_id'])
       .executeTakeFirst();
     if (!row) throw new NotFoundError(`no application with client_id ${application.client_id}`);
-    await recordAuditEvent(trx, { ...auditActor(options.actor), organizationId: row.organization_id, action: 'application.secret_rotated', details: { client_id: row.client_id } });
+    await recordAuditEvent(trx, { actor: options.actor, organizationId: row.organization_id, action: 'application.secret_rotated', details: { client_id: row.client_id } });
     return { client_id: row.client_id, client_secret: secret };
   });
   options.applications?.forget(application.client_id);
@@ -161,10 +165,6 @@ export interface ChangeOptions {
   actor?: Actor | undefined;
   revocations?: RevokedGrantsMemory | undefined;
   applications?: { forget(clientId: string): void } | undefined;
-}
-
-function auditActor(actor: Actor | undefined): { actorUserId: number | null; actorClientId: string | null } {
-  return { actorUserId: actor?.actorUserId ?? null, actorClientId: actor?.actorClientId ?? null };
 }
 
 /** An organization's applications in id order, a page at a time (keyset on the (organization_id, id) index). */
@@ -220,50 +220,57 @@ const changesSchema = z.object({
 });
 
 /**
- * Changes an application of its organization, audited, and then revokes what the change takes
- * away: narrowing the scopes revokes the live grants holding a removed scope (`scopes_narrowed`),
- * disabling revokes them all (`application_disabled`). The change commits first, so no new grant
- * can get what was removed while the old ones are revoked; meanwhile every instance already
- * refuses the tokens, because the API checks each token's application and scopes against its
- * cached application (access-tokens.ts). Returns the application as it now is.
+ * Changes an application of its organization, audited, and then revokes what it may no longer
+ * have: when disabled, every live grant (`application_disabled`); otherwise those holding a
+ * scope it no longer has (`scopes_narrowed`). The row is locked and the change computed from it
+ * as it is, so a concurrent change is not undone. The change commits first, so no new grant can
+ * get what was taken away (createGrant and code redemption check the application as it is);
+ * meanwhile every instance already refuses such tokens, because the API checks each token's
+ * scopes against its cached application (access-tokens.ts). The revocation follows the
+ * resulting state whenever `scopes` or `disabled` was sent, so repeating a request that failed
+ * halfway through revoking finishes the work. Returns the application as it now is.
  */
 export async function updateApplication(db: DB, application: Application, changes: ApplicationChanges, options: ChangeOptions = {}): Promise<Application> {
   const valid = parseInput(changesSchema, { name: changes.name, redirect_uris: changes.redirectUris, require_pkce: changes.requirePkce, disabled: changes.disabled });
-  const next = {
-    name: valid.name ?? application.name,
-    redirectUris: valid.redirect_uris ?? application.redirect_uris,
-    scopes: changes.scopes === undefined ? application.scopes : applicationScopes(application.type, changes.scopes),
-    requirePkce: valid.require_pkce ?? application.require_pkce,
-    disabled: valid.disabled ?? application.disabled,
-  };
-  parseInput(shapeSchema, { type: application.type, redirect_uris: next.redirectUris, require_pkce: next.requirePkce });
-  const edited: Record<string, unknown> = {};
-  if (next.name !== application.name) edited.name = next.name;
-  if (!sameList(next.redirectUris, application.redirect_uris)) edited.redirect_uris = next.redirectUris;
-  if (!sameList(next.scopes, application.scopes)) edited.scopes = next.scopes;
-  if (next.requirePkce !== application.require_pkce) edited.require_pkce = next.requirePkce;
-  const toggled = next.disabled !== application.disabled;
-
+  const scopes = changes.scopes === undefined ? undefined : applicationScopes(application.type, changes.scopes);
   const updated = await inTransaction(db, async (trx) => {
-    const row = await trx
-      .updateTable('applications')
-      .set({ name: next.name, redirect_uris: [...next.redirectUris], scopes: [...next.scopes], require_pkce: next.requirePkce, disabled: next.disabled, updated_at: sql`now()` })
+    const current = await trx
+      .selectFrom('applications')
+      .selectAll()
       .where('organization_id', '=', application.organization_id)
       .where('id', '=', application.id)
-      .returningAll()
+      .forUpdate()
       .executeTakeFirst();
-    if (!row) throw new NotFoundError('no such application in this organization');
+    if (!current) throw new NotFoundError('no such application in this organization');
+    const next = {
+      name: valid.name ?? current.name,
+      redirect_uris: valid.redirect_uris ?? current.redirect_uris,
+      scopes: scopes ?? current.scopes,
+      require_pkce: valid.require_pkce ?? current.require_pkce,
+      disabled: valid.disabled ?? current.disabled,
+    };
+    parseInput(shapeSchema, { type: current.type, redirect_uris: next.redirect_uris, require_pkce: next.require_pkce });
+    const edited = Object.fromEntries(
+      (['name', 'redirect_uris', 'scopes', 'require_pkce'] as const).filter((k) => JSON.stringify(next[k]) !== JSON.stringify(current[k])).map((k) => [k, next[k]]),
+    );
+    const toggled = next.disabled !== current.disabled;
+    if (Object.keys(edited).length === 0 && !toggled) return current;
+    const row = await trx
+      .updateTable('applications')
+      .set({ ...edited, ...(toggled ? { disabled: next.disabled } : {}), updated_at: sql`now()` })
+      .where('organization_id', '=', current.organization_id)
+      .where('id', '=', current.id)
+      .returningAll()
+      .executeTakeFirstOrThrow();
     const audit = (action: string, details: Record<string, unknown>) =>
-      recordAuditEvent(trx, { ...auditActor(options.actor), organizationId: application.organization_id, action, details: { client_id: application.client_id, ...details } });
+      recordAuditEvent(trx, { actor: options.actor, organizationId: current.organization_id, action, details: { client_id: current.client_id, ...details } });
     if (Object.keys(edited).length > 0) await audit('application.updated', edited);
     if (toggled) await audit(next.disabled ? 'application.disabled' : 'application.enabled', {});
     return row;
   });
   options.applications?.forget(application.client_id);
-
-  const removed = application.scopes.filter((s) => !next.scopes.includes(s));
-  if (next.disabled && toggled) await revokeApplicationGrants(db, application, {}, 'application_disabled', options);
-  else if (!next.disabled && removed.length > 0) await revokeApplicationGrants(db, application, { beyondScopes: next.scopes }, 'scopes_narrowed', options);
+  if (updated.disabled && changes.disabled !== undefined) await revokeApplicationGrants(db, updated, {}, 'application_disabled', options);
+  else if (!updated.disabled && changes.scopes !== undefined) await revokeApplicationGrants(db, updated, { beyondScopes: updated.scopes }, 'scopes_narrowed', options);
   return updated;
 }
 
@@ -276,9 +283,11 @@ export async function deleteApplication(db: DB, application: Application, option
   options.applications?.forget(application.client_id);
   await revokeApplicationGrants(db, application, {}, 'application_disabled', options);
   await inTransaction(db, async (trx) => {
-    await trx.deleteFrom('applications').where('organization_id', '=', application.organization_id).where('id', '=', application.id).execute();
+    // Of two deletions at once, one deletes and audits; the other finds nothing (404).
+    const deleted = await trx.deleteFrom('applications').where('organization_id', '=', application.organization_id).where('id', '=', application.id).returning('id').executeTakeFirst();
+    if (!deleted) throw new NotFoundError('no such application in this organization');
     await recordAuditEvent(trx, {
-      ...auditActor(options.actor),
+      actor: options.actor,
       organizationId: application.organization_id,
       action: 'application.deleted',
       details: { client_id: application.client_id, name: application.name },
@@ -294,10 +303,5 @@ async function revokeApplicationGrants(
   reason: RevocationReason,
   options: ChangeOptions,
 ): Promise<void> {
-  const ids = await revokeGrants(db, { organizationId: application.organization_id, applicationId: application.id, ...filter }, reason, options.actor);
-  options.revocations?.noteRevoked(ids, reason);
-}
-
-function sameList(a: readonly string[], b: readonly string[]): boolean {
-  return a.length === b.length && a.every((v, i) => v === b[i]);
+  await revokeGrants(db, { organizationId: application.organization_id, applicationId: application.id, ...filter }, reason, options.actor, options.revocations);
 }

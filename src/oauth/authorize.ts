@@ -20,7 +20,7 @@ import { createAuthorizationCode } from './codes.js';
 import { recordAuditEvent } from '../audit/events.js';
 import { InvalidScopeError } from './errors.js';
 import { parseCanonicalId, readParams } from './params.js';
-import { grantableScopes, mayHold, type Scope, SCOPE_DESCRIPTIONS } from './scopes.js';
+import { grantableScopes, type Scope, SCOPE_DESCRIPTIONS } from './scopes.js';
 
 export const STATE_MIN_LENGTH = 16;
 /** RFC 7636 §4.2: a code challenge is 43 to 128 unreserved characters. */
@@ -110,9 +110,9 @@ function validateRequest(target: ClientTarget, raw: Raw): AuthorizationRequest |
   if (scope === undefined) return fail('invalid_scope', 'scope is required');
   let scopes: Scope[];
   try {
-    // AD-1: a user delegates only the data scopes; a management scope is invalid_scope here
-    // whatever the application's row says (the database keeps them off public ones too).
-    scopes = grantableScopes(scope, target.application.scopes.filter((s) => mayHold('public', s)));
+    // AD-1: a management scope is invalid_scope here: only private applications hold them (the
+    // database's applications_management_scopes_check), and private ones stop above.
+    scopes = grantableScopes(scope, target.application.scopes);
   } catch (err) {
     if (err instanceof InvalidScopeError) return fail('invalid_scope', err.description);
     throw err;
@@ -204,8 +204,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
       recordAuditEvent(executor, {
         organizationId,
         action,
-        actorUserId: user.userId,
-        actorClientId: request.application.client_id,
+        actor: { actorUserId: user.userId, actorClientId: request.application.client_id },
         details: { client_id: request.application.client_id, application_id: request.application.id, scopes: request.scopes.join(' ') },
       });
     // AZ-8: the organization comes from the form, so it is checked against the user's memberships.

@@ -3,10 +3,11 @@
  * application itself. Every token (access or refresh) names its grant; revoking the grant kills
  * them all, on every instance (see revocations.ts).
  */
-import { sql } from 'kysely';
+import { sql, type Transaction } from 'kysely';
 import type { DB } from '../db/connect.js';
+import type { Database } from '../db/schema.js';
 import { inTransaction } from '../db/connect.js';
-import { recordAuditEvent } from '../audit/events.js';
+import { type Actor, recordAuditEvent } from '../audit/events.js';
 
 /**
  * The channel revocations are published on. The payload is grant ids, comma separated (see
@@ -36,8 +37,9 @@ export interface NewGrant {
 /**
  * Creates a grant and its `grant.created` audit event, returning the grant id with the
  * organization's name: one statement, one round trip. Nothing is created, and undefined is
- * returned, when the application is disabled: an instance that read it before it was disabled
- * must not add a grant after the disabling revoked them all.
+ * returned, when the application is disabled or no longer has every scope asked for: an
+ * instance that read it before it was disabled or narrowed must not add a grant after that
+ * change revoked the others.
  */
 export async function createGrant(db: DB, grant: NewGrant): Promise<{ id: number; organizationName: string } | undefined> {
   const row = await db
@@ -58,7 +60,8 @@ export async function createGrant(db: DB, grant: NewGrant): Promise<{ id: number
             ])
             .where('id', '=', grant.applicationId)
             .where('organization_id', '=', grant.organizationId)
-            .where('disabled', '=', false),
+            .where('disabled', '=', false)
+            .where(sql<boolean>`${[...grant.scopes]}::text[] <@ scopes`),
         )
         .returning(['id', 'organization_id', 'application_id']),
     )
@@ -79,15 +82,6 @@ export async function createGrant(db: DB, grant: NewGrant): Promise<{ id: number
     .select(['g.id', 'organizations.name'])
     .executeTakeFirst();
   return row && { id: row.id, organizationName: row.name };
-}
-
-/**
- * Who acted: a user (dashboard, consent), a client (/oauth/revoke, reuse detection, the
- * management API), or neither (the system, the operator's CLI).
- */
-export interface Actor {
-  actorUserId?: number | null;
-  actorClientId?: string | null;
 }
 
 /** Which live grants to revoke: one by id, or those of an organization that match every condition given. */
@@ -114,63 +108,94 @@ export interface RevokedGrantsMemory {
 const REVOKE_BATCH = 300;
 
 /**
- * Revokes the selected live grants and every refresh token of them, records each in the audit
- * log with its reason, and publishes the revocations so every instance refuses their access
- * tokens (NOTIFY, delivered when the transaction commits; the payload is the grant ids, comma
- * separated). A batch at a time, each in its own transaction unless `db` already is one, until
- * none is left. Returns the ids revoked by this call.
+ * Revokes up to REVOKE_BATCH of the selected live grants and every refresh token of them,
+ * records each in the audit log with its reason, and publishes them so every instance refuses
+ * their access tokens (one NOTIFY, delivered when `trx` commits; the payload is the grant ids,
+ * comma separated). Returns their ids; none when no selected grant is left.
+ *
+ * The grants are locked in id order (FOR UPDATE, below the LIMIT): a grant that a concurrent
+ * transaction is revoking is waited for, then skipped, and the batch fills up with the next
+ * live ones, so a batch is empty only when no selected grant is left.
  */
-export async function revokeGrants(db: DB, selection: GrantSelection, reason: RevocationReason, actor: Actor = {}): Promise<number[]> {
-  const revoked: number[] = [];
+async function revokeBatch(trx: Transaction<Database>, selection: GrantSelection, reason: RevocationReason, actor: Actor): Promise<number[]> {
+  const grants = await trx
+    .updateTable('grants')
+    .set({ revoked_at: sql`now()`, revoked_reason: reason })
+    .where('revoked_at', 'is', null)
+    .where('id', 'in', (eb) => {
+      let live = eb.selectFrom('grants').select('id').where('revoked_at', 'is', null);
+      if ('grantId' in selection) return live.where('id', '=', selection.grantId).forUpdate();
+      live = live.where('organization_id', '=', selection.organizationId);
+      if (selection.applicationId !== undefined) live = live.where('application_id', '=', selection.applicationId);
+      if (selection.userId !== undefined) live = live.where('user_id', '=', selection.userId);
+      if (selection.beyondScopes !== undefined) live = live.where(sql<boolean>`not (scopes <@ ${[...selection.beyondScopes]}::text[])`);
+      return live.orderBy('id').limit(REVOKE_BATCH).forUpdate();
+    })
+    .returning(['id', 'organization_id', 'application_id', 'user_id'])
+    .execute();
+  if (grants.length === 0) return [];
+  const ids = grants.map((g) => g.id);
+  // Locked after the grants, the order the refresh grant locks them in (no deadlock).
+  await trx
+    .updateTable('refresh_tokens')
+    .set({ revoked_at: sql`now()` })
+    .where('grant_id', '=', sql<number>`any(${ids}::bigint[])`)
+    .where('revoked_at', 'is', null)
+    .execute();
+  await trx
+    .insertInto('audit_events')
+    .values(
+      grants.map((g) => ({
+        organization_id: g.organization_id,
+        action: 'grant.revoked',
+        actor_user_id: actor.actorUserId ?? null,
+        actor_client_id: actor.actorClientId ?? null,
+        details: JSON.stringify({ grant_id: g.id, application_id: g.application_id, user_id: g.user_id, reason }),
+      })),
+    )
+    .execute();
+  await sql`select pg_notify(${REVOCATION_CHANNEL}, ${ids.join(',')})`.execute(trx);
+  return ids;
+}
+
+/**
+ * Revokes the selected live grants (see revokeBatch), a batch per transaction, until none is
+ * left; `memory` (this instance's revoked set) is told of each batch once it has committed.
+ * Returns how many were revoked. Inside a transaction of the caller's, use
+ * revokeGrantsInTransaction instead.
+ */
+export async function revokeGrants(
+  db: DB,
+  selection: GrantSelection,
+  reason: RevocationReason,
+  actor: Actor = {},
+  memory?: RevokedGrantsMemory,
+): Promise<number> {
+  let count = 0;
   for (;;) {
-    const batch = await inTransaction(db, async (trx) => {
-      const grants = await trx
-        .updateTable('grants')
-        .set({ revoked_at: sql`now()`, revoked_reason: reason })
-        .where('revoked_at', 'is', null)
-        .where('id', 'in', (eb) => {
-          let live = eb.selectFrom('grants').select('id').where('revoked_at', 'is', null);
-          if ('grantId' in selection) return live.where('id', '=', selection.grantId);
-          live = live.where('organization_id', '=', selection.organizationId);
-          if (selection.applicationId !== undefined) live = live.where('application_id', '=', selection.applicationId);
-          if (selection.userId !== undefined) live = live.where('user_id', '=', selection.userId);
-          if (selection.beyondScopes !== undefined) live = live.where(sql<boolean>`not (scopes <@ ${[...selection.beyondScopes]}::text[])`);
-          return live.orderBy('id').limit(REVOKE_BATCH);
-        })
-        .returning(['id', 'organization_id', 'application_id', 'user_id'])
-        .execute();
-      if (grants.length === 0) return [];
-      const ids = grants.map((g) => g.id);
-      // Locked after the grants, the order the refresh grant locks them in (no deadlock).
-      await trx
-        .updateTable('refresh_tokens')
-        .set({ revoked_at: sql`now()` })
-        .where('grant_id', '=', sql<number>`any(${ids}::bigint[])`)
-        .where('revoked_at', 'is', null)
-        .execute();
-      await trx
-        .insertInto('audit_events')
-        .values(
-          grants.map((g) => ({
-            organization_id: g.organization_id,
-            action: 'grant.revoked',
-            actor_user_id: actor.actorUserId ?? null,
-            actor_client_id: actor.actorClientId ?? null,
-            details: JSON.stringify({ grant_id: g.id, application_id: g.application_id, user_id: g.user_id, reason }),
-          })),
-        )
-        .execute();
-      await sql`select pg_notify(${REVOCATION_CHANNEL}, ${ids.join(',')})`.execute(trx);
-      return ids;
-    });
-    revoked.push(...batch);
-    if (batch.length === 0 || 'grantId' in selection) return revoked;
+    const ids = await db.transaction().execute((trx) => revokeBatch(trx, selection, reason, actor));
+    if (ids.length > 0) memory?.noteRevoked(ids, reason);
+    count += ids.length;
+    if (ids.length === 0 || 'grantId' in selection) return count;
   }
 }
 
-/** Revokes one grant (see revokeGrants). Returns false when it was already revoked or does not exist. */
+/**
+ * The same within the caller's transaction (removing a member revokes their grants with it);
+ * returns the ids, for the caller to tell its memory once the transaction has committed.
+ */
+export async function revokeGrantsInTransaction(trx: Transaction<Database>, selection: GrantSelection, reason: RevocationReason, actor: Actor = {}): Promise<number[]> {
+  const revoked: number[] = [];
+  for (;;) {
+    const ids = await revokeBatch(trx, selection, reason, actor);
+    revoked.push(...ids);
+    if (ids.length === 0 || 'grantId' in selection) return revoked;
+  }
+}
+
+/** Revokes one grant (see revokeBatch). Returns false when it was already revoked or does not exist. */
 export async function revokeGrant(db: DB, grantId: number, reason: RevocationReason, actor: Actor = {}): Promise<boolean> {
-  return (await revokeGrants(db, { grantId }, reason, actor)).length > 0;
+  return (await inTransaction(db, (trx) => revokeBatch(trx, { grantId }, reason, actor))).length > 0;
 }
 
 /**
@@ -195,8 +220,7 @@ export async function revokeAccessToken(
     await recordAuditEvent(trx, {
       organizationId: token.organizationId,
       action: 'access_token.revoked',
-      actorUserId: actor.actorUserId ?? null,
-      actorClientId: actor.actorClientId ?? null,
+      actor,
       details: { grant_id: token.grantId, jti: token.jti, reason },
     });
     // Delivered to every instance (RevocationList) when the transaction commits.

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { isWellFormed } from '../lib/validate.js';
 
 const LOOPBACK_HOSTS = new Set(['localhost', '127.0.0.1', '[::1]']);
 
@@ -10,6 +11,8 @@ const LOOPBACK_HOSTS = new Set(['localhost', '127.0.0.1', '[::1]']);
 export function redirectUriProblem(value: string): string | null {
   if (value.length > 2000) return 'must be at most 2000 characters';
   if (/[\s\x00-\x1f\x7f]/.test(value)) return 'must not contain spaces or control characters';
+  // A lone surrogate would be stored as U+FFFD: not the URI sent, so never matched exactly.
+  if (!isWellFormed(value)) return 'must be well-formed Unicode';
   if (!URL.canParse(value)) return 'must be an absolute URL';
   const url = new URL(value);
   if (value.includes('#')) return 'must not contain a fragment';

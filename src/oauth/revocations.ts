@@ -10,7 +10,8 @@ import type { FastifyBaseLogger } from 'fastify';
 import type { DB, Listen } from '../db/connect.js';
 import type { Metrics } from '../metrics.js';
 import { CLOCK_TOLERANCE_S } from './access-tokens.js';
-import { type Actor, REVOCATION_CHANNEL, revokeAccessToken, revokeGrant, type RevocationReason, type RevokedGrantsMemory } from './grant-store.js';
+import type { Actor } from '../audit/events.js';
+import { REVOCATION_CHANNEL, revokeAccessToken, revokeGrant, type RevocationReason, type RevokedGrantsMemory } from './grant-store.js';
 
 const POLL_MS = 500;
 /** Commits land after their now(): the poll looks back this far past the newest revocation it saw. */

@@ -42,8 +42,11 @@ export function isKnownScope(value: string): value is Scope {
   return Object.hasOwn(SCOPE_DESCRIPTIONS, value);
 }
 
+const MANAGEMENT = new Set<string>(MANAGEMENT_SCOPES);
+const HOLDABLE = { public: new Set<string>(DATA_SCOPES), private: new Set<string>(KNOWN_SCOPES) };
+
 export function isManagementScope(value: string): boolean {
-  return (MANAGEMENT_SCOPES as readonly string[]).includes(value);
+  return MANAGEMENT.has(value);
 }
 
 /** What an application of this type may hold: public ones the data scopes only (AD-1). */
@@ -53,7 +56,7 @@ export function scopesForType(type: ApplicationType): readonly Scope[] {
 
 /** Whether an application of this type may hold `scope`. */
 export function mayHold(type: ApplicationType, scope: string): boolean {
-  return (scopesForType(type) as readonly string[]).includes(scope);
+  return HOLDABLE[type].has(scope);
 }
 
 /**

@@ -13,7 +13,9 @@ import { createGrant } from '../../src/oauth/grant-store.js';
 import { ensureSigningKey } from '../../src/oauth/keys.js';
 import { KNOWN_SCOPES, MANAGEMENT_SCOPES } from '../../src/oauth/scopes.js';
 import { Browser } from '../accounts/browser.js';
-import { buildTestApp, TEST_SECRET_KEY } from '../helpers/app.js';
+import { signAccessToken } from '../../src/oauth/access-tokens.js';
+import { KeyStore } from '../../src/oauth/key-store.js';
+import { buildTestApp, TEST_SECRET_KEY, testConfig } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
 import { basic, clientCredentialsToken, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
 
@@ -175,6 +177,14 @@ describe(`the management API on ${BACKEND}: an integration administers applicati
     });
   });
 
+  it('deletes once when asked twice at once: one 204, one 404, one audit event', async () => {
+    const made = (await api('POST', '/applications', { body: { type: 'private', name: 'Twice', scopes: ['contacts.read'] } })).json();
+    const statuses = (await Promise.all([api('DELETE', `/applications/${made.client_id}`), api('DELETE', `/applications/${made.client_id}`)])).map((r) => r.statusCode);
+    expect(statuses.sort()).toEqual([204, 404]);
+    const events = await t.handle.db.selectFrom('audit_events').select('details').where('action', '=', 'application.deleted').execute();
+    expect(events.filter((e) => (e.details as { client_id?: string }).client_id === made.client_id)).toHaveLength(1);
+  });
+
   it('lists applications a page at a time, never with a secret', async () => {
     const seen: string[] = [];
     let cursor: string | null = null;
@@ -220,6 +230,10 @@ describe(`the management API on ${BACKEND}: an integration administers applicati
       [{ type: 'private', name: 'X', require_pkce: true }, 'require_pkce'],
       [{ type: 'sideways', name: 'X' }, 'type'],
       [{ type: 'private', name: 'X', extra: 1 }, ''],
+      // A lone surrogate would be stored as U+FFFD: a redirect URI other than the one sent.
+      [{ type: 'public', name: 'X', redirect_uris: ['https://a.example/cb\ud800'] }, 'redirect_uris.0'],
+      [{ type: 'private', name: 'X\udc00' }, 'name'],
+      [{ type: 'private', name: 'X\u0000' }, 'name'],
     ];
     for (const [body, path] of cases) {
       const error = expectError(await api('POST', '/applications', { body }), 400, 'invalid_request');
@@ -228,7 +242,69 @@ describe(`the management API on ${BACKEND}: an integration administers applicati
     const before = await t.handle.db.selectFrom('applications').select('id').where('organization_id', '=', org.organizationId).execute();
     expectError(await api('PATCH', `/applications/${org.publicApp.client_id}`, { body: {} }), 400, 'invalid_request');
     expectError(await api('PATCH', `/applications/${org.publicApp.client_id}`, { body: { redirect_uris: [] } }), 400, 'invalid_request');
+    expectError(await api('PATCH', `/applications/${org.publicApp.client_id}`, { body: { name: '\ud800x' } }), 400, 'invalid_request');
+    expectError(await api('PATCH', `/applications/${org.publicApp.client_id}`, { body: { redirect_uris: ['https://a.example/\ud800'] } }), 400, 'invalid_request');
     expect(await t.handle.db.selectFrom('applications').select('id').where('organization_id', '=', org.organizationId).execute()).toEqual(before);
+  });
+});
+
+describe(`the management API on ${BACKEND}: an application never hands out more than its token holds`, () => {
+  it('cannot widen itself, create a wider application, or change, rotate, disable or delete a wider one (403)', async () => {
+    // An integration registered for application management only.
+    const narrow = await createOrgFixture(t.handle.db, { scopes: 'applications.read applications.write' });
+    const token = await clientCredentialsToken(app, narrow);
+    const as = (method: 'POST' | 'PATCH' | 'DELETE', path: string, body?: object) =>
+      app.inject({ method, url: `${base(narrow)}${path}`, headers: { authorization: `Bearer ${token}` }, ...(body ? { payload: body } : {}) });
+
+    const self = `/applications/${narrow.privateApp.client_id}`;
+    expect(expectError(await as('PATCH', self, { scopes: ['applications.read', 'applications.write', 'members.write'] }), 403, 'forbidden').error_description).toMatch(/lacks members.write/);
+    expectError(await as('POST', '/applications', { type: 'private', name: 'Wider', scopes: ['applications.write', 'members.write'] }), 403, 'forbidden');
+    // With no scopes given a new application gets the data scopes, which this token lacks too.
+    expectError(await as('POST', '/applications', { type: 'private', name: 'Default' }), 403, 'forbidden');
+    // The fixture's other applications hold data scopes: out of reach.
+    const wider = `/applications/${narrow.publicApp.client_id}`;
+    expectError(await as('POST', `${wider}/secret`), 403, 'forbidden');
+    expectError(await as('PATCH', wider, { name: 'Taken over' }), 403, 'forbidden');
+    expectError(await as('PATCH', wider, { disabled: true }), 403, 'forbidden');
+    expectError(await as('DELETE', wider), 403, 'forbidden');
+    const untouched = await t.handle.db.selectFrom('applications').select(['name', 'disabled', 'secret_rotated_at', 'scopes']).where('organization_id', '=', narrow.organizationId).orderBy('id').execute();
+    expect(untouched).toEqual([
+      { name: expect.any(String), disabled: false, secret_rotated_at: null, scopes: ['applications.read', 'applications.write'] },
+      { name: expect.any(String), disabled: false, secret_rotated_at: null, scopes: ['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write'] },
+    ]);
+    // Within its token's scopes, it manages applications as usual.
+    const within = await as('POST', '/applications', { type: 'private', name: 'Reader', scopes: ['applications.read'] });
+    expect(within.statusCode).toBe(201);
+    const reader = within.json();
+    expect((await as('POST', `/applications/${reader.client_id}/secret`)).statusCode).toBe(200);
+    expect((await as('PATCH', `/applications/${reader.client_id}`, { disabled: true })).statusCode).toBe(200);
+    expect((await as('DELETE', `/applications/${reader.client_id}`)).statusCode).toBe(204);
+    // A narrower token of a wider application is bounded by the token, not the application.
+    const readOnly = await clientCredentialsToken(app, org, 'applications.read applications.write');
+    expectError(await api('POST', `/applications/${org.publicApp.client_id}/secret`, { token: readOnly }), 403, 'forbidden');
+  });
+});
+
+describe(`the management API on ${BACKEND}: tokens the token endpoint never issues`, () => {
+  async function signed(input: { subject: string; clientId: string; scopes: string[]; organizationId: number; grantId: number }) {
+    const config = testConfig();
+    return (await signAccessToken(await new KeyStore(t.handle.db, config).signingKey(), config, input)).token;
+  }
+
+  it('a user token with a management scope is refused (403): management is never delegated by a user', async () => {
+    const token = await signed({ subject: String(org.ownerId), clientId: org.publicApp.client_id, scopes: ['contacts.read'], organizationId: org.organizationId, grantId: 987_654_321 });
+    expect((await api('GET', '/contacts', { token })).statusCode).toBe(200);
+    // Even were a public application given a management scope (the database refuses it), its user token would get nothing.
+    const forged = await signed({ subject: String(org.ownerId), clientId: org.privateApp.client_id, scopes: ['applications.read'], organizationId: org.organizationId, grantId: 987_654_321 });
+    expectError(await api('GET', '/applications', { token: forged }), 403, 'insufficient_scope');
+  });
+
+  it("another organization's private application is refused, even with a token naming this organization (403)", async () => {
+    const elsewhere = await createOrgFixture(t.handle.db, { scopes: KNOWN_SCOPES.join(' ') });
+    const forged = await signed({ subject: elsewhere.privateApp.client_id, clientId: elsewhere.privateApp.client_id, scopes: ['applications.read'], organizationId: org.organizationId, grantId: 987_654_321 });
+    expectError(await api('GET', '/applications', { token: forged }), 403, 'insufficient_scope');
+    const own = await signed({ subject: org.privateApp.client_id, clientId: org.privateApp.client_id, scopes: ['applications.read'], organizationId: org.organizationId, grantId: 987_654_321 });
+    expect((await api('GET', '/applications', { token: own })).statusCode).toBe(200);
   });
 });
 

@@ -79,6 +79,9 @@ async function freshIds(org: OrgFixture): Promise<Ids> {
   const contact = await db.insertInto('contacts').values({ organization_id: org.organizationId, name: `Contact ${i}` }).returning('id').executeTakeFirstOrThrow();
   const task = await db.insertInto('tasks').values({ organization_id: org.organizationId, title: `Task ${i}` }).returning('id').executeTakeFirstOrThrow();
   const application = await createApplication(db, { organizationId: org.organizationId, type: 'public', name: `App ${i}`, redirectUris: ['https://m.example.com/cb'] });
+  // What the application routes act on: within an applications.write token's scopes (an
+  // application changes only applications whose scopes its token holds).
+  const target = await createApplication(db, { organizationId: org.organizationId, type: 'private', name: `Target ${i}`, scopes: ['applications.write'] });
   const user = (tag: string) =>
     db.insertInto('users').values({ email: `${tag}${i}-${process.pid}@example.com`, password_hash: '$argon2id$matrix' }).returning(['id', 'email']).executeTakeFirstOrThrow();
   const member = await user('member');
@@ -86,7 +89,7 @@ async function freshIds(org: OrgFixture): Promise<Ids> {
   await addMember(db, { organizationId: org.organizationId, userId: member.id, role: 'member' });
   const appRow = await db.selectFrom('applications').select('id').where('client_id', '=', application.client_id).executeTakeFirstOrThrow();
   const grant = await createGrant(db, { organizationId: org.organizationId, applicationId: appRow.id, userId: member.id, scopes: ['contacts.read'] });
-  return { contact: contact.id, task: task.id, clientId: application.client_id, userId: member.id, email: outsider.email, grant: grant!.id };
+  return { contact: contact.id, task: task.id, clientId: target.client_id, userId: member.id, email: outsider.email, grant: grant!.id };
 }
 
 type Method = 'GET' | 'POST' | 'PATCH' | 'DELETE';
@@ -113,7 +116,7 @@ const ROUTES: Route[] = [
   { method: 'DELETE', path: (i) => `/tasks/${i.task}`, scope: 'tasks.write', names: true },
   // The management API.
   { method: 'GET', path: () => '/applications', scope: 'applications.read' },
-  { method: 'POST', path: () => '/applications', scope: 'applications.write', body: () => ({ type: 'private', name: 'Made by the API' }) },
+  { method: 'POST', path: () => '/applications', scope: 'applications.write', body: () => ({ type: 'private', name: 'Made by the API', scopes: ['applications.write'] }) },
   { method: 'GET', path: (i) => `/applications/${i.clientId}`, scope: 'applications.read', names: true },
   { method: 'PATCH', path: (i) => `/applications/${i.clientId}`, scope: 'applications.write', names: true, body: () => ({ name: 'Renamed' }) },
   { method: 'DELETE', path: (i) => `/applications/${i.clientId}`, scope: 'applications.write', names: true },

@@ -69,12 +69,12 @@ describe(`access tokens on ${BACKEND}`, () => {
     const verifier = new AccessTokenVerifier({ keys, config, revocations: revocations as unknown as RevocationList, applications: { find: async () => application } });
     const { token, claims } = await signAccessToken(await keys.signingKey(), config, input);
     const second = await signAccessToken(await keys.signingKey(), config, input);
-    expect((await verifier.verify(token)).grant_id).toBe(42);
-    expect((await verifier.verify(token)).grant_id).toBe(42);
+    expect((await verifier.verify(token)).claims.grant_id).toBe(42);
+    expect((await verifier.verify(token)).claims.grant_id).toBe(42);
     // One token revoked by itself: the other token of the grant still works.
     revoked.add(claims.jti);
     await expect(verifier.verify(token)).rejects.toMatchObject({ reason: 'token revoked' });
-    expect((await verifier.verify(second.token)).grant_id).toBe(42);
+    expect((await verifier.verify(second.token)).claims.grant_id).toBe(42);
     // The grant revoked: all its tokens.
     // The application disabled (or deleted): its tokens, revoked or not.
     application.disabled = true;
@@ -84,7 +84,7 @@ describe(`access tokens on ${BACKEND}`, () => {
     application.scopes = ['tasks.read'];
     await expect(verifier.verify(second.token)).rejects.toMatchObject({ reason: 'scope beyond the application’s' });
     application.scopes = ['contacts.read', 'tasks.read'];
-    expect((await verifier.verify(second.token)).grant_id).toBe(42);
+    expect((await verifier.verify(second.token)).claims.grant_id).toBe(42);
     revoked.add(42);
     await expect(verifier.verify(second.token)).rejects.toMatchObject({ reason: 'token revoked' });
     await expect(verifier.verify(`${token}x`)).rejects.toBeInstanceOf(InvalidTokenError);

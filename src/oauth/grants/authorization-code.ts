@@ -47,9 +47,8 @@ async function redeemCode(db: DB, application: Application, presented: Presented
       where c.code_hash = ${sha256Hex(presented.code)} and c.application_id = ${application.id}
         and c.consumed_at is null and c.expires_at > now() and c.redirect_uri = ${presented.redirectUri}
         and c.code_challenge is not distinct from ${expectedChallenge(presented.verifier)}::text
-        and c.scopes <@ ${[...application.scopes]}::text[]
-        -- Read from a cache: an application disabled since must not gain a grant.
-        and exists (select 1 from applications a where a.id = c.application_id and not a.disabled)
+        -- The application as it is now, not as cached: disabled or narrowed since, it gains no grant.
+        and exists (select 1 from applications a where a.id = c.application_id and not a.disabled and c.scopes <@ a.scopes)
     ),
     member as (
       select m.organization_id from memberships m join found f on m.organization_id = f.organization_id and m.user_id = f.user_id
