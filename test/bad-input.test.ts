@@ -5,14 +5,20 @@
 import type { FastifyInstance, InjectOptions } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ensureSigningKey } from '../src/oauth/keys.js';
+import { DATA_SCOPES, KNOWN_SCOPES } from '../src/oauth/scopes.js';
 import { buildTestApp, TEST_SECRET_KEY } from './helpers/app.js';
 import { BACKEND, createTestDatabase } from './helpers/db.js';
-import { basic, createOrgFixture, form, type OrgFixture } from './helpers/oauth.js';
+import { basic, clientCredentialsToken, createOrgFixture, form, type OrgFixture } from './helpers/oauth.js';
 
 let t: Awaited<ReturnType<typeof createTestDatabase>>;
 let app: FastifyInstance;
 let org: OrgFixture;
 let bearer: string;
+/** The management API: an organization whose integration holds every scope, its token, a data-only token, and its owner's email. */
+let mgmt: OrgFixture;
+let admin: string;
+let dataOnly: string;
+let ownerEmail: string;
 
 beforeAll(async () => {
   t = await createTestDatabase();
@@ -26,6 +32,10 @@ beforeAll(async () => {
     payload: form({ grant_type: 'client_credentials', organization_id: String(org.organizationId) }),
   });
   bearer = res.json().access_token;
+  mgmt = await createOrgFixture(t.handle.db, { scopes: KNOWN_SCOPES.join(' ') });
+  admin = await clientCredentialsToken(app, mgmt);
+  dataOnly = await clientCredentialsToken(app, mgmt, DATA_SCOPES.join(' '));
+  ownerEmail = (await t.handle.db.selectFrom('users').select('email').where('id', '=', mgmt.ownerId).executeTakeFirstOrThrow()).email;
 });
 afterAll(async () => {
   await app.close();
@@ -44,6 +54,15 @@ const authorize = (query: string): InjectOptions => ({ method: 'GET', url: `/oau
 const apiCall = (method: 'GET' | 'POST' | 'PATCH', path: string, payload?: unknown, headers: Record<string, string> = {}): InjectOptions => ({
   method, url: `/api/v1/${org.organizationId}${path}`, headers: { authorization: `Bearer ${bearer}`, ...headers }, ...(payload !== undefined ? { payload: payload as string } : {}),
 });
+const JSON_BODY = { 'content-type': 'application/json' };
+/** A management API request with the integration's token (every scope); a string payload is sent as JSON text as is. */
+const manage = (method: 'GET' | 'POST' | 'PATCH' | 'DELETE', path: string, payload?: unknown, headers: Record<string, string> = {}): InjectOptions => ({
+  method,
+  url: `/api/v1/${mgmt.organizationId}${path}`,
+  headers: { authorization: `Bearer ${admin}`, ...(typeof payload === 'string' ? JSON_BODY : {}), ...headers },
+  ...(payload !== undefined ? { payload: payload as string } : {}),
+});
+const cursor = (value: unknown) => Buffer.from(JSON.stringify(value)).toString('base64url');
 const cc = () => `grant_type=client_credentials&organization_id=${org.organizationId}`;
 const jwt = (header: object, payload: unknown) =>
   `${Buffer.from(JSON.stringify(header)).toString('base64url')}.${Buffer.from(JSON.stringify(payload)).toString('base64url')}.c2ln`;
@@ -132,6 +151,27 @@ const ROWS: Row[] = [
   ['api: path segment over 100 characters', () => apiCall('GET', `/contacts/${'1'.repeat(150)}`), 414, 'invalid_request'],
   ['login: undecodable path', () => ({ method: 'GET', url: '/login/%E0%A4%A' }), 400, 'invalid_request'],
   ['api: invalid UTF-8 JSON', () => apiCall('POST', '/contacts', Buffer.concat([Buffer.from('{"name":"'), Buffer.from([0xff, 0xfe]), Buffer.from('"}')]), { 'content-type': 'application/json' }), 201],
+  // The management API (applications, members, connected apps, audit log)
+  ['manage: duplicated role key (the last counts, and owner is for people)', () => manage('POST', '/members', `{"email":"${ownerEmail}","role":"member","role":"owner"}`), 403, 'forbidden'],
+  ['manage: array-shaped email', () => manage('POST', '/members', { email: [ownerEmail], role: 'member' }), 400, 'invalid_request'],
+  ['manage: array-shaped role', () => manage('PATCH', `/members/${mgmt.ownerId}`, { role: ['admin'] }), 400, 'invalid_request'],
+  ['manage: __proto__ in an application', () => manage('POST', '/applications', '{"type":"private","name":"x","__proto__":{"scopes":["applications.write"]}}'), 400, 'invalid_request'],
+  ['manage: constructor.prototype in a member', () => manage('POST', '/members', '{"email":"a@example.com","role":"member","constructor":{"prototype":{"role":"owner"}}}'), 400, 'invalid_request'],
+  ['manage: NUL in an application name', () => manage('POST', '/applications', { type: 'private', name: 'a\u0000b' }), 400, 'invalid_request'],
+  ['manage: NUL in an email', () => manage('POST', '/members', { email: 'a\u0000@example.com', role: 'member' }), 400, 'invalid_request'],
+  ['manage: unknown key in a change', () => manage('PATCH', `/applications/${mgmt.publicApp.client_id}`, { client_secret: 'x' }), 400, 'invalid_request'],
+  ['manage: client_id in upper case', () => manage('GET', `/applications/${mgmt.publicApp.client_id.toUpperCase()}`), 404, 'not_found'],
+  ['manage: client_id of 31 hex characters', () => manage('DELETE', `/applications/${mgmt.publicApp.client_id.slice(1)}`), 404, 'not_found'],
+  ['manage: client_id with a NUL', () => manage('POST', `/applications/${mgmt.publicApp.client_id}%00/secret`), 404, 'not_found'],
+  ['manage: user_id 01', () => manage('GET', '/members/01'), 404, 'not_found'],
+  ['manage: user_id 2^63', () => manage('DELETE', '/members/9223372036854775808'), 404, 'not_found'],
+  ['manage: grant id 1.0', () => manage('DELETE', '/grants/1.0'), 404, 'not_found'],
+  ['manage: limit=0', () => manage('GET', '/applications?limit=0'), 400, 'invalid_request'],
+  ['manage: limit=101', () => manage('GET', '/audit-events?limit=101'), 400, 'invalid_request'],
+  ['manage: a cursor that is not ours', () => manage('GET', `/grants?cursor=${cursor({ after: -1 })}`), 400, 'invalid_request'],
+  ['manage: a cursor past 2^53', () => manage('GET', `/members?cursor=${cursor({ after: 2 ** 60 })}`), 400, 'invalid_request'],
+  ['manage: 70 kB body', () => manage('PATCH', `/applications/${mgmt.publicApp.client_id}`, { name: 'n'.repeat(70_000) }), 413, 'request_too_large'],
+  ['manage: a data-only token', () => manage('POST', '/members', { email: ownerEmail, role: 'member' }, { authorization: `Bearer ${dataOnly}` }), 403, 'insufficient_scope'],
 ];
 
 describe(`a battery of ${ROWS.length} malformed requests on ${BACKEND} (R-7)`, () => {

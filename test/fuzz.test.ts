@@ -1,9 +1,10 @@
 /**
  * Property-based fuzzing (R-7) of the OAuth endpoints, the consent form, the login page and the
- * API with fast-check: form bodies, query strings, paths and headers, mixing random garbage with
- * near-valid requests (real client credentials, codes, refresh tokens, a signed-in session and
- * its CSRF token, bearer tokens) so the cases get past the first check. Every response must be a
- * well-formed 2xx/3xx/4xx in the shape its endpoint documents, never a 5xx or a hang.
+ * API (the organization's data, and the management API) with fast-check: form bodies, query
+ * strings, paths and headers, mixing random garbage with near-valid requests (real client
+ * credentials, codes, refresh tokens, a signed-in session and its CSRF token, bearer tokens) so
+ * the cases get past the first check. Every response must be a well-formed 2xx/3xx/4xx in the
+ * shape its endpoint documents, never a 5xx or a hang.
  *
  * Each property runs FUZZ_RUNS cases (1,000 by default). The seed is printed at the start of the
  * file and fast-check prints seed and path of a failure; replay with FUZZ_SEED=<seed>.
@@ -14,9 +15,11 @@ import type { FastifyInstance, InjectOptions, LightMyRequestResponse } from 'fas
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember, createOrganization } from '../src/accounts/organizations.js';
 import { createUser } from '../src/accounts/users.js';
-import { createApplication, type ApplicationWithSecret } from '../src/oauth/applications.js';
+import { CLIENT_ID_PATTERN, createApplication, type ApplicationWithSecret } from '../src/oauth/applications.js';
 import { createAuthorizationCode } from '../src/oauth/codes.js';
+import { createGrant } from '../src/oauth/grant-store.js';
 import { ensureSigningKey } from '../src/oauth/keys.js';
+import { DATA_SCOPES, KNOWN_SCOPES, MANAGEMENT_SCOPES } from '../src/oauth/scopes.js';
 import { Browser, csrfTokenIn } from './accounts/browser.js';
 import { buildTestApp, TEST_SECRET_KEY, testConfig } from './helpers/app.js';
 import { BACKEND, createTestDatabase } from './helpers/db.js';
@@ -645,6 +648,29 @@ function injectable(req: InjectOptions): InjectOptions {
   return req;
 }
 
+/** A change to a JSON body: a wrong value, a missing key, an unknown or prototype key, a repeated key, a key's case, array-shaped. */
+interface JsonMutation {
+  kind: number;
+  at: number;
+  value: unknown;
+  key: string;
+}
+
+/** `body` as a JSON object after `mutations`, written by hand so that a key can be there twice. */
+function jsonBody(body: readonly [string, unknown][], mutations: readonly JsonMutation[]): string {
+  const entries: [string, unknown][] = body.map(([k, v]) => [k, v]);
+  for (const m of mutations) {
+    const i = m.at % Math.max(entries.length, 1);
+    if (m.kind === 0 && entries[i]) entries[i][1] = m.value; // a wrong type or value
+    else if (m.kind === 1) entries.splice(i, 1); // a missing field
+    else if (m.kind === 2) entries.push([m.key, m.value]); // an unknown or prototype key
+    else if (m.kind === 3 && entries[i]) entries.push([entries[i][0], m.value]); // a repeated key
+    else if (m.kind === 4 && entries[i]) entries[i][0] = entries[i][0].toUpperCase();
+    else if (entries[i]) entries[i][1] = [entries[i][1]]; // array-shaped
+  }
+  return `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${JSON.stringify(v) ?? 'null'}`).join(',')}}`;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The properties
 // ---------------------------------------------------------------------------------------------
@@ -1075,19 +1101,7 @@ describe(`fuzzing on ${BACKEND} (R-7)`, () => {
         if (c.accept !== undefined) headers.accept = c.accept;
         let payload: string | Buffer | undefined;
         if (c.rawBody !== undefined && method !== 'GET' && method !== 'HEAD') payload = c.rawBody;
-        else if (r.body !== undefined) {
-          const entries: [string, unknown][] = r.body.map(([k, v]) => [k, v]);
-          for (const m of c.bodyMutations) {
-            const i = m.at % Math.max(entries.length, 1);
-            if (m.kind === 0 && entries[i]) entries[i][1] = m.value; // a wrong type or value
-            else if (m.kind === 1) entries.splice(i, 1); // a missing field
-            else if (m.kind === 2) entries.push([m.key, m.value]); // an unknown or prototype key
-            else if (m.kind === 3 && entries[i]) entries.push([entries[i][0], m.value]); // a repeated key
-            else if (m.kind === 4 && entries[i]) entries[i][0] = entries[i][0].toUpperCase();
-            else if (entries[i]) entries[i][1] = [entries[i][1]]; // array-shaped
-          }
-          payload = `{${entries.map(([k, v]) => `${JSON.stringify(k)}:${JSON.stringify(v) ?? 'null'}`).join(',')}}`;
-        }
+        else if (r.body !== undefined) payload = jsonBody(r.body, c.bodyMutations);
         if (payload !== undefined) headers['content-type'] = c.contentType ?? 'application/json';
         const req: InjectOptions = { method: method as InjectOptions['method'], url, headers, ...(payload === undefined ? {} : { payload }), remoteAddress: nextIp() };
         const res = await app.inject(injectable(req));
@@ -1110,6 +1124,303 @@ describe(`fuzzing on ${BACKEND} (R-7)`, () => {
       outcomes.expectReached('api', [
         '200', '201', '204', '400 invalid_request', '401 invalid_token', '401 invalid_request', '403 insufficient_scope', '403 organization_mismatch',
         '404 not_found', '406 not_acceptable', '415 unsupported_media_type',
+      ]);
+    }
+  }, PROPERTY_TIMEOUT);
+
+  it(`/api/v1/... management API: ${NUM_RUNS} requests on applications, members, grants and the audit log`, async () => {
+    const db = t.handle.db;
+    // An organization whose integration holds every scope (AD-1: a private application's).
+    const mgmt = await createOrgFixture(db, { scopes: KNOWN_SCOPES.join(' ') });
+    const self = mgmt.privateApp.client_id;
+    const mtok = {
+      full: await clientCredentialsToken(app, mgmt),
+      read: await clientCredentialsToken(app, mgmt, MANAGEMENT_SCOPES.filter((s) => s.endsWith('.read')).join(' ')),
+      data: await clientCredentialsToken(app, mgmt, DATA_SCOPES.join(' ')),
+      other: await clientCredentialsToken(app, otherOrg), // another organization's (data scopes only: it changes nothing there either)
+    };
+    /** The integration's own grant (its tokens share one): revoking it would turn every later case into a 401. */
+    const grantOf = (jwt: string) => String(JSON.parse(Buffer.from(jwt.split('.')[1] ?? '', 'base64url').toString('utf8')).grant_id);
+    const ownGrants = new Set([mtok.full, mtok.read, mtok.data].map(grantOf));
+    const rowId = async (clientId: string) => (await db.selectFrom('applications').select('id').where('client_id', '=', clientId).executeTakeFirstOrThrow()).id;
+    // Grants are made for an application the cases never name, so none of them disables or deletes it.
+    const connected = await createApplication(db, { organizationId: mgmt.organizationId, type: 'public', name: 'Connected', redirectUris: [REDIRECT] });
+    const connectedId = await rowId(connected.client_id);
+    const otherGrant = (await createGrant(db, { organizationId: otherOrg.organizationId, applicationId: await rowId(otherOrg.publicApp.client_id), userId: otherOrg.ownerId, scopes: ['contacts.read'] }))!.id;
+    const ownerEmail = (await db.selectFrom('users').select('email').where('id', '=', mgmt.ownerId).executeTakeFirstOrThrow()).email;
+    let userCount = 0;
+    // Users straight into the table: a real password hash would cost argon2's 100 ms each.
+    const newUser = () =>
+      db.insertInto('users').values({ email: `fuzz-mgmt-${++userCount}@example.com`, password_hash: '$argon2id$fuzz' }).returning(['id', 'email']).executeTakeFirstOrThrow();
+    const existing = await newUser();
+    await addMember(db, { organizationId: mgmt.organizationId, userId: existing.id, role: 'member' });
+
+    const base = `/api/v1/${mgmt.organizationId}`;
+    const asAdmin = { authorization: `Bearer ${mtok.full}` };
+    /** Targets made for the cases (public applications, members, live grants), and the next_cursor each list gave. */
+    const pools = { app: [] as string[], member: [] as string[], grant: [] as string[] };
+    const cursors: Record<string, string[]> = {};
+    const makeApp = async () => {
+      const res = await app.inject({ method: 'POST', url: `${base}/applications`, headers: asAdmin, payload: { type: 'public', name: 'Target', redirect_uris: [REDIRECT] } });
+      expect(res.statusCode, res.body).toBe(201);
+      return res.json().client_id as string;
+    };
+    const makeMember = async () => {
+      const u = await newUser();
+      await addMember(db, { organizationId: mgmt.organizationId, userId: u.id, role: 'member' });
+      return String(u.id);
+    };
+    const makeGrant = async () => String((await createGrant(db, { organizationId: mgmt.organizationId, applicationId: connectedId, userId: mgmt.ownerId, scopes: ['contacts.read'] }))!.id);
+    const pick = async (pool: string[], n: number, make: () => Promise<string>) => pool[n % Math.max(pool.length, 1)] ?? (pool.push(await make()), pool.at(-1)!);
+
+    type MRoute = { method: string; path: string; query?: Field[]; body?: [string, unknown][] };
+    const listArb = (path: string) =>
+      fc.record({ limit: fc.option(fc.constantFrom('1', '2', '25', '100'), { nil: undefined }), cursor: fc.constantFrom('none', 'none', 'issued', 'made') }).map(
+        ({ limit, cursor }): MRoute => ({
+          method: 'GET', path,
+          query: [...(limit ? [['limit', limit] as Field] : []), ...(cursor === 'none' ? [] : [['cursor', `:${cursor}-cursor`] as Field])],
+        }),
+      );
+    const newApplicationBody = fc.oneof(
+      fc.record(
+        { type: fc.constant('public'), name: fc.constantFrom('Made by fuzz', 'Ünïcødé 𝔘 app'), redirect_uris: fc.constantFrom([REDIRECT], [REDIRECT, 'http://localhost:8080/cb']), scopes: fc.constantFrom(['contacts.read'], [...DATA_SCOPES]), require_pkce: fc.boolean() },
+        { requiredKeys: ['type', 'name', 'redirect_uris'] },
+      ),
+      fc.record({ type: fc.constant('private'), name: fc.constant('Fuzz integration'), scopes: fc.constantFrom(['applications.read'], [...KNOWN_SCOPES], ['tasks.read']) }, { requiredKeys: ['type', 'name'] }),
+    );
+    const applicationPatch = fc
+      .record(
+        { name: fc.constantFrom('Renamed', ' Trimmed '), redirect_uris: fc.constantFrom([REDIRECT], ['http://127.0.0.1:9000/cb']), scopes: fc.constantFrom(['contacts.read'], ['contacts.read', 'tasks.write']), require_pkce: fc.boolean(), disabled: fc.boolean() },
+        { requiredKeys: [] },
+      )
+      .filter((b) => Object.keys(b).length > 0);
+    /** A valid request, chosen among the routes; ids, emails and cursors filled in when the case runs. */
+    const routeArb: fc.Arbitrary<MRoute> = fc.oneof(
+      listArb('/applications'),
+      fc.constantFrom<MRoute>({ method: 'GET', path: '/applications/:self' }, { method: 'GET', path: '/applications/:app' }),
+      newApplicationBody.map((b): MRoute => ({ method: 'POST', path: '/applications', body: Object.entries(b) })),
+      applicationPatch.map((b): MRoute => ({ method: 'PATCH', path: '/applications/:app', body: Object.entries(b) })),
+      // The integration may not lock itself out: 409 (the body is only ever `disabled`).
+      { arbitrary: fc.constantFrom<MRoute>({ method: 'PATCH', path: '/applications/:self', body: [['disabled', true]] }, { method: 'DELETE', path: '/applications/:self' }), weight: 2 },
+      fc.constantFrom<MRoute>({ method: 'DELETE', path: '/applications/:new-app' }, { method: 'POST', path: '/applications/:app/secret' }),
+      listArb('/members'),
+      fc.constantFrom<MRoute>({ method: 'GET', path: '/members/:owner' }, { method: 'GET', path: '/members/:member' }, { method: 'DELETE', path: '/members/:new-member' }),
+      // An application acts as an admin: an owner is for people to make, change or remove (403).
+      fc.constantFrom<MRoute>({ method: 'DELETE', path: '/members/:owner' }, { method: 'PATCH', path: '/members/:owner', body: [['role', 'admin']] }),
+      fc
+        .record({ email: fc.constantFrom(':fresh-email', ':fresh-email', ':FRESH-EMAIL', ':member-email', ':owner-email', 'nobody@example.com'), role: fc.constantFrom('member', 'admin', 'admin', 'owner') })
+        .map((b): MRoute => ({ method: 'POST', path: '/members', body: Object.entries(b) })),
+      fc.constantFrom('member', 'admin', 'owner').map((role): MRoute => ({ method: 'PATCH', path: '/members/:member', body: [['role', role]] })),
+      listArb('/grants'),
+      fc.constantFrom<MRoute>({ method: 'GET', path: '/grants/:grant' }, { method: 'DELETE', path: '/grants/:new-grant' }),
+      listArb('/audit-events'),
+    );
+    const segmentMutation = fc.oneof(
+      { arbitrary: fc.constant(undefined), weight: 10 },
+      {
+        arbitrary: nearValue(() => [
+          String(otherOrg.organizationId), String(org.organizationId), String(mgmt.ownerId), String(otherOrg.ownerId), String(user.id), String(otherGrant),
+          // Never the integration's own client_id in lower case: a PATCH of it could narrow its scopes.
+          otherOrg.publicApp.client_id, self.toUpperCase(), 'f'.repeat(32), '0', '01', '-1', '1.0', '1e1', '9223372036854775808', ' 1',
+        ]).map((s) => pct(s)),
+        weight: 2,
+      },
+      { arbitrary: fc.constantFrom('%ZZ', '%E0%A4%A', '%00', '..', '%2e%2e', 'a'.repeat(150), '', '%2F'), weight: 1 },
+    );
+    const bodyMutation: fc.Arbitrary<JsonMutation> = fc.record({
+      kind: fc.nat(6),
+      at: fc.nat(),
+      value: fc.oneof(
+        { arbitrary: fc.jsonValue({ maxDepth: 2 }), weight: 3 },
+        { arbitrary: garbage, weight: 3 },
+        {
+          arbitrary: fc.constantFrom(null, 2 ** 60, -1, 0, true, false, [], {}, 'a\u0000b', '\ud800', 'x'.repeat(10_001), 'owner', 'OWNER', ' admin', ['contacts.read', 'contacts.read'], ['nope.read'], 'javascript:alert(1)', 'https://evil@client.example.com/cb', 'http://client.example.com/cb', 'a@b'),
+          weight: 3,
+        },
+        { arbitrary: fc.constant('x'.repeat(70_000)), weight: 2 }, // over the body limit
+      ),
+      // Not `scopes`, `name` or `redirect_uris`: the integration's own PATCH body must stay `disabled`.
+      key: fc.constantFrom('__proto__', 'constructor', 'prototype', 'id', 'organization_id', 'client_id', 'client_secret', 'user_id', 'type', 'x'),
+    });
+    const caseArb = fc.record({
+      route: routeArb,
+      pick: fc.nat(),
+      cursorAfter: fc.oneof(fc.integer({ min: 1, max: 5_000 }), fc.constant(Number.MAX_SAFE_INTEGER)),
+      orgSegment: segmentMutation,
+      idSegment: segmentMutation,
+      collection: rarely(fc.constantFrom('upper', 'nul', 'escaped', 'plural', 'short'), 25),
+      pathSuffix: fc.oneof({ arbitrary: fc.constant(''), weight: 20 }, { arbitrary: fc.constantFrom('/', '/x', '//', '/secret'), weight: 1 }),
+      method: fc.oneof({ arbitrary: fc.constant(undefined), weight: 20 }, { arbitrary: fc.constantFrom(...METHODS), weight: 1 }),
+      queryMutations: fc.oneof({ arbitrary: fc.constant([] as Mutation[]), weight: 3 }, { arbitrary: fc.array(mutationArb, { minLength: 1, maxLength: 2 }), weight: 1 }),
+      extraQuery: rarely(pairsArb({ limit: () => ['0', '101', '-1', '1.5', '1e2', '0x10', ' 5'], cursor: () => ['eyJhZnRlciI6LTF9', 'W10', 'x'.repeat(201)], access_token: () => [mtok.full] }).map(joinPairs), 8),
+      bodyMutations: fc.oneof({ arbitrary: fc.constant([]), weight: 2 }, { arbitrary: fc.array(bodyMutation, { minLength: 1, maxLength: 2 }), weight: 2 }),
+      rawBody: rarely(
+        fc.oneof(
+          fc.jsonValue({ maxDepth: 3 }).map((v) => JSON.stringify(v) ?? 'null'),
+          fc.uint8Array({ maxLength: 100 }).map((b) => Buffer.concat([Buffer.from('{"name":"'), Buffer.from(b), Buffer.from('"}')])),
+          fc.constantFrom('name', 'email', 'role', 'redirect_uris').map((key) => JSON.stringify({ [key]: 'x'.repeat(70_000) })), // over the body limit
+          fc.constantFrom(
+            `{"type":"public","name":"x","redirect_uris":["${REDIRECT}"],"__proto__":{"admin":true}}`,
+            '{"email":"a@example.com","role":"admin","constructor":{"prototype":{"admin":true}}}',
+            '{"role":"member","role":"owner"}', '{"role":["admin"]}', '{"email":["fuzz-mgmt-1@example.com"],"role":"member"}',
+            '{"name":"a\\u0000b"}', '{"disabled":"true"}', `{"redirect_uris":"${REDIRECT}"}`, '{"scopes":"applications.read"}',
+            `{"name":"${'n'.repeat(70_000)}"}`, '{"name":', '[1,2]', 'null', '"x"', 'role=admin', '',
+          ),
+        ),
+        8,
+      ),
+      authorization: fc.oneof(
+        { arbitrary: fc.constant('full'), weight: 16 },
+        { arbitrary: fc.constantFrom('read', 'data', 'other', 'none'), weight: 4 },
+        { arbitrary: fc.constantFrom('bearer', 'BEARER', 'Bearer  ', 'Basic', 'Token').map((scheme) => `${scheme} ${mtok.full}`), weight: 1 },
+        { arbitrary: tokenValue(() => [mtok.full, mtok.read]).map((v) => `Bearer ${v}`), weight: 2 },
+        { arbitrary: headerValue, weight: 1 },
+      ),
+      accept: rarely(fc.oneof({ arbitrary: fc.constantFrom('application/json', '*/*', 'text/html', 'application/json;q=0'), weight: 3 }, { arbitrary: headerValue, weight: 1 }), 6),
+      contentType: rarely(fc.constantFrom('application/json; charset=utf-8', 'APPLICATION/JSON', 'text/plain', FORM, 'application/merge-patch+json', '', ';'), 10),
+      extra: extraHeadersArb,
+    });
+    const COLLECTION: Record<string, (name: string) => string> = {
+      upper: (n) => n.toUpperCase(),
+      nul: (n) => `${n}%00`,
+      escaped: (n) => `%${n.charCodeAt(0).toString(16)}${n.slice(1)}`,
+      plural: (n) => `${n}s`,
+      short: (n) => n.slice(0, -1),
+    };
+    const decode = (s: string) => {
+      try {
+        return decodeURIComponent(s);
+      } catch {
+        return s;
+      }
+    };
+    const outcomes = new Outcomes();
+    await fc.assert(
+      fc.asyncProperty(caseArb, async (c) => {
+        const r = c.route;
+        const method = c.method ?? r.method;
+        const ids: Record<string, () => Promise<string>> = {
+          ':self': async () => self,
+          ':app': () => pick(pools.app, c.pick, makeApp),
+          ':new-app': async () => pools.app.pop() ?? makeApp(),
+          ':owner': async () => String(mgmt.ownerId),
+          ':member': () => pick(pools.member, c.pick, makeMember),
+          ':new-member': async () => pools.member.pop() ?? makeMember(),
+          ':grant': () => pick(pools.grant, c.pick, makeGrant),
+          ':new-grant': async () => pools.grant.pop() ?? makeGrant(),
+        };
+        const idName = /:[a-z-]+/.exec(r.path)?.[0];
+        let id = c.idSegment ?? (idName === undefined ? '' : await ids[idName]!());
+        // Its own grant is the one thing the integration may revoke that ends every later case.
+        if (method === 'DELETE' && r.path.startsWith('/grants/') && ownGrants.has(decode(id))) id = await makeGrant();
+        const collection = r.path.split('/')[1]!;
+        let path = idName === undefined ? r.path : r.path.replace(idName, id);
+        if (c.collection !== undefined) path = `/${COLLECTION[c.collection]!(collection)}${path.slice(collection.length + 1)}`;
+        const list = `/${collection}`;
+        const fields = (r.query ?? []).map(([n, v]): Field => [
+          n,
+          v === ':issued-cursor' && cursors[list]?.length
+            ? cursors[list][c.pick % cursors[list].length]!
+            : v.endsWith('-cursor') ? Buffer.from(JSON.stringify({ after: c.cursorAfter })).toString('base64url') : v,
+        ]);
+        const query = [...(fields.length > 0 ? [joinPairs(mutate(fields, c.queryMutations))] : []), ...(c.extraQuery ? [c.extraQuery] : [])].filter((q) => q !== '').join('&');
+        const url = `/api/v1/${c.orgSegment ?? mgmt.organizationId}${path}${c.pathSuffix}${query === '' ? '' : `?${query}`}`;
+        // And still not through a spelling the router decodes (%35 for 5, a mutated collection name).
+        const segments = url.split('?')[0]!.split('/').map(decode);
+        if (method === 'DELETE' && segments.some((s, i) => i > 0 && segments[i - 1] === 'grants' && ownGrants.has(s))) return;
+
+        const headers: Record<string, string> = { ...c.extra };
+        const auth = c.authorization;
+        if (auth === 'full' || auth === 'read' || auth === 'data' || auth === 'other') headers.authorization = `Bearer ${mtok[auth]}`;
+        else if (auth !== 'none') headers.authorization = auth;
+        if (c.accept !== undefined) headers.accept = c.accept;
+        let payload: string | Buffer | undefined;
+        if (c.rawBody !== undefined && method !== 'GET' && method !== 'HEAD') payload = c.rawBody;
+        else if (r.body !== undefined) {
+          const fresh = r.body.some(([, v]) => v === ':fresh-email' || v === ':FRESH-EMAIL') ? (await newUser()).email : '';
+          const emails: Record<string, string> = { ':fresh-email': fresh, ':FRESH-EMAIL': fresh.toUpperCase(), ':member-email': existing.email, ':owner-email': ownerEmail };
+          payload = jsonBody(r.body.map(([k, v]) => [k, typeof v === 'string' && v in emails ? emails[v] : v]), c.bodyMutations);
+        }
+        if (payload !== undefined) headers['content-type'] = c.contentType ?? 'application/json';
+        const req: InjectOptions = { method: method as InjectOptions['method'], url, headers, ...(payload === undefined ? {} : { payload }), remoteAddress: nextIp() };
+        const res = await app.inject(injectable(req));
+        outcomes.record(res);
+        // Where the request went, as the router reads it: ['', 'api', 'v1', organization, collection, id, ...].
+        const sent = new URL(url, 'http://localhost');
+        const resolved = sent.pathname.split('/').map(decode);
+        const target = resolved[4] ?? '';
+        checkStatus(req, res, [200, 201, 204, 400, 401, 403, 404, 406, 409, 413, 414, 415]);
+        check(!res.body.includes(mgmt.privateApp.client_secret) && !res.body.includes('client_secret_hash'), 'no stored secret or secret hash in a response', req, res);
+        if (res.statusCode === 401) check(String(res.headers['www-authenticate']).startsWith('Bearer realm="orgauth"'), 'a Bearer challenge with 401 (BR-1)', req, res);
+        if (res.statusCode < 300) {
+          // The organization itself (a path that resolves to it) needs no scope; the rest their route's.
+          const token = String(req.headers?.authorization ?? '');
+          const reads = method === 'GET' || method === 'HEAD';
+          check(
+            token.includes(mtok.full) || (token.includes(mtok.read) && reads) || (target === '' && token.includes(mtok.data)),
+            'a 2xx only with a token holding the scope, for its own organization (BR-2, BR-3)', req, res,
+          );
+        }
+        if (res.statusCode === 204 && method === 'DELETE') {
+          // Gone: no later case picks it as a live target.
+          for (const pool of Object.values(pools)) {
+            const at = pool.indexOf(decode(id));
+            if (at >= 0) pool.splice(at, 1);
+          }
+        }
+        if (req.method === 'HEAD' || res.statusCode === 204) return;
+        if (res.statusCode >= 400) {
+          checkErrorBody(req, res, (e) => API_ERRORS.has(e) || e === 'conflict' || e === 'forbidden');
+          const error = res.json().error;
+          if (error === 'insufficient_scope') check(String(res.headers['www-authenticate']).includes('error="insufficient_scope"'), 'the insufficient_scope challenge (BR-2)', req, res);
+          if (res.statusCode === 409) check(['PATCH', 'DELETE', 'POST'].includes(method) && ['applications', 'members'].includes(target), 'a 409 only where the API documents one', req, res);
+          return;
+        }
+        const body = parseJson(req, res);
+        const isApplication = (a: unknown) => typeof a === 'object' && a !== null && CLIENT_ID_PATTERN.test(String((a as { client_id?: unknown }).client_id)) && !('client_secret' in a);
+        const ITEM: Record<string, (item: Record<string, unknown>) => boolean> = {
+          applications: isApplication,
+          members: (m) => typeof m.user_id === 'number' && ['owner', 'admin', 'member'].includes(String(m.role)) && typeof m.email === 'string',
+          grants: (g) => typeof g.id === 'number' && typeof g.application === 'object' && Array.isArray(g.scopes),
+          'audit-events': (e) => typeof e.id === 'number' && typeof e.action === 'string' && typeof e.actor === 'object',
+          // `..` in a path: the client resolves it, to the organization itself.
+          '': (o) => Object.keys(o).sort().join() === 'created_at,id,name' && o.id === mgmt.organizationId,
+        };
+        const item = ITEM[target];
+        check(item !== undefined, 'a 2xx from a management route', req, res);
+        if ('data' in body) {
+          check(Array.isArray(body.data) && (body.next_cursor === null || typeof body.next_cursor === 'string'), 'a list envelope', req, res);
+          check((body.data as Record<string, unknown>[]).every(item), 'list items of the documented shape', req, res);
+          const limits = sent.searchParams.getAll('limit');
+          const limit = limits.length === 0 ? 25 : limits.length === 1 && /^[0-9]+$/.test(limits[0]!) ? Number(limits[0]) : 100;
+          check((body.data as unknown[]).length <= limit, 'no more items than the limit', req, res);
+          if (typeof body.next_cursor === 'string') (cursors[list] ??= []).push(body.next_cursor);
+          return;
+        }
+        if (resolved[6] === 'secret') {
+          check(Object.keys(body).sort().join() === 'client_id,client_secret' && typeof body.client_secret === 'string', 'the new secret, and nothing else', req, res);
+          return;
+        }
+        if (res.statusCode === 201 && target === 'applications') {
+          const { client_secret: secret, ...shown } = body;
+          check(typeof secret === 'string' && isApplication(shown) && res.headers.location === `${base}/applications/${String(body.client_id)}`, 'a new application with its secret and Location', req, res);
+          if (body.type === 'public') pools.app.push(String(body.client_id));
+          return;
+        }
+        check(item(body), `a ${target || 'organization'} item of the documented shape`, req, res);
+        if (res.statusCode === 201) {
+          check(res.headers.location === `${base}/members/${String(body.user_id)}`, 'the Location of a new member', req, res);
+          pools.member.push(String(body.user_id));
+        }
+      }),
+      RUN,
+    );
+    // The integration never locked itself out: it still reads and writes.
+    expect((await app.inject({ method: 'GET', url: `${base}/applications/${self}`, headers: asAdmin })).json()).toMatchObject({ client_id: self, disabled: false, scopes: [...KNOWN_SCOPES] });
+    if (NUM_RUNS >= 1000) {
+      outcomes.expectReached('management', [
+        '200', '201', '204', '400 invalid_request', '401 invalid_token', '401 invalid_request', '403 insufficient_scope', '403 organization_mismatch', '403 forbidden',
+        '404 not_found', '406 not_acceptable', '409 conflict', '413 request_too_large', '415 unsupported_media_type',
       ]);
     }
   }, PROPERTY_TIMEOUT);
