@@ -22,7 +22,7 @@ const query = z.object({ org: z.coerce.number().int().positive(), limit: z.coerc
 app.get('/bench/hello', async () => ({ hello: 'world' }));
 app.get('/bench/contacts', async (req) => {
   const { org, limit } = query.parse(req.query);
-  const rows = await listContacts(handle.db, org, { afterId: 0, limit });
+  const rows = await listContacts(handle.db, org, { afterId: 0, limit: limit + 1 });
   return { data: rows.slice(0, limit).map(contactOut), next_cursor: null };
 });
 

@@ -7,7 +7,7 @@ import type { DB } from '../db/connect.js';
 import type { Contact } from '../db/schema.js';
 import { NotFoundError } from '../errors.js';
 import { actorOf, authOf, pathId } from './auth.js';
-import { decodeCursor, listQuery, page } from './pagination.js';
+import { decodeCursor, listPage, listQuery } from './pagination.js';
 import { errorResponses, idParams, listOf, orgParams } from './schemas.js';
 
 /** PostgreSQL text cannot hold NUL: refuse it here (400) rather than fail in the database. */
@@ -58,13 +58,78 @@ export function contactOut(c: Contact): z.infer<typeof contactSchema> {
   };
 }
 
-export async function listContacts(db: DB, organizationId: number, options: { afterId: number; limit: number; q?: string | undefined }) {
-  let query = db.selectFrom('contacts').selectAll().where('organization_id', '=', organizationId).where('id', '>', options.afterId);
-  if (options.q) {
-    const pattern = `%${options.q.replace(/[\\%_]/g, (c) => `\\${c}`)}%`;
-    query = query.where((eb) => eb.or([eb('name', 'ilike', pattern), eb('email', 'ilike', pattern), eb('company', 'ilike', pattern)]));
-  }
-  return query.orderBy('id').limit(options.limit + 1).execute();
+/**
+ * Contact search: a case-insensitive substring of name, email or company, in id order, a page at
+ * a time. Whatever the term and however large the organization, a page costs a bounded amount of
+ * work (issue 13): a plain `ILIKE` filter on the id-ordered scan is cheap for a common term but
+ * walks the whole organization for a rare or absent one, and the trigram index finds rare terms
+ * at once but must sort every match of a common one. The planner picks between the two from
+ * statistics of the whole table, which say nothing about one organization (a term common in
+ * others and absent here walked a million rows for 2 s), so the choice is made here, in steps:
+ *
+ * 1. Walk the next SEARCH_WALK rows in id order (one index range) and filter them: a common term
+ *    fills its page here.
+ * 2. Otherwise ask the trigram index (only bitmap scans allowed: no walk of the organization)
+ *    for up to SEARCH_PROBE matches beyond the walk, unordered. Fewer than that: they are all
+ *    the matches there are, and the page is the smallest of them.
+ * 3. Otherwise the page ends at or before the `need`-th smallest id the probe saw; read just
+ *    that id range, ordered, through whichever index the range makes cheaper.
+ *
+ * Terms must hold a trigram (searchable() below): one that has none ("ab", "--") cannot use the
+ * index and would read it whole.
+ */
+const SEARCH_WALK = 300;
+const SEARCH_PROBE = 1000;
+
+/** Whether pg_trgm extracts at least one trigram from `%term%` (see its generate_wildcard_trgm). */
+export function searchable(term: string): boolean {
+  const words = [...term.matchAll(/[\p{L}\p{N}]+/gu)];
+  return words.some((word) => {
+    // Padded with two blanks before and one after, except where the wildcard touches the word.
+    const before = word.index > 0 ? 2 : 0;
+    const after = word.index + word[0].length < term.length ? 1 : 0;
+    return [...word[0]].length + before + after >= 3;
+  });
+}
+
+/** Up to `limit` contacts after `afterId` in id order, those matching `q` if given (the API asks for a page plus one). */
+export async function listContacts(db: DB, organizationId: number, options: { afterId: number; limit: number; q?: string | undefined }): Promise<Contact[]> {
+  if (options.q) return searchContacts(db, organizationId, options.afterId, options.limit, options.q);
+  return db.selectFrom('contacts').selectAll().where('organization_id', '=', organizationId).where('id', '>', options.afterId).orderBy('id').limit(options.limit).execute();
+}
+
+async function searchContacts(db: DB, organizationId: number, afterId: number, limit: number, term: string): Promise<Contact[]> {
+  const pattern = `%${term.replace(/[\\%_]/g, (c) => `\\${c}`)}%`;
+  const matches = sql<boolean>`(name ilike ${pattern} or email ilike ${pattern} or company ilike ${pattern})`;
+
+  // 1. The walk, and where it ended.
+  const walk = await db
+    .with('walk', (qb) => qb.selectFrom('contacts').selectAll().where('organization_id', '=', organizationId).where('id', '>', afterId).orderBy('id').limit(SEARCH_WALK))
+    .with('edge', (qb) => qb.selectFrom('walk').select((eb) => [eb.fn.countAll<number>().as('walked'), eb.fn.max('id').as('last_id')]))
+    .selectFrom('edge')
+    .leftJoinLateral((eb) => eb.selectFrom('walk').selectAll().where(matches).orderBy('id').limit(limit).as('found'), (join) => join.onTrue())
+    .select(['edge.walked', 'edge.last_id'])
+    .selectAll('found')
+    .execute();
+  const { walked, last_id: lastId } = walk[0]!;
+  const found = walk.filter((row): row is typeof row & Contact => row.id !== null).map(({ walked: _w, last_id: _l, ...contact }) => contact as Contact);
+  if (found.length === limit || walked < SEARCH_WALK || lastId === null) return found;
+
+  const need = limit - found.length;
+  const rest = await db.transaction().execute(async (trx) => {
+    // Bitmap scans only: the trigram index, or an id range of the organization's index.
+    await sql`select set_config('enable_seqscan', 'off', true), set_config('enable_indexscan', 'off', true)`.execute(trx);
+    const beyond = trx.selectFrom('contacts').selectAll().where('organization_id', '=', organizationId).where('id', '>', lastId).where(matches);
+    // 2. The probe.
+    const probe = (await beyond.clearSelect().select('id').limit(SEARCH_PROBE).execute()).map((r) => r.id).sort((a, b) => a - b);
+    if (probe.length === 0) return [];
+    if (probe.length < SEARCH_PROBE) {
+      return trx.selectFrom('contacts').selectAll().where('organization_id', '=', organizationId).where('id', 'in', probe.slice(0, need)).orderBy('id').execute();
+    }
+    // 3. No further than the need-th id the probe saw.
+    return beyond.where('id', '<=', probe[need - 1]!).orderBy('id').limit(need).execute();
+  });
+  return [...found, ...rest];
 }
 
 export async function getContact(db: DB, organizationId: number, id: number): Promise<Contact> {
@@ -83,15 +148,17 @@ export const contactRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { db
         tags: ['contacts'],
         summary: 'List contacts',
         params: orgParams,
-        querystring: z.object({ ...listQuery, q: text(200).optional().describe('matches name, email or company, case-insensitively') }),
+        querystring: z.object({ ...listQuery, q: text(200)
+            .refine(searchable, 'too short to search: use at least 3 letters or digits in a row')
+            .optional()
+            .describe('a case-insensitive substring of the name, email or company; at least 3 letters or digits in a row (or two words, as in "Li Na"); served by a trigram index') }),
         response: { 200: listOf(contactSchema), ...errorResponses },
       },
     },
     async (req) => {
       const { organizationId } = authOf(req);
-      const rows = await listContacts(db, organizationId, { afterId: decodeCursor(req.query.cursor), limit: req.query.limit, q: req.query.q });
-      const result = page(rows, req.query.limit, (c) => c.id);
-      return { data: result.rows.map(contactOut), next_cursor: result.next_cursor };
+      const afterId = decodeCursor(req.query.cursor);
+      return listPage(req.query.limit, (limit) => listContacts(db, organizationId, { afterId, limit, q: req.query.q }), (c) => c.id, contactOut);
     },
   );
 

@@ -72,6 +72,22 @@ function statusChange(status: 'open' | 'done' | undefined) {
   return {};
 }
 
+/**
+ * Up to `limit` tasks after `afterId` in id order, filtered by status and contact if given. Each
+ * filter has an index that ends with id ((organization_id, status, id), (organization_id,
+ * contact_id, id)), so a page is read in order however many tasks the organization has.
+ */
+export async function listTasks(
+  db: DB,
+  organizationId: number,
+  options: { afterId: number; limit: number; status?: Task['status'] | undefined; contactId?: number | undefined },
+): Promise<Task[]> {
+  let query = db.selectFrom('tasks').selectAll().where('organization_id', '=', organizationId).where('id', '>', options.afterId);
+  if (options.status) query = query.where('status', '=', options.status);
+  if (options.contactId) query = query.where('contact_id', '=', options.contactId);
+  return query.orderBy('id').limit(options.limit).execute();
+}
+
 export const taskRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { db }) => {
   app.get(
     '/tasks',
@@ -91,14 +107,8 @@ export const taskRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { db })
     },
     async (req) => {
       const { organizationId } = authOf(req);
-      let query = db
-        .selectFrom('tasks')
-        .selectAll()
-        .where('organization_id', '=', organizationId)
-        .where('id', '>', decodeCursor(req.query.cursor));
-      if (req.query.status) query = query.where('status', '=', req.query.status);
-      if (req.query.contact_id) query = query.where('contact_id', '=', req.query.contact_id);
-      return listPage(req.query.limit, (limit) => query.orderBy('id').limit(limit).execute(), (t) => t.id, taskOut);
+      const filter = { afterId: decodeCursor(req.query.cursor), status: req.query.status, contactId: req.query.contact_id };
+      return listPage(req.query.limit, (limit) => listTasks(db, organizationId, { ...filter, limit }), (t) => t.id, taskOut);
     },
   );
 

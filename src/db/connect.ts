@@ -5,6 +5,8 @@
  */
 import { mkdirSync } from 'node:fs';
 import { PGlite } from '@electric-sql/pglite';
+import { btree_gin } from '@electric-sql/pglite/contrib/btree_gin';
+import { pg_trgm } from '@electric-sql/pglite/contrib/pg_trgm';
 import { Kysely, PostgresDialect, type PostgresPool, type PostgresPoolClient, sql, Transaction } from 'kysely';
 import { PGliteDialect } from 'kysely-pglite-dialect';
 import pg from 'pg';
@@ -205,6 +207,8 @@ async function connectPglite(dataDir: string | null): Promise<DatabaseHandle> {
   try {
     const client = await PGlite.create(dataDir ?? 'memory://', {
       parsers: { [INT8_OID]: parseInt8, [DATE_OID]: keepDate, [TIMESTAMPTZ_OID]: parseTimestamptz },
+      // Contact search's trigram index (migration 0007); PostgreSQL ships them as contrib.
+      extensions: { pg_trgm, btree_gin },
     });
     const db = new Kysely<Database>({ dialect: new PGliteDialect(client) });
     let closed: Promise<void> | undefined;

@@ -196,7 +196,9 @@ describe(`contacts on ${BACKEND}`, () => {
     }
     const found = (await api('GET', `${A()}/contacts?q=zEd&limit=100`)).json();
     expect(found.data.map((c: { name: string }) => c.name).sort()).toEqual(['Other', 'Third', 'Zed Search']);
-    expect((await api('GET', `${A()}/contacts?q=${encodeURIComponent('%')}&limit=100`)).json().data.map((c: { name: string }) => c.name)).toEqual(['100% real']);
+    expect((await api('GET', `${A()}/contacts?q=${encodeURIComponent('100%')}&limit=100`)).json().data.map((c: { name: string }) => c.name)).toEqual(['100% real']);
+    expect((await api('GET', `${A()}/contacts?q=${encodeURIComponent('0% r')}&limit=100`)).json().data.map((c: { name: string }) => c.name)).toEqual(['100% real']);
+    expect((await api('GET', `${A()}/contacts?q=${encodeURIComponent('0_ r')}&limit=100`)).json().data).toEqual([]);
   });
 
   it('paginate with an opaque cursor: every page walked while rows are inserted, no duplicates, nothing skipped', async () => {

@@ -9,6 +9,8 @@
 import { CompiledQuery, sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { listMembers } from '../../src/accounts/organizations.js';
+import { listContacts } from '../../src/api/contacts.js';
+import { listTasks } from '../../src/api/tasks.js';
 import { listAuditEvents } from '../../src/audit/events.js';
 import type { DB } from '../../src/db/connect.js';
 import { listApplications } from '../../src/oauth/applications.js';
@@ -90,6 +92,22 @@ describe(`the management lists' plans on ${BACKEND}`, () => {
   it('members: in user id order off the memberships primary key, without a sort', async () => {
     const plan = await planOf((db) => listMembers(db, 1, { afterUserId: 500_000, limit: 26 }));
     expect(shape(plan, 'memberships'), JSON.stringify(plan)).toEqual({ index: 'memberships_pkey', sorts: false });
+  });
+
+  it('contacts: in id order off (organization_id, id), without a sort', async () => {
+    const plan = await planOf((db) => listContacts(db, 1, { afterId: 500_000, limit: 26 }));
+    expect(shape(plan, 'contacts'), JSON.stringify(plan)).toEqual({ index: 'contacts_organization_id_id_key', sorts: false });
+  });
+
+  it('tasks: in id order, filtered by status or by contact off an index of that filter ending with id, without a sort', async () => {
+    for (const [filter, index] of [
+      [{}, 'tasks_organization_id_id_idx'],
+      [{ status: 'done' }, 'tasks_organization_id_status_id_idx'],
+      [{ contactId: 42 }, 'tasks_organization_id_contact_id_id_idx'],
+    ] as const) {
+      const plan = await planOf((db) => listTasks(db, 1, { afterId: 500_000, limit: 26, ...filter }));
+      expect(shape(plan, 'tasks'), JSON.stringify(plan)).toEqual({ index, sorts: false });
+    }
   });
 
   it('applications: in id order off (organization_id, id), without a sort', async () => {

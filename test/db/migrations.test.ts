@@ -60,6 +60,7 @@ const MIGRATIONS = [
   '20261122_0004_token_tables_write_path',
   '20261122_0005_refresh_token_expiry_index',
   '20261123_0006_management_api',
+  '20261123_0007_search_and_list_indexes',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {
