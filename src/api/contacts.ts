@@ -3,7 +3,7 @@ import { sql } from 'kysely';
 import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { recordAuditEvent } from '../audit/events.js';
-import type { DB } from '../db/connect.js';
+import { type DB, prepared } from '../db/connect.js';
 import type { Contact } from '../db/schema.js';
 import { NotFoundError } from '../errors.js';
 import { actorOf, authOf, pathId } from './auth.js';
@@ -70,15 +70,19 @@ export function contactOut(c: Contact): z.infer<typeof contactSchema> {
  * 1. Walk the next SEARCH_WALK rows in id order (one index range) and filter them: a common term
  *    fills its page here.
  * 2. Otherwise ask the trigram index (only bitmap scans allowed: no walk of the organization)
- *    for up to SEARCH_PROBE matches beyond the walk, unordered. Fewer than that: they are all
- *    the matches there are, and the page is the smallest of them.
+ *    for up to 1,000 matches beyond the walk, unordered. Fewer than that: they are all the
+ *    matches there are, and the page is the smallest of them.
  * 3. Otherwise the page ends at or before the `need`-th smallest id the probe saw; read just
  *    that id range, ordered, through whichever index the range makes cheaper.
+ *
+ * The probe is the function contacts_search_probe (migration 0009), whose SET clauses allow only
+ * bitmap scans: an absent term costs the walk and one more statement.
  *
  * Terms must hold a trigram (searchable() below): one that has none ("ab", "--") cannot use the
  * index and would read it whole.
  */
 const SEARCH_WALK = 300;
+/** As many ids as contacts_search_probe returns at most. */
 const SEARCH_PROBE = 1000;
 
 /** Whether pg_trgm extracts at least one trigram from `%term%` (see its generate_wildcard_trgm). */
@@ -98,36 +102,38 @@ export async function listContacts(db: DB, organizationId: number, options: { af
   return db.selectFrom('contacts').selectAll().where('organization_id', '=', organizationId).where('id', '>', options.afterId).orderBy('id').limit(options.limit).execute();
 }
 
+type Walked = Contact & { walked: number; last_id: number | null };
+
 async function searchContacts(db: DB, organizationId: number, afterId: number, limit: number, term: string): Promise<Contact[]> {
   const pattern = `%${term.replace(/[\\%_]/g, (c) => `\\${c}`)}%`;
-  const matches = sql<boolean>`(name ilike ${pattern} or email ilike ${pattern} or company ilike ${pattern})`;
-
-  // 1. The walk, and where it ended.
-  const walk = await db
-    .with('walk', (qb) => qb.selectFrom('contacts').selectAll().where('organization_id', '=', organizationId).where('id', '>', afterId).orderBy('id').limit(SEARCH_WALK))
-    .with('edge', (qb) => qb.selectFrom('walk').select((eb) => [eb.fn.countAll<number>().as('walked'), eb.fn.max('id').as('last_id')]))
-    .selectFrom('edge')
-    .leftJoinLateral((eb) => eb.selectFrom('walk').selectAll().where(matches).orderBy('id').limit(limit).as('found'), (join) => join.onTrue())
-    .select(['edge.walked', 'edge.last_id'])
-    .selectAll('found')
-    .execute();
-  const { walked, last_id: lastId } = walk[0]!;
-  const found = walk.filter((row): row is typeof row & Contact => row.id !== null).map(({ walked: _w, last_id: _l, ...contact }) => contact as Contact);
+  // 1. The walk, and where it ended (a contact's columns are null when none of the walked rows matched).
+  const { rows } = await sql<Walked>`${prepared('contacts_search_walk')}with walk as (
+      select * from contacts where organization_id = ${organizationId} and id > ${afterId} order by id limit ${SEARCH_WALK})
+    select found.*, edge.walked, edge.last_id from (select count(*) as walked, max(id) as last_id from walk) edge
+    left join lateral (
+      select * from walk where name ilike ${pattern} or email ilike ${pattern} or company ilike ${pattern} order by id limit ${limit}
+    ) found on true`.execute(db);
+  const { walked, last_id: lastId } = rows[0]!;
+  const found: Contact[] = rows.filter((row) => row.id !== null).map(({ walked: _w, last_id: _l, ...contact }) => contact);
   if (found.length === limit || walked < SEARCH_WALK || lastId === null) return found;
-
+  // 2. The probe, under bitmap scans only (the function's SET clauses, migration 0009).
   const need = limit - found.length;
+  const { rows: probed } = await sql<{ ids: (number | string)[] }>`select contacts_search_probe(${organizationId}, ${lastId}, ${pattern}) as ids`.execute(db);
+  const ids = probed[0]!.ids.map(Number).sort((a, b) => a - b);
+  if (ids.length === 0) return found;
+  const inOrganization = (qb: DB) => qb.selectFrom('contacts').selectAll().where('organization_id', '=', organizationId);
+  if (ids.length < SEARCH_PROBE) return [...found, ...(await inOrganization(db).where('id', 'in', ids.slice(0, need)).orderBy('id').execute())];
+  // 3. The id range up to the need-th of them, planned with its bounds known, under bitmap scans
+  // only: the trigram index, or the range of the organization's index, whichever the range makes cheaper.
   const rest = await db.transaction().execute(async (trx) => {
-    // Bitmap scans only: the trigram index, or an id range of the organization's index.
     await sql`select set_config('enable_seqscan', 'off', true), set_config('enable_indexscan', 'off', true)`.execute(trx);
-    const beyond = trx.selectFrom('contacts').selectAll().where('organization_id', '=', organizationId).where('id', '>', lastId).where(matches);
-    // 2. The probe.
-    const probe = (await beyond.clearSelect().select('id').limit(SEARCH_PROBE).execute()).map((r) => r.id).sort((a, b) => a - b);
-    if (probe.length === 0) return [];
-    if (probe.length < SEARCH_PROBE) {
-      return trx.selectFrom('contacts').selectAll().where('organization_id', '=', organizationId).where('id', 'in', probe.slice(0, need)).orderBy('id').execute();
-    }
-    // 3. No further than the need-th id the probe saw.
-    return beyond.where('id', '<=', probe[need - 1]!).orderBy('id').limit(need).execute();
+    return inOrganization(trx)
+      .where('id', '>', lastId)
+      .where('id', '<=', ids[need - 1]!)
+      .where(sql<boolean>`(name ilike ${pattern} or email ilike ${pattern} or company ilike ${pattern})`)
+      .orderBy('id')
+      .limit(need)
+      .execute();
   });
   return [...found, ...rest];
 }
