@@ -17,8 +17,23 @@ export type SigningAlg = (typeof SIGNING_ALGS)[number];
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 
+export const DATABASE_POOLERS = ['none', 'transaction'] as const;
+
 export type DatabaseTarget =
-  | { kind: 'postgres'; url: string }
+  | {
+      kind: 'postgres';
+      url: string;
+      /**
+       * DATABASE_LISTEN_URL: where the LISTEN connections go, each a session of its own (not
+       * through a transaction pooler). Absent: `url`; always present with `pooler`.
+       */
+      listenUrl?: string;
+      /**
+       * DATABASE_POOLER 'transaction': `url` is a transaction-pooling PgBouncer, which shares each
+       * PostgreSQL session between clients transaction by transaction (src/db/pooler.ts).
+       */
+      pooler?: 'transaction';
+    }
   /** dataDir null: an in-memory database (tests only). */
   | { kind: 'pglite'; dataDir: string | null };
 
@@ -87,6 +102,12 @@ const envSchema = z
     }),
   ),
   DATABASE_POOL_MAX: optional(wholeNumber(1, 1000, 'must be a whole number between 1 and 1000')),
+  DATABASE_LISTEN_URL: optional(
+    z.string().refine((v) => /^postgres(ql)?:\/\//.test(v) && URL.canParse(v), {
+      message: 'must be a postgres:// or postgresql:// connection URL',
+    }),
+  ),
+  DATABASE_POOLER: optional(z.enum(DATABASE_POOLERS, { error: `must be one of ${DATABASE_POOLERS.join(', ')}` })),
   DATA_DIR: optional(z.string()),
   HOST: optional(z.string().refine((v) => isIP(v) !== 0 || /^[a-zA-Z0-9.-]+$/.test(v), 'must be an IP address or host name')),
   PORT: optional(wholeNumber(0, 65535, 'must be a port number between 0 and 65535')),
@@ -120,6 +141,18 @@ const envSchema = z
         code: 'custom',
         path: ['SECRET_KEY'],
         message: `required when DATABASE_URL is set (at least ${SECRET_KEY_MIN_LENGTH} characters, e.g. from \`openssl rand -base64 48\`)`,
+      });
+    }
+    // Both say how DATABASE_URL reaches PostgreSQL: without it they would be silently ignored.
+    if (env.DATABASE_URL === undefined) {
+      if (env.DATABASE_LISTEN_URL !== undefined) ctx.addIssue({ code: 'custom', path: ['DATABASE_LISTEN_URL'], message: 'only with DATABASE_URL' });
+      if (env.DATABASE_POOLER === 'transaction') ctx.addIssue({ code: 'custom', path: ['DATABASE_POOLER'], message: 'transaction only with DATABASE_URL' });
+    } else if (env.DATABASE_POOLER === 'transaction' && env.DATABASE_LISTEN_URL === undefined) {
+      // LISTEN through a transaction pooler succeeds and then hears nothing (src/db/pooler.ts).
+      ctx.addIssue({
+        code: 'custom',
+        path: ['DATABASE_LISTEN_URL'],
+        message: 'required with DATABASE_POOLER=transaction: LISTEN needs a session of its own (PostgreSQL directly, or a PgBouncer database in session mode)',
       });
     }
   });
@@ -173,7 +206,12 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
   const dataDir = path.resolve(e.DATA_DIR ?? './data');
   return Object.freeze({
     database: e.DATABASE_URL
-      ? { kind: 'postgres', url: e.DATABASE_URL }
+      ? {
+          kind: 'postgres',
+          url: e.DATABASE_URL,
+          ...(e.DATABASE_LISTEN_URL !== undefined ? { listenUrl: e.DATABASE_LISTEN_URL } : {}),
+          ...(e.DATABASE_POOLER === 'transaction' ? { pooler: 'transaction' as const } : {}),
+        }
       : { kind: 'pglite', dataDir: path.join(dataDir, 'pgdata') },
     databasePoolMax: e.DATABASE_POOL_MAX ?? 10,
     dataDir,

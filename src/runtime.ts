@@ -2,9 +2,10 @@
 import v8 from 'node:v8';
 import type { Logger } from 'pino';
 import { ConfigError, type Config } from './config.js';
-import { connectDatabase, type DatabaseHandle, REQUEST_QUERY_TIMEOUT_MS } from './db/connect.js';
+import { connectDatabase, type DatabaseHandle, ListenUnavailableError, REQUEST_QUERY_TIMEOUT_MS } from './db/connect.js';
 import { isDatabaseUnavailable } from './db/errors.js';
 import { migrateToLatest } from './db/migrate.js';
+import { statementTimeoutProblem } from './db/pooler.js';
 import { AppError } from './errors.js';
 
 /** V8 lets old space grow up to four times the live heap only with a heap limit this large. */
@@ -31,19 +32,30 @@ export function limitHeapGrowth(): boolean {
 /**
  * Connects and applies pending migrations; returns the handle and the migrations applied. On
  * PostgreSQL the handle answers requests, so each query gets REQUEST_QUERY_TIMEOUT_MS (R-3);
- * migrations, which may take longer, run before it on a connection of their own.
+ * migrations, which may take longer, run before it on a connection of their own. Behind a
+ * transaction pooler that timeout is the role's setting, which is checked (src/db/pooler.ts).
  */
 export async function openDatabase(config: Config, logger?: Logger): Promise<{ handle: DatabaseHandle; applied: string[] }> {
   const options = { poolMax: config.databasePoolMax, ...(logger ? { logger } : {}) };
   if (config.database.kind === 'postgres') {
-    const migrator = await connectDatabase(config.database, { ...options, poolMax: 1 });
+    const migrator = await connectDatabase(config.database, { ...options, poolMax: 1, forMigrations: true });
     let applied: string[];
     try {
       applied = await migrateToLatest(migrator.db);
     } finally {
       await migrator.close();
     }
-    return { handle: await connectDatabase(config.database, { ...options, queryTimeoutMs: REQUEST_QUERY_TIMEOUT_MS }), applied };
+    const handle = await connectDatabase(config.database, { ...options, queryTimeoutMs: REQUEST_QUERY_TIMEOUT_MS });
+    if (config.database.pooler === 'transaction') {
+      try {
+        const problem = await statementTimeoutProblem(handle.db);
+        if (problem !== undefined) logger?.warn(problem);
+      } catch (err) {
+        await handle.close().catch(() => {});
+        throw err;
+      }
+    }
+    return { handle, applied };
   }
   const handle = await connectDatabase(config.database, options);
   try {
@@ -61,6 +73,7 @@ export async function openDatabase(config: Config, logger?: Logger): Promise<{ h
 export function describeStartupError(err: unknown): string[] {
   if (err instanceof ConfigError) return err.problems;
   if (err instanceof AppError) return [err.description];
+  if (err instanceof ListenUnavailableError) return [`DATABASE_LISTEN_URL: ${err.message.split('\n')[0]}`];
   if (isDatabaseUnavailable(err)) {
     const reason = err instanceof Error ? (err.message || ('code' in err ? String(err.code) : 'unknown error')) : String(err);
     return [`DATABASE_URL: cannot reach the database (${reason.split('\n')[0]})`];

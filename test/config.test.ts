@@ -46,6 +46,8 @@ describe('parseConfig', () => {
     const config = parseConfig({
       DATABASE_URL: 'postgres://u:p@db:5432/orgauth',
       DATABASE_POOL_MAX: '25',
+      DATABASE_LISTEN_URL: 'postgres://u:p@db-primary:5432/orgauth',
+      DATABASE_POOLER: 'transaction',
       DATA_DIR: '/var/lib/orgauth',
       HOST: '0.0.0.0',
       PORT: '8080',
@@ -63,7 +65,7 @@ describe('parseConfig', () => {
       CLEANUP_INTERVAL: '0',
     });
     expect(config).toMatchObject({
-      database: { kind: 'postgres', url: 'postgres://u:p@db:5432/orgauth' },
+      database: { kind: 'postgres', url: 'postgres://u:p@db:5432/orgauth', listenUrl: 'postgres://u:p@db-primary:5432/orgauth', pooler: 'transaction' },
       databasePoolMax: 25,
       dataDir: '/var/lib/orgauth',
       host: '0.0.0.0',
@@ -99,6 +101,21 @@ describe('parseConfig', () => {
     ]);
   });
 
+  it('reaches PostgreSQL directly by default: no pooler, LISTEN on DATABASE_URL', () => {
+    expect(parseConfig({ DATABASE_URL: 'postgres://localhost/x', SECRET_KEY: SECRET }).database).toEqual({ kind: 'postgres', url: 'postgres://localhost/x' });
+    expect(parseConfig({ DATABASE_URL: 'postgres://localhost/x', DATABASE_POOLER: 'none', SECRET_KEY: SECRET }).database).toEqual({ kind: 'postgres', url: 'postgres://localhost/x' });
+  });
+
+  it('DATABASE_POOLER=transaction requires DATABASE_URL and DATABASE_LISTEN_URL', () => {
+    expect(problems({ DATABASE_URL: 'postgres://pgbouncer/x', DATABASE_POOLER: 'transaction', SECRET_KEY: SECRET })).toEqual([
+      expect.stringMatching(/^DATABASE_LISTEN_URL: required with DATABASE_POOLER=transaction: LISTEN needs a session of its own/),
+    ]);
+    expect(problems({ DATABASE_POOLER: 'transaction', DATABASE_LISTEN_URL: 'postgres://db/x' })).toEqual([
+      'DATABASE_LISTEN_URL: only with DATABASE_URL',
+      'DATABASE_POOLER: transaction only with DATABASE_URL',
+    ]);
+  });
+
   it('refuses a SECRET_KEY shorter than 32 characters without echoing it', () => {
     const lines = problems({ DATABASE_URL: 'postgres://localhost/x', SECRET_KEY: 'short-secret' });
     expect(lines).toEqual(['SECRET_KEY: must be at least 32 characters']);
@@ -108,6 +125,8 @@ describe('parseConfig', () => {
   it.each([
     ['DATABASE_URL', 'mysql://localhost/x', 'DATABASE_URL: must be a postgres:// or postgresql:// connection URL'],
     ['DATABASE_POOL_MAX', '0', 'DATABASE_POOL_MAX: must be a whole number between 1 and 1000'],
+    ['DATABASE_LISTEN_URL', 'mysql://localhost/x', 'DATABASE_LISTEN_URL: must be a postgres:// or postgresql:// connection URL'],
+    ['DATABASE_POOLER', 'session', 'DATABASE_POOLER: must be one of none, transaction'],
     ['PORT', '70000', 'PORT: must be a port number between 0 and 65535'],
     ['PORT', 'http', 'PORT: must be a port number between 0 and 65535'],
     ['HOST', 'not a host', 'HOST: must be an IP address or host name'],

@@ -24,6 +24,7 @@ import { connectDatabase, type DatabaseHandle } from '../src/db/connect.js';
 import { type ApplicationWithSecret, createApplication } from '../src/oauth/applications.js';
 import { createEmptyDatabase, TEST_DATABASE_URL, type TestDatabase } from './helpers/db.js';
 import { basic } from './helpers/oauth.js';
+import { csrfIn, deadlinePoll, describeObserved, formPost, hiddenIn, type Observed, observe, UserAgent } from './helpers/instances.js';
 import { CLI, freePort, ROOT, run, type Running, SERVER, start } from './helpers/process.js';
 import { REDIS_URL, redisAnswers } from './helpers/redis.js';
 
@@ -48,99 +49,10 @@ interface Instance {
   process: Running;
 }
 
-interface Observed {
-  status: number;
-  headers: Headers;
-  body: any;
-}
-
-async function observe(res: Response): Promise<Observed> {
-  const text = await res.text();
-  let body: unknown = text;
-  try {
-    body = JSON.parse(text);
-  } catch {
-    // an HTML page or an empty body
-  }
-  return { status: res.status, headers: res.headers, body };
-}
-
-const describeObserved = (o: Observed | undefined): string =>
-  o === undefined ? 'nothing' : `${o.status} ${(typeof o.body === 'string' ? o.body : JSON.stringify(o.body)).slice(0, 300)}`;
-
-/** Elapsed milliseconds until the change was seen, per assertion, printed at the end. */
-const timings: Record<string, number> = {};
-
-/**
- * Repeats `probe` until `ok` holds; fails unless a probe started within DEADLINE_MS of `since`
- * saw it. Returns the milliseconds from `since` to the end of the successful probe.
- */
-async function honouredWithin(what: string, since: number, probe: () => Promise<Observed>, ok: (o: Observed) => boolean, intervalMs = 50): Promise<number> {
-  let last: Observed | undefined;
-  let attempts = 0;
-  for (;;) {
-    const began = performance.now();
-    if (began - since > DEADLINE_MS) break;
-    last = await probe();
-    attempts++;
-    if (ok(last)) {
-      const elapsed = Math.round(performance.now() - since);
-      timings[what] = elapsed;
-      return elapsed;
-    }
-    await new Promise((r) => setTimeout(r, intervalMs));
-  }
-  throw new Error(`${what}: not honoured within ${DEADLINE_MS} ms (${attempts} probes); last answer: ${describeObserved(last)}`);
-}
-
-function formPost(url: string, fields: Record<string, string>, headers: Record<string, string> = {}): Promise<Response> {
-  return fetch(url, {
-    method: 'POST',
-    headers: { 'content-type': 'application/x-www-form-urlencoded', ...headers },
-    body: new URLSearchParams(fields),
-    redirect: 'manual',
-  });
-}
+const { honouredWithin, timings } = deadlinePoll(DEADLINE_MS);
 
 const jwtHeader = (token: string): { kid?: string; alg?: string; typ?: string } =>
   JSON.parse(Buffer.from(token.split('.')[0] ?? '', 'base64url').toString('utf8'));
-
-/** A browser: one cookie jar for both instances (cookies are per host, not per port), redirects not followed. */
-class UserAgent {
-  private readonly jar = new Map<string, string>();
-
-  async fetch(instance: Instance, pathOrUrl: string, init: RequestInit = {}): Promise<Response> {
-    const headers = new Headers(init.headers);
-    if (this.jar.size > 0) headers.set('cookie', [...this.jar].map(([k, v]) => `${k}=${v}`).join('; '));
-    const res = await fetch(new URL(pathOrUrl, instance.url), { ...init, headers, redirect: 'manual' });
-    for (const cookie of res.headers.getSetCookie()) {
-      const [pair = ''] = cookie.split(';');
-      const eq = pair.indexOf('=');
-      const name = pair.slice(0, eq);
-      const value = pair.slice(eq + 1);
-      if (value === '' || /max-age=0/i.test(cookie)) this.jar.delete(name);
-      else this.jar.set(name, value);
-    }
-    return res;
-  }
-
-  postForm(instance: Instance, pathOrUrl: string, fields: Record<string, string>): Promise<Response> {
-    return this.fetch(instance, pathOrUrl, {
-      method: 'POST',
-      headers: { 'content-type': 'application/x-www-form-urlencoded' },
-      body: new URLSearchParams(fields),
-    });
-  }
-}
-
-const csrfIn = (html: string): string => {
-  const token = /name="csrf_token" value="([^"]+)"/.exec(html)?.[1];
-  if (!token) throw new Error(`no csrf_token in page: ${html.slice(0, 300)}`);
-  return token;
-};
-const decodeHtml = (s: string) => s.replace(/&#39;/g, "'").replace(/&quot;/g, '"').replace(/&lt;/g, '<').replace(/&gt;/g, '>').replace(/&amp;/g, '&');
-const hiddenIn = (html: string) =>
-  Object.fromEntries([...html.matchAll(/<input type="hidden" name="([^"]+)" value="([^"]*)"/g)].map((m) => [m[1]!, decodeHtml(m[2]!)]));
 
 describe.skipIf(!TEST_DATABASE_URL)('two server processes on one PostgreSQL database (R-6)', () => {
   let database: TestDatabase;

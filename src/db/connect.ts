@@ -13,6 +13,7 @@ import pg from 'pg';
 import type { Logger } from 'pino';
 import type { DatabaseTarget } from '../config.js';
 import { acquireLock } from './lock.js';
+import { MigrationDialect } from './migration-lock.js';
 import type { Database } from './schema.js';
 import type { PoolStats } from '../metrics.js';
 import { DATE_OID, INT8_OID, keepDate, parseInt8, parseTimestamptz, TIMESTAMPTZ_OID } from './types.js';
@@ -44,9 +45,15 @@ export interface ConnectOptions {
    * connection is discarded; the server itself cancels the statement a little earlier
    * (statement_timeout), so a statement the client gave up on does not commit behind its back.
    * Unset: 30 s on the client side only (migrations may build an index for long); the server's
-   * request pool uses REQUEST_QUERY_TIMEOUT_MS.
+   * request pool uses REQUEST_QUERY_TIMEOUT_MS. Behind a transaction pooler the server-side
+   * timeout comes from the role's settings instead (src/db/pooler.ts).
    */
   queryTimeoutMs?: number;
+  /**
+   * PostgreSQL: this connection only runs migrations (runtime.ts); each of its transactions holds
+   * the migration lock and runs without statement_timeout (src/db/migration-lock.ts).
+   */
+  forMigrations?: boolean;
 }
 
 /**
@@ -59,19 +66,24 @@ export interface ConnectOptions {
 export const CONNECT_TIMEOUT_MS = 1500;
 export const REQUEST_QUERY_TIMEOUT_MS = 1500;
 /** How much earlier than the client's deadline the server cancels a statement (a live but slow or blocked database). */
-const STATEMENT_TIMEOUT_MARGIN_MS = 250;
+export const STATEMENT_TIMEOUT_MARGIN_MS = 250;
 
 export async function connectDatabase(target: DatabaseTarget, options: ConnectOptions = {}): Promise<DatabaseHandle> {
-  return target.kind === 'postgres' ? connectPostgres(target.url, options) : connectPglite(target.dataDir);
+  return target.kind === 'postgres' ? connectPostgres(target, options) : connectPglite(target.dataDir);
 }
 
-function connectPostgres(url: string, { poolMax = 10, logger, queryTimeoutMs }: ConnectOptions): DatabaseHandle {
+function connectPostgres(
+  target: Extract<DatabaseTarget, { kind: 'postgres' }>,
+  { poolMax = 10, logger, queryTimeoutMs, forMigrations = false }: ConnectOptions,
+): DatabaseHandle {
+  // Behind a transaction pooler no session state may outlive a transaction (src/db/pooler.ts).
+  const sessions = target.pooler !== 'transaction';
   const typeOverrides = new pg.TypeOverrides();
   typeOverrides.setTypeParser(INT8_OID, parseInt8);
   typeOverrides.setTypeParser(DATE_OID, keepDate);
   typeOverrides.setTypeParser(TIMESTAMPTZ_OID, parseTimestamptz);
   const pool = new pg.Pool({
-    connectionString: url,
+    connectionString: target.url,
     max: poolMax,
     types: typeOverrides,
     application_name: 'orgauth',
@@ -82,7 +94,8 @@ function connectPostgres(url: string, { poolMax = 10, logger, queryTimeoutMs }: 
     // keepalive, and no query holds a pool client for longer than query_timeout.
     keepAlive: true,
     query_timeout: queryTimeoutMs ?? 30_000,
-    ...(queryTimeoutMs !== undefined ? { statement_timeout: Math.max(1, queryTimeoutMs - STATEMENT_TIMEOUT_MARGIN_MS) } : {}),
+    // A startup parameter, which PgBouncer refuses: there the role's own setting applies.
+    ...(queryTimeoutMs !== undefined && sessions ? { statement_timeout: Math.max(1, queryTimeoutMs - STATEMENT_TIMEOUT_MARGIN_MS) } : {}),
   });
   // An idle client losing its connection (database restart) must not crash the process.
   pool.on('error', (err) => logger?.error({ err }, 'idle PostgreSQL connection failed'));
@@ -93,11 +106,17 @@ function connectPostgres(url: string, { poolMax = 10, logger, queryTimeoutMs }: 
   pool.on('connect', (client) => {
     client.on('error', () => {});
   });
-  const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool: discardingTimedOutClients(pool) }) });
+  const dialectConfig = { pool: discardingTimedOutClients(pool, { namedStatements: sessions }) };
+  const db = new Kysely<Database>({ dialect: forMigrations ? new MigrationDialect(dialectConfig) : new PostgresDialect(dialectConfig) });
+  // LISTEN needs a session that stays this client's: DATABASE_LISTEN_URL, which config.ts
+  // requires behind a transaction pooler.
+  const listenUrl = target.listenUrl ?? target.url;
   const listeners = new Set<() => Promise<void>>();
   let closed: Promise<void> | undefined;
   const listen: Listen = async (channel, onMessage, onReconnect) => {
-    const stop = await listenPostgres(url, channel, onMessage, onReconnect, logger);
+    const stop = await listenPostgres(listenUrl, channel, onMessage, onReconnect, logger).catch((err: unknown) => {
+      throw target.listenUrl !== undefined ? new ListenUnavailableError(err) : err;
+    });
     listeners.add(stop);
     return async () => {
       listeners.delete(stop);
@@ -113,6 +132,14 @@ function connectPostgres(url: string, { poolMax = 10, logger, queryTimeoutMs }: 
   };
 }
 
+/** The first LISTEN connection to DATABASE_LISTEN_URL failed (at start: runtime.ts names the variable). */
+export class ListenUnavailableError extends Error {
+  constructor(cause: unknown) {
+    super(`cannot open the LISTEN connection (${cause instanceof Error ? cause.message || ('code' in cause ? String(cause.code) : 'unknown error') : String(cause)})`, { cause });
+    this.name = 'ListenUnavailableError';
+  }
+}
+
 const isQueryTimeout = (err: unknown): err is Error => err instanceof Error && err.message === 'Query read timeout';
 
 /**
@@ -126,12 +153,13 @@ const isQueryTimeout = (err: unknown): err is Error => err instanceof Error && e
  * sends Bind/Execute only, and PostgreSQL reuses the plan instead of planning a statement of
  * several CTEs on every call (measured: planning took longer than executing the refresh
  * statement; 1.35x the throughput of the statement alone). Put it first in the SQL text; only
- * fixed texts may carry it (a name must always mean the same text). A comment elsewhere (PGlite).
+ * fixed texts may carry it (a name must always mean the same text). A comment elsewhere (PGlite,
+ * and behind a transaction pooler, where the statement is sent unnamed: src/db/pooler.ts).
  */
 export const prepared = (name: string) => sql.raw(`/* prepared: ${name} */ `);
 const PREPARED = /^\/\* prepared: ([a-z_]+) \*\/ /;
 
-function discardingTimedOutClients(pool: pg.Pool): PostgresPool {
+function discardingTimedOutClients(pool: pg.Pool, { namedStatements }: { namedStatements: boolean }): PostgresPool {
   return {
     async connect() {
       const client = await pool.connect();
@@ -139,7 +167,7 @@ function discardingTimedOutClients(pool: pg.Pool): PostgresPool {
       const query = async (text: string, parameters: ReadonlyArray<unknown>) => {
         if (broken) throw broken;
         try {
-          const name = PREPARED.exec(text)?.[1];
+          const name = namedStatements ? PREPARED.exec(text)?.[1] : undefined;
           return await (name === undefined ? client.query(text, [...parameters]) : client.query({ name, text, values: [...parameters] }));
         } catch (err) {
           if (isQueryTimeout(err)) broken = err;

@@ -67,7 +67,7 @@ function findBindir(): string | undefined {
   return candidates.find((dir) => ['initdb', 'pg_ctl', 'postgres'].every((bin) => existsSync(path.join(dir, bin))));
 }
 
-function osUser(name: string): { name: string; uid: number; gid: number } | undefined {
+export function osUser(name: string): { name: string; uid: number; gid: number } | undefined {
   try {
     const uid = Number(execFileSync('id', ['-u', name], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim());
     const gid = Number(execFileSync('id', ['-g', name], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim());
