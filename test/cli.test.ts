@@ -1,3 +1,4 @@
+import { readdirSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCli } from '../src/cli.js';
 import { connectDatabase } from '../src/db/connect.js';
@@ -46,7 +47,9 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
   let orgId: number;
 
   it('migrate applies the migrations once', async () => {
-    expect(await json('migrate')).toEqual({ applied: ['20261122_0001_initial', '20261122_0002_application_change_notify', '20261122_0003_revoked_access_tokens', '20261122_0004_token_tables_write_path', '20261122_0005_refresh_token_expiry_index', '20261123_0006_management_api'] });
+    const every = readdirSync(new URL('../migrations/', import.meta.url)).filter((f) => f.endsWith('.ts')).map((f) => f.slice(0, -3)).sort();
+    expect(every.length).toBeGreaterThan(5);
+    expect(await json('migrate')).toEqual({ applied: every });
     expect(await json('migrate')).toEqual({ applied: [] });
     expect((await cli('migrate')).stdout).toBe('the database is up to date\n');
   });
