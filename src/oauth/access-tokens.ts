@@ -84,10 +84,13 @@ export async function signAccessToken(
   // r||s form (ieee-p1363) JWS requires; EdDSA takes no digest.
   const signingInput = `${header}.${Buffer.from(JSON.stringify(claims)).toString('base64url')}`;
   const data = Buffer.from(signingInput);
-  const signature =
-    alg === 'EdDSA'
-      ? cryptoSign(null, data, keyObject)
-      : cryptoSign('sha256', data, alg === 'ES256' ? { key: keyObject, dsaEncoding: 'ieee-p1363' } : keyObject);
+  // With a callback node:crypto signs on libuv's thread pool: the event loop goes on serving
+  // requests meanwhile, and a second core can sign.
+  const signature = await new Promise<Buffer>((resolve, reject) => {
+    const done = (err: Error | null, sig: Buffer) => (err ? reject(err) : resolve(sig));
+    if (alg === 'EdDSA') cryptoSign(null, data, keyObject, done);
+    else cryptoSign('sha256', data, alg === 'ES256' ? { key: keyObject, dsaEncoding: 'ieee-p1363' } : keyObject, done);
+  });
   return { token: `${signingInput}.${signature.toString('base64url')}`, claims };
 }
 
