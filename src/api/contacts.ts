@@ -81,7 +81,7 @@ export function contactOut(c: Contact): z.infer<typeof contactSchema> {
  * Terms must hold a trigram (searchable() below): one that has none ("ab", "--") cannot use the
  * index and would read it whole.
  */
-const SEARCH_WALK = 300;
+const SEARCH_WALK = 100;
 /** As many ids as contacts_search_probe returns at most. */
 const SEARCH_PROBE = 1000;
 
@@ -99,8 +99,19 @@ export function searchable(term: string): boolean {
 /** Up to `limit` contacts after `afterId` in id order, those matching `q` if given (the API asks for a page plus one). */
 export async function listContacts(db: DB, organizationId: number, options: { afterId: number; limit: number; q?: string | undefined }): Promise<Contact[]> {
   if (options.q) return searchContacts(db, organizationId, options.afterId, options.limit, options.q);
-  return db.selectFrom('contacts').selectAll().where('organization_id', '=', organizationId).where('id', '>', options.afterId).orderBy('id').limit(options.limit).execute();
+  return db.selectFrom('contacts').selectAll().where(organizationRowsAfter(organizationId, options.afterId)).orderBy(['organization_id', 'id']).limit(options.limit).execute();
 }
+
+/**
+ * An organization's rows after `afterId`, written as a range of the (organization_id, id) index
+ * and read in that index's order. With `organization_id = $1 and id > $2 order by id` the
+ * planner may read the primary key instead when the organization holds most of the table, and
+ * then walks past every other organization's rows below the cursor first (the first page of the
+ * bench's million-contact organization read the other one's 10,000 rows: 2.1 ms instead of 0.9).
+ * A range of the pair cannot be read off the primary key in that order.
+ */
+const organizationRowsAfter = (organizationId: number, afterId: number) =>
+  sql<boolean>`(organization_id, id) > (${organizationId}, ${afterId}) and (organization_id, id) <= (${organizationId}, 9223372036854775807)`;
 
 type Walked = Contact & { walked: number; last_id: number | null };
 
@@ -108,7 +119,7 @@ async function searchContacts(db: DB, organizationId: number, afterId: number, l
   const pattern = `%${term.replace(/[\\%_]/g, (c) => `\\${c}`)}%`;
   // 1. The walk, and where it ended (a contact's columns are null when none of the walked rows matched).
   const { rows } = await sql<Walked>`${prepared('contacts_search_walk')}with walk as (
-      select * from contacts where organization_id = ${organizationId} and id > ${afterId} order by id limit ${SEARCH_WALK})
+      select * from contacts where ${organizationRowsAfter(organizationId, afterId)} order by organization_id, id limit ${SEARCH_WALK})
     select found.*, edge.walked, edge.last_id from (select count(*) as walked, max(id) as last_id from walk) edge
     left join lateral (
       select * from walk where name ilike ${pattern} or email ilike ${pattern} or company ilike ${pattern} order by id limit ${limit}
