@@ -99,7 +99,7 @@ export function searchable(term: string): boolean {
 /** Up to `limit` contacts after `afterId` in id order, those matching `q` if given (the API asks for a page plus one). */
 export async function listContacts(db: DB, organizationId: number, options: { afterId: number; limit: number; q?: string | undefined }): Promise<Contact[]> {
   if (options.q) return searchContacts(db, organizationId, options.afterId, options.limit, options.q);
-  return db.selectFrom('contacts').selectAll().where(organizationRowsAfter(organizationId, options.afterId)).orderBy(['organization_id', 'id']).limit(options.limit).execute();
+  return db.selectFrom('contacts').selectAll().where(organizationRowsAfter(organizationId, options.afterId)).orderBy('organization_id').orderBy('id').limit(options.limit).execute();
 }
 
 /**
