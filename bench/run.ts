@@ -34,6 +34,8 @@ import { KeyStore } from '../src/oauth/key-store.js';
 import { ensureSigningKey } from '../src/oauth/keys.js';
 import { issueClientToken } from '../src/oauth/token-response.js';
 import { ClientGrants } from '../src/oauth/client-grants.js';
+import { findPgBouncer, type PgBouncer, startPgBouncer } from '../test/helpers/pgbouncer.js';
+import { SERVER_STATEMENT_TIMEOUT_MS } from '../src/db/pooler.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const QUICK = process.argv.includes('--quick');
@@ -279,6 +281,14 @@ function buildServer(): void {
   }
 }
 
+/**
+ * `--pgbouncer`: the servers reach PostgreSQL through Debian's PgBouncer in transaction mode
+ * (started here on a free port, as test/pgbouncer.test.ts does), LISTEN directly; the runs'
+ * databases get the role's statement_timeout the README asks operators for.
+ */
+const PGBOUNCER = process.argv.includes('--pgbouncer');
+let bouncer: PgBouncer | undefined;
+
 function startServer(databaseUrl: string, port: number): Promise<ChildProcess> {
   // BENCH_CPU_PROF=1: the server writes a V8 CPU profile to bench/results/ when it stops.
   const profile = process.env.BENCH_CPU_PROF ? ['--cpu-prof', `--cpu-prof-dir=${path.join(ROOT, 'bench/results')}`] : [];
@@ -288,7 +298,8 @@ function startServer(databaseUrl: string, port: number): Promise<ChildProcess> {
     cwd: ROOT,
     env: {
       PATH: process.env.PATH,
-      DATABASE_URL: databaseUrl,
+      DATABASE_URL: bouncer ? bouncer.url(new URL(databaseUrl).pathname.slice(1)) : databaseUrl,
+      ...(bouncer ? { DATABASE_POOLER: 'transaction', DATABASE_LISTEN_URL: databaseUrl } : {}),
       SECRET_KEY,
       PORT: String(port),
       ISSUER: `http://127.0.0.1:${port}`,
@@ -450,6 +461,15 @@ async function main(): Promise<void> {
         await handle.close();
       }
     };
+    if (PGBOUNCER) {
+      const binary = findPgBouncer();
+      if (typeof binary === 'string') throw new Error(binary);
+      // As many server connections per database as the servers' pools, so the pooler is not the bottleneck.
+      bouncer = await startPgBouncer(binary, { upstream: ADMIN_URL, poolSize: 10 });
+      for (const database of [runDb, largeDb]) {
+        await admin((c) => c.query(`alter role current_user in database ${database} set statement_timeout = '${SERVER_STATEMENT_TIMEOUT_MS}ms'`));
+      }
+    }
     const fx = await prepare(runDb, PORT);
     const large = await prepare(largeDb, largePort);
     const server = await startServer(dbUrl(runDb), PORT);
@@ -539,7 +559,9 @@ async function main(): Promise<void> {
     const largeRssMb = peakRssMb(largeServer.pid!);
 
     const line = (cells: string[]) => `| ${cells.join(' | ')} |`;
-    console.log(`\norgauth benchmark${QUICK ? ' (--quick: one short round, no thresholds)' : ''}: ${CONNECTIONS} connections, ${ROUNDS} × ${ROUND_S} s rounds after ${WARMUP_S} s warm-up`);
+    console.log(
+      `\norgauth benchmark${QUICK ? ' (--quick: one short round, no thresholds)' : ''}${bouncer ? ' through PgBouncer (transaction mode)' : ''}: ${CONNECTIONS} connections, ${ROUNDS} × ${ROUND_S} s rounds after ${WARMUP_S} s warm-up`,
+    );
     console.log(line(['scenario', 'req/s', 'p50 ms', 'p99 ms', 'baseline', 'baseline req/s', 'ratio (median)', 'target', 'result']));
     console.log(line(Array(9).fill('---')));
     for (const r of results) {
@@ -562,6 +584,7 @@ async function main(): Promise<void> {
   } finally {
     for (const child of servers) child.kill('SIGTERM');
     await new Promise((r) => setTimeout(r, 300));
+    await bouncer?.stop();
     await admin(async (c) => {
       await c.query(`drop database if exists ${runDb} with (force)`);
       await c.query(`drop database if exists ${largeDb} with (force)`);
