@@ -4,14 +4,23 @@
  * instances' arrive by LISTEN/NOTIFY within milliseconds; and a poll every POLL_MS catches
  * anything a dropped LISTEN connection missed, so a revocation is honoured everywhere within one
  * second regardless. Entries are dropped once no token they could refuse is still unexpired.
+ *
+ * Held compactly (revoked-set.ts: sorted typed arrays, 12 bytes a grant, 20 a jti, plus a
+ * small map of the latest additions) and read in batches of LOAD_BATCH rows in (revoked_at, id)
+ * order, keyset-paginated on an index in that order (migration 0008). Measured with a million
+ * revoked grants (bench/revocations-volume.ts, medians of five starts): the set holds 13.6 MB,
+ * the instance 23 MB more resident memory than without them (peak 50 MB more) and healthy 0.8 s
+ * later, where a Map filled by one query of a million row objects held 166 MB more (peak 287 MB
+ * more) and was healthy 1.3 s later.
  */
-import { sql } from 'kysely';
+import { type RawBuilder, sql } from 'kysely';
 import type { FastifyBaseLogger } from 'fastify';
 import type { DB, Listen } from '../db/connect.js';
 import type { Metrics } from '../metrics.js';
 import { CLOCK_TOLERANCE_S } from './access-tokens.js';
 import type { Actor } from '../audit/events.js';
 import { REVOCATION_CHANNEL, revokeAccessToken, revokeGrant, type RevocationReason, type RevokedGrantsMemory } from './grant-store.js';
+import { grantIdCodec, RevokedSet, uuidCodec } from './revoked-set.js';
 
 const POLL_MS = 500;
 /** Commits land after their now(): the poll looks back this far past the newest revocation it saw. */
@@ -19,7 +28,11 @@ const POLL_OVERLAP_S = 10;
 /** Expired entries are dropped this often, and kept this long past the end of their tokens. */
 const PRUNE_EVERY_MS = 60_000;
 const PRUNE_MARGIN_S = 60;
-
+/**
+ * Rows per query when reading revocations: a batch of grants is one 800 kB value (readGrants),
+ * and takes tens of milliseconds, well inside the pool's statement timeout.
+ */
+export const LOAD_BATCH = 50_000;
 
 /** What an access token says about itself that revocation looks at. */
 export interface RevocableToken {
@@ -29,11 +42,39 @@ export interface RevocableToken {
   exp: number;
 }
 
+/**
+ * Timestamps are read as whole microseconds since the Unix epoch, not as Date: the keyset
+ * cursor needs revoked_at exactly (a Date keeps milliseconds; a cursor rounded down would read
+ * rows again, forever if a batch's worth of them shared one millisecond), and parsing a million
+ * timestamps was the largest cost of a load. A safe integer until the year 2255.
+ *
+ * This one is exact because extract returns a numeric (PostgreSQL 14 and later; PGlite is 17).
+ */
+const REVOKED_AT_US = sql<number>`(extract(epoch from revoked_at) * 1000000)::int8`;
+/** timestamptz_send() writes microseconds since 2000-01-01 UTC (PostgreSQL's epoch). */
+const POSTGRES_EPOCH_US = 946_684_800_000_000;
+/** The inverse, exactly: an interval of one microsecond times a whole number is that many microseconds. */
+const fromMicroseconds = (us: number) => sql<Date>`(timestamptz 'epoch' + ${us}::float8 * interval '1 microsecond')`;
+
+/** Where a keyset read of revocations stopped: the last row's revoked_at (µs) and key. */
+interface Cursor<K> {
+  revokedAtUs: number;
+  key: K;
+}
+
+/** What one read of revocations saw. */
+interface Read {
+  batches: number;
+  newest: Date | undefined;
+}
+
+const later = (a: Date | undefined, b: Date | undefined) => (a === undefined || (b !== undefined && b > a) ? b : a);
+
 export class RevocationList implements RevokedGrantsMemory {
-  /** Grant id → when it was revoked (ms), as far as this instance knows. */
-  private readonly grants = new Map<number, number>();
-  /** jti → the token's exp (s). */
-  private readonly tokens = new Map<string, number>();
+  /** Revoked grant ids, each until no token of it can be unexpired (revoked_at + accessTokenTtl + margin). */
+  private readonly grants = new RevokedSet(grantIdCodec);
+  /** Revoked jtis, each until its token's exp (+ margin). */
+  private readonly tokens = new RevokedSet(uuidCodec);
   private newestSeen: Date | undefined;
   private lastPruned = Date.now();
   private timer: NodeJS.Timeout | undefined;
@@ -42,7 +83,14 @@ export class RevocationList implements RevokedGrantsMemory {
 
   constructor(
     private readonly db: DB,
-    private readonly options: { accessTokenTtl: number; listen?: Listen | undefined; logger?: FastifyBaseLogger | undefined; metrics?: Metrics | undefined },
+    private readonly options: {
+      accessTokenTtl: number;
+      listen?: Listen | undefined;
+      logger?: FastifyBaseLogger | undefined;
+      metrics?: Metrics | undefined;
+      /** Rows per query (LOAD_BATCH); tests make it small to cross batch boundaries. */
+      loadBatchSize?: number | undefined;
+    },
   ) {}
 
   /** Loads every revocation that can still matter and starts following new ones. */
@@ -70,6 +118,11 @@ export class RevocationList implements RevokedGrantsMemory {
     return this.grants.has(token.grant_id) || this.tokens.has(token.jti);
   }
 
+  /** Entries held and the bytes they take (RevokedSet.byteSize). */
+  memory(): { grants: number; tokens: number; bytes: number } {
+    return { grants: this.grants.count, tokens: this.tokens.count, bytes: this.grants.byteSize() + this.tokens.byteSize() };
+  }
+
   /** Revokes a grant (see revokeGrant) and refuses its tokens here at once, before the NOTIFY arrives. */
   async revoke(grantId: number, reason: RevocationReason, actor?: Actor): Promise<boolean> {
     const revoked = await revokeGrant(this.db, grantId, reason, actor);
@@ -87,15 +140,21 @@ export class RevocationList implements RevokedGrantsMemory {
     this.options.metrics?.revoked('grant', reason, grantIds.length);
   }
 
+  /** Grants revoked just now, as far as this instance knows (the database's revoked_at is a little earlier; either is fine for pruning). */
   private markRevoked(grantIds: readonly number[]): void {
-    const now = Date.now();
-    for (const id of grantIds) if (!this.grants.has(id)) this.grants.set(id, now);
+    const until = this.grantUntil(Date.now() / 1000);
+    for (const id of grantIds) this.grants.add(id, until);
+  }
+
+  /** Until when a grant revoked at revokedAtS can have an unexpired token. */
+  private grantUntil(revokedAtS: number): number {
+    return revokedAtS + this.options.accessTokenTtl + PRUNE_MARGIN_S;
   }
 
   /** Revokes one access token (see revokeAccessToken), refused here at once. */
   async revokeToken(token: RevocableToken, reason: RevocationReason, actor?: Actor): Promise<boolean> {
     const revoked = await revokeAccessToken(this.db, { jti: token.jti, organizationId: token.organization_id, grantId: token.grant_id, exp: token.exp }, reason, actor);
-    this.tokens.set(token.jti, token.exp);
+    this.tokens.add(token.jti, token.exp + PRUNE_MARGIN_S);
     if (revoked) this.options.metrics?.revoked('access_token', reason);
     return revoked;
   }
@@ -103,7 +162,7 @@ export class RevocationList implements RevokedGrantsMemory {
   private received(payload: string): void {
     const token = /^jti (\S+) (\d+)$/.exec(payload);
     if (token) {
-      this.tokens.set(token[1]!, Number(token[2]));
+      this.tokens.add(token[1]!, Number(token[2]) + PRUNE_MARGIN_S);
       return;
     }
     // Grant ids, comma separated (revokeGrants).
@@ -111,15 +170,18 @@ export class RevocationList implements RevokedGrantsMemory {
     this.markRevoked(ids);
   }
 
-  /** Drops what can no longer matter: tokens past exp, grants revoked longer ago than a token lives. */
+  /**
+   * Drops what can no longer matter: tokens past exp, grants revoked longer ago than a token
+   * lives. Also when the recent additions are merged into the sorted arrays (besides whenever
+   * they reach RECENT_LIMIT): not at every poll, which with a million entries would move them
+   * all twice a second while revocations trickle in.
+   */
   private prune(): void {
     const now = Date.now();
     if (now - this.lastPruned < PRUNE_EVERY_MS) return;
     this.lastPruned = now;
-    const nowS = now / 1000;
-    for (const [jti, exp] of this.tokens) if (exp + PRUNE_MARGIN_S < nowS) this.tokens.delete(jti);
-    const grantCutoff = now - (this.options.accessTokenTtl + PRUNE_MARGIN_S) * 1000;
-    for (const [id, revokedAt] of this.grants) if (revokedAt < grantCutoff) this.grants.delete(id);
+    this.grants.prune(now / 1000);
+    this.tokens.prune(now / 1000);
   }
 
   /**
@@ -130,39 +192,137 @@ export class RevocationList implements RevokedGrantsMemory {
   private poll(): Promise<void> {
     this.polling ??= (async () => {
       try {
-        const since = this.newestSeen
-          ? sql<Date>`${this.newestSeen}::timestamptz - make_interval(secs => ${POLL_OVERLAP_S})`
-          : sql<Date>`now() - make_interval(secs => ${this.options.accessTokenTtl})`;
-        const [grants, tokens] = await Promise.all([
-          this.db.selectFrom('grants').select(['id', 'revoked_at']).where('revoked_at', 'is not', null).where('revoked_at', '>', since).execute(),
-          this.db
-            .selectFrom('revoked_access_tokens')
-            .select(['jti', 'expires_at', 'revoked_at'])
-            .where('revoked_at', '>', since)
-            // Verification accepts a token up to CLOCK_TOLERANCE_S past its exp.
-            .where('expires_at', '>', sql<Date>`now() - make_interval(secs => ${CLOCK_TOLERANCE_S})`)
-            .execute(),
-        ]);
-        let newest = this.newestSeen;
-        for (const row of grants) {
-          const revokedAt = row.revoked_at!;
-          if (!this.grants.has(row.id)) this.grants.set(row.id, revokedAt.getTime());
-          if (!newest || revokedAt > newest) newest = revokedAt;
-        }
-        for (const row of tokens) {
-          this.tokens.set(row.jti, Math.floor(row.expires_at.getTime() / 1000));
-          if (!newest || row.revoked_at > newest) newest = row.revoked_at;
-        }
-        // Nothing revoked yet: start from the database's clock, which revoked_at is set by.
-        this.newestSeen = newest ?? (await sql<{ now: Date }>`select now() as now`.execute(this.db)).rows[0]!.now;
+        if (this.newestSeen === undefined) await this.load();
+        else await this.refresh(this.newestSeen);
         this.prune();
       } catch (err) {
-        // The database is away: keep what we have; the next poll catches up.
+        // The database is away: keep what we have; the next poll catches up (a first load starts over).
         this.options.logger?.warn({ err }, 'could not refresh the revocations');
       } finally {
         this.polling = undefined;
       }
     })();
     return this.polling;
+  }
+
+  /** The first load, into bulk loads of the two sets: appended as read, sorted once at the end. */
+  private async load(): Promise<void> {
+    const started = performance.now();
+    const since = sql<Date>`now() - make_interval(secs => ${this.options.accessTokenTtl})`;
+    // Counted first (off the same index, without visiting the table) so that the set's arrays
+    // are allocated once at their size. A count that fails (a statement timeout, with tens of
+    // millions) only means the arrays grow as they fill; a database that is away fails the load.
+    const expected = await this.db
+      .selectFrom('grants')
+      .select((eb) => eb.fn.countAll<number>().as('count'))
+      .where('revoked_at', 'is not', null)
+      .where('revoked_at', '>', since)
+      .executeTakeFirst()
+      .then((row) => Number(row?.count ?? 0), () => 0);
+    const grants = this.grants.startLoad(expected);
+    const tokens = this.tokens.startLoad();
+    const [g, t] = await Promise.all([
+      this.readGrants(since, (id, revokedAtS) => grants.add(id, this.grantUntil(revokedAtS))),
+      this.readTokens(since, (jti, exp) => tokens.add(jti, exp + PRUNE_MARGIN_S)),
+    ]);
+    grants.finish();
+    tokens.finish();
+    // Nothing revoked yet: start from the database's clock, which revoked_at is set by.
+    this.newestSeen = later(g.newest, t.newest) ?? (await sql<{ now: Date }>`select now() as now`.execute(this.db)).rows[0]!.now;
+    this.options.logger?.info(
+      { ...this.memory(), batches: g.batches + t.batches, ms: Math.round(performance.now() - started) },
+      'revocations loaded',
+    );
+  }
+
+  /** Revocations since the newest seen, less the overlap: usually none or a few, in one batch each. */
+  private async refresh(newestSeen: Date): Promise<void> {
+    const since = sql<Date>`${newestSeen}::timestamptz - make_interval(secs => ${POLL_OVERLAP_S})`;
+    const [g, t] = await Promise.all([
+      this.readGrants(since, (id, revokedAtS) => this.grants.add(id, this.grantUntil(revokedAtS))),
+      this.readTokens(since, (jti, exp) => this.tokens.add(jti, exp + PRUNE_MARGIN_S)),
+    ]);
+    this.newestSeen = later(newestSeen, later(g.newest, t.newest));
+  }
+
+  /**
+   * Grants revoked after `since`, a batch at a time in (revoked_at, id) order: keyset pagination
+   * on grants_revoked_at_id_idx, each batch a range of the index read without a sort or a visit
+   * to the table. A batch comes back as one value, its (id, revoked_at) pairs packed in binary
+   * (int8send, timestamptz_send: big-endian int8s, the second in µs since 2000): a row object
+   * per revoked grant cost about a microsecond of parsing and garbage each (most of a
+   * million-row load, measured), reading two numbers off the bytes costs a few nanoseconds. The
+   * pairs come in no promised order (the set sorts them anyway); the cursor is the greatest pair.
+   */
+  private async readGrants(since: RawBuilder<Date>, each: (id: number, revokedAtS: number) => void): Promise<Read> {
+    const batchSize = this.options.loadBatchSize ?? LOAD_BATCH;
+    const read: Read = { batches: 0, newest: undefined };
+    let cursor: Cursor<number> | undefined;
+    for (;;) {
+      const batch = this.db
+        .selectFrom('grants')
+        .select(['id', 'revoked_at'])
+        .where('revoked_at', 'is not', null)
+        .where(cursor ? sql<boolean>`(revoked_at, id) > (${fromMicroseconds(cursor.revokedAtUs)}, ${cursor.key}::bigint)` : sql<boolean>`revoked_at > ${since}`)
+        .orderBy('revoked_at')
+        .orderBy('id')
+        .limit(batchSize)
+        .as('batch');
+      const { packed } = await this.db
+        .selectFrom(batch)
+        .select(sql<Uint8Array | null>`string_agg(int8send(batch.id) || timestamptz_send(batch.revoked_at), ''::bytea)`.as('packed'))
+        .executeTakeFirstOrThrow();
+      read.batches++;
+      const rows = packed ? packed.byteLength / 16 : 0;
+      if (packed) {
+        const view = new DataView(packed.buffer, packed.byteOffset, packed.byteLength);
+        // The greatest pair, in two locals: an object per row would be a million allocations.
+        let lastUs = -Infinity;
+        let lastId = 0;
+        for (let offset = 0; offset < packed.byteLength; offset += 16) {
+          const id = view.getUint32(offset) * 2 ** 32 + view.getUint32(offset + 4);
+          const us = view.getInt32(offset + 8) * 2 ** 32 + view.getUint32(offset + 12) + POSTGRES_EPOCH_US;
+          each(id, us / 1e6);
+          if (us > lastUs || (us === lastUs && id > lastId)) {
+            lastUs = us;
+            lastId = id;
+          }
+        }
+        cursor = { revokedAtUs: lastUs, key: lastId };
+        read.newest = later(read.newest, new Date(Math.floor(lastUs / 1000)));
+      }
+      if (rows < batchSize) return read;
+    }
+  }
+
+  /**
+   * Access tokens revoked after `since` and not yet expired (verification accepts a token up to
+   * CLOCK_TOLERANCE_S past its exp), the same way in (revoked_at, jti) order, a row each: they
+   * are revoked one at a time by hand (a private application's own tokens), and retention
+   * deletes them an hour after they expire, so there are few.
+   */
+  private async readTokens(since: RawBuilder<Date>, each: (jti: string, exp: number) => void): Promise<Read> {
+    const batchSize = this.options.loadBatchSize ?? LOAD_BATCH;
+    const read: Read = { batches: 0, newest: undefined };
+    let cursor: Cursor<string> | undefined;
+    for (;;) {
+      const rows = await this.db
+        .selectFrom('revoked_access_tokens')
+        .select(['jti', REVOKED_AT_US.as('us'), sql<number>`floor(extract(epoch from expires_at))::int8`.as('exp')])
+        .where(cursor ? sql<boolean>`(revoked_at, jti) > (${fromMicroseconds(cursor.revokedAtUs)}, ${cursor.key})` : sql<boolean>`revoked_at > ${since}`)
+        .where('expires_at', '>', sql<Date>`now() - make_interval(secs => ${CLOCK_TOLERANCE_S})`)
+        .orderBy('revoked_at')
+        .orderBy('jti')
+        .limit(batchSize)
+        .execute();
+      read.batches++;
+      for (const row of rows) each(row.jti, row.exp);
+      const last = rows.at(-1);
+      if (last) {
+        read.newest = later(read.newest, new Date(Math.floor(last.us / 1000)));
+        cursor = { revokedAtUs: last.us, key: last.jti };
+      }
+      if (rows.length < batchSize) return read;
+    }
   }
 }

@@ -61,6 +61,7 @@ const MIGRATIONS = [
   '20261122_0005_refresh_token_expiry_index',
   '20261123_0006_management_api',
   '20261123_0007_search_and_list_indexes',
+  '20261123_0008_revoked_set',
   '20261123_0009_contact_search_probe',
 ];
 
