@@ -17,7 +17,6 @@
  */
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import autocannon from 'autocannon';
@@ -35,6 +34,7 @@ import { ensureSigningKey } from '../src/oauth/keys.js';
 import { issueClientToken } from '../src/oauth/token-response.js';
 import { ClientGrants } from '../src/oauth/client-grants.js';
 import { findPgBouncer, type PgBouncer, startPgBouncer } from '../test/helpers/pgbouncer.js';
+import { freePort } from '../test/helpers/process.js';
 import { SERVER_STATEMENT_TIMEOUT_MS } from '../src/db/pooler.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -258,17 +258,6 @@ async function seedRun(db: DB, port: number): Promise<Fixture> {
 }
 
 let PORT = 0;
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const a = s.address();
-      s.close(() => (typeof a === 'object' && a ? resolve(a.port) : reject(new Error('no port'))));
-    });
-  });
-}
 
 /**
  * The server runs compiled, as in production: under tsx its resident memory was about 80 MB
