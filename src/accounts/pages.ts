@@ -103,7 +103,7 @@ export async function accountPages(app: FastifyInstance, { db, config }: { db: D
   async function signIn(req: FastifyRequest, reply: FastifyReply, userId: number, returnTo: string) {
     const previous = await currentUser(db, config, req);
     if (previous) await deleteSession(db, previous.sessionId);
-    setSessionCookie(reply, config, await createSession(db, userId));
+    setSessionCookie(reply, config, await createSession(db, userId, { userAgent: req.headers['user-agent'], ip: req.ip }));
     return reply.redirect(returnTo, 303);
   }
 

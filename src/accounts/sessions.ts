@@ -13,6 +13,7 @@
  */
 import { createHmac, timingSafeEqual } from 'node:crypto';
 import type { FastifyReply, FastifyRequest } from 'fastify';
+import { sql } from 'kysely';
 import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
 import { deriveKey, generateSecret, sha256Hex } from '../lib/crypto.js';
@@ -40,11 +41,27 @@ export function cookieSecurity(config: Config): { secure: boolean; names: Cookie
   return { secure, names: { session: `${prefix}orgauth_session`, preSession: `${prefix}orgauth_csrf` } };
 }
 
-export async function createSession(db: DB, userId: number, ttlSeconds = SESSION_TTL_SECONDS): Promise<string> {
+/** The browser a session was started from, as the account page lists it. */
+export interface SessionClient {
+  userAgent?: string | undefined;
+  ip?: string | undefined;
+}
+
+const USER_AGENT_MAX = 512;
+/** last_seen_at is written at most this often per session: a page view is not a write. */
+const TOUCH_EVERY_MS = 60_000;
+
+export async function createSession(db: DB, userId: number, client: SessionClient = {}, ttlSeconds = SESSION_TTL_SECONDS): Promise<string> {
   const id = generateSecret(32);
   await db
     .insertInto('sessions')
-    .values({ id_hash: sha256Hex(id), user_id: userId, expires_at: new Date(Date.now() + ttlSeconds * 1000) })
+    .values({
+      id_hash: sha256Hex(id),
+      user_id: userId,
+      expires_at: new Date(Date.now() + ttlSeconds * 1000),
+      user_agent: client.userAgent ? [...client.userAgent].slice(0, USER_AGENT_MAX).join('').replace(/[\u0000-\u001f\u007f]/g, ' ') : null,
+      ip: client.ip ? client.ip.slice(0, 64) : null,
+    })
     .execute();
   // Housekeeping: this user's expired sessions are of no use to anyone.
   await db.deleteFrom('sessions').where('user_id', '=', userId).where('expires_at', '<=', new Date()).execute();
@@ -54,14 +71,47 @@ export async function createSession(db: DB, userId: number, ttlSeconds = SESSION
 /** The signed-in user for a session id, or undefined when it is unknown or expired. */
 export async function findSession(db: DB, sessionId: string | undefined): Promise<SessionUser | undefined> {
   if (sessionId === undefined || sessionId === '' || sessionId.length > 100) return undefined;
+  const idHash = sha256Hex(sessionId);
   const row = await db
     .selectFrom('sessions')
     .innerJoin('users', 'users.id', 'sessions.user_id')
-    .select(['users.id as userId', 'users.email', 'users.name'])
-    .where('sessions.id_hash', '=', sha256Hex(sessionId))
+    .select(['users.id as userId', 'users.email', 'users.name', 'sessions.last_seen_at'])
+    .where('sessions.id_hash', '=', idHash)
     .where('sessions.expires_at', '>', new Date())
     .executeTakeFirst();
-  return row ? { sessionId, ...row } : undefined;
+  if (!row) return undefined;
+  const { last_seen_at: lastSeen, ...user } = row;
+  if (Date.now() - lastSeen.getTime() >= TOUCH_EVERY_MS) {
+    await db.updateTable('sessions').set({ last_seen_at: sql`now()` }).where('id_hash', '=', idHash).execute();
+  }
+  return { sessionId, ...user };
+}
+
+/** A user's live sessions, most recently used first (the account page shows the newest SESSIONS_LISTED). */
+export const SESSIONS_LISTED = 100;
+
+export async function listSessions(db: DB, userId: number) {
+  return db
+    .selectFrom('sessions')
+    .select(['id', 'id_hash', 'created_at', 'last_seen_at', 'user_agent', 'ip'])
+    .where('user_id', '=', userId)
+    .where('expires_at', '>', new Date())
+    .orderBy('last_seen_at', 'desc')
+    .orderBy('id', 'desc')
+    .limit(SESSIONS_LISTED)
+    .execute();
+}
+
+/** Ends one of the user's sessions by its number: the ended session's id_hash, or undefined when the user has no such session. */
+export async function endSession(db: DB, userId: number, id: number): Promise<string | undefined> {
+  const ended = await db.deleteFrom('sessions').where('user_id', '=', userId).where('id', '=', id).returning('id_hash').executeTakeFirst();
+  return ended?.id_hash;
+}
+
+/** Ends every session of the user but `keep` (the one asking). Returns how many ended. */
+export async function endOtherSessions(db: DB, userId: number, keep: string): Promise<number> {
+  const ended = await db.deleteFrom('sessions').where('user_id', '=', userId).where('id_hash', '!=', sha256Hex(keep)).executeTakeFirst();
+  return Number(ended.numDeletedRows);
 }
 
 export async function deleteSession(db: DB, sessionId: string): Promise<void> {

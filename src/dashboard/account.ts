@@ -1,10 +1,10 @@
-/** The account page: change the password, sign out of every session. */
+/** The account page: change the password; the browser sessions, each with its own sign-out, and sign-out everywhere (else). */
 import type { FastifyInstance } from 'fastify';
 import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH, verifyPassword } from '../accounts/passwords.js';
-import { clearSessionCookie, csrfTokenMatches } from '../accounts/sessions.js';
+import { clearSessionCookie, csrfTokenMatches, endOtherSessions, endSession, listSessions, SESSIONS_LISTED } from '../accounts/sessions.js';
 import { recordAuditEvent } from '../audit/events.js';
 import { inTransaction } from '../db/connect.js';
-import { ForbiddenError } from '../errors.js';
+import { ForbiddenError, NotFoundError } from '../errors.js';
 import { sha256Hex } from '../lib/crypto.js';
 import { renderPage } from '../pages/render.js';
 import type { DashboardDeps } from './applications.js';
@@ -13,16 +13,22 @@ import { CSRF_FAILED, dashboardContext, readForm } from './context.js';
 export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): Promise<void> {
   const { db, config } = deps;
 
-  const page = (ctx: unknown, view: { errors?: string[]; message?: string } = {}) => ({
-    title: 'Account',
-    ctx,
-    active: 'account',
-    errors: view.errors ?? [],
-    message: view.message ?? '',
-    passwordMinLength: PASSWORD_MIN_LENGTH,
-  });
+  const page = async (ctx: ReturnType<typeof dashboardContext>, view: { errors?: string[]; message?: string } = {}) => {
+    const current = sha256Hex(ctx.session.sessionId);
+    const sessions = (await listSessions(db, ctx.session.userId)).map(({ id_hash: idHash, ...session }) => ({ ...session, current: idHash === current }));
+    return {
+      title: 'Account',
+      ctx,
+      active: 'account',
+      errors: view.errors ?? [],
+      message: view.message ?? '',
+      passwordMinLength: PASSWORD_MIN_LENGTH,
+      sessions,
+      sessionsCapped: sessions.length === SESSIONS_LISTED,
+    };
+  };
 
-  app.get('/dashboard/account', async (req, reply) => renderPage(reply, 200, 'dashboard/account', page(dashboardContext(req))));
+  app.get('/dashboard/account', async (req, reply) => renderPage(reply, 200, 'dashboard/account', await page(dashboardContext(req))));
 
   // The account is the user's own: no organization or role is needed, only the session's CSRF token.
   app.post('/dashboard/account/password', async (req, reply) => {
@@ -33,10 +39,10 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
     const next = params.new_password ?? '';
     const user = await db.selectFrom('users').select(['id', 'password_hash']).where('id', '=', ctx.session.userId).executeTakeFirstOrThrow();
     if (current.length > PASSWORD_MAX_LENGTH || !(await verifyPassword(user.password_hash, current))) {
-      return renderPage(reply, 400, 'dashboard/account', page(ctx, { errors: ['The current password is not correct.'] }));
+      return renderPage(reply, 400, 'dashboard/account', await page(ctx, { errors: ['The current password is not correct.'] }));
     }
     if (next.length < PASSWORD_MIN_LENGTH || next.length > PASSWORD_MAX_LENGTH) {
-      return renderPage(reply, 400, 'dashboard/account', page(ctx, { errors: [`The new password must be ${PASSWORD_MIN_LENGTH} to ${PASSWORD_MAX_LENGTH} characters long.`] }));
+      return renderPage(reply, 400, 'dashboard/account', await page(ctx, { errors: [`The new password must be ${PASSWORD_MIN_LENGTH} to ${PASSWORD_MAX_LENGTH} characters long.`] }));
     }
     const hash = await hashPassword(next);
     await inTransaction(db, async (trx) => {
@@ -48,7 +54,31 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
         await recordAuditEvent(trx, { organizationId: org.id, action: 'user.password_changed', actor: { actorUserId: user.id }, details: { user_id: user.id } });
       }
     });
-    return renderPage(reply, 200, 'dashboard/account', page(ctx, { message: 'Password changed. Your other sessions were signed out.' }));
+    return renderPage(reply, 200, 'dashboard/account', await page(ctx, { message: 'Password changed. Your other sessions were signed out.' }));
+  });
+
+  // One session of the user's own, by its number; another user's number is "no such session".
+  app.post<{ Params: { id: string } }>('/dashboard/account/sessions/:id/sign-out', async (req, reply) => {
+    const { params } = readForm(req.body);
+    const ctx = dashboardContext(req);
+    if (!csrfTokenMatches(config, { session: ctx.session.sessionId }, params.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
+    const id = /^[1-9][0-9]{0,15}$/.test(req.params.id) ? Number(req.params.id) : undefined;
+    const ended = id === undefined ? undefined : await endSession(db, ctx.session.userId, id);
+    if (ended === undefined) throw new NotFoundError('no such session');
+    // Ending the session this browser holds is signing out.
+    if (ended === sha256Hex(ctx.session.sessionId)) {
+      clearSessionCookie(reply, config);
+      return reply.redirect('/login', 303);
+    }
+    return renderPage(reply, 200, 'dashboard/account', await page(ctx, { message: 'That session was signed out.' }));
+  });
+
+  app.post('/dashboard/account/sessions/others', async (req, reply) => {
+    const { params } = readForm(req.body);
+    const ctx = dashboardContext(req);
+    if (!csrfTokenMatches(config, { session: ctx.session.sessionId }, params.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
+    const ended = await endOtherSessions(db, ctx.session.userId, ctx.session.sessionId);
+    return renderPage(reply, 200, 'dashboard/account', await page(ctx, { message: ended === 1 ? 'One other session was signed out.' : `${ended} other sessions were signed out.` }));
   });
 
   app.post('/dashboard/account/sessions', async (req, reply) => {

@@ -116,12 +116,17 @@ export interface SigningKeysTable {
 }
 
 export interface SessionsTable {
+  /** A plain number naming the session in the account page's forms (the key is id_hash). */
+  id: Generated<number>;
   id_hash: string;
   user_id: number;
   current_organization_id: number | null;
   created_at: Generated<Date>;
   last_seen_at: Generated<Date>;
   expires_at: Timestamp;
+  /** What the request that signed in sent, cut to 512 characters. */
+  user_agent: string | null;
+  ip: string | null;
 }
 
 export interface AuditEventsTable {

@@ -9,11 +9,13 @@ export class Browser {
   constructor(
     private readonly app: FastifyInstance,
     private readonly remoteAddress = '127.0.0.1',
+    private readonly userAgent?: string,
   ) {}
 
   private cookieHeader(): Record<string, string> {
-    if (this.cookies.size === 0) return {};
-    return { cookie: [...this.cookies].map(([k, v]) => `${k}=${v}`).join('; ') };
+    const agent: Record<string, string> = this.userAgent === undefined ? {} : { 'user-agent': this.userAgent };
+    if (this.cookies.size === 0) return agent;
+    return { ...agent, cookie: [...this.cookies].map(([k, v]) => `${k}=${v}`).join('; ') };
   }
 
   private remember(res: LightMyRequestResponse): LightMyRequestResponse {

@@ -323,6 +323,65 @@ describe(`dashboard account on ${BACKEND}`, () => {
     expect(events).toEqual([{ action: 'user.password_changed' }]);
   });
 
+  it("lists the user's browser sessions (browser, address, signed in, last seen) and signs out one of them, or all the others", async () => {
+    const user = await createUser(w.db, { email: `list-${process.pid}@example.com`, password: PASSWORD });
+    const b = new Browser(w.app, '10.30.0.7', 'Chromium/156 (this one)');
+    const other = new Browser(w.app, '10.30.0.8', 'Firefox/128 <script>alert(1)</script>');
+    const third = new Browser(w.app, '10.30.0.9', 'Safari/18');
+    for (const browser of [b, other, third]) expect((await browser.login(user.email, PASSWORD)).statusCode).toBe(303);
+    const page = await b.get('/dashboard/account');
+    expect(page.statusCode).toBe(200);
+    expect(page.body).toContain('Chromium/156 (this one) <strong>(this browser)</strong>');
+    expect(page.body).toContain('Firefox/128 &lt;script&gt;alert(1)&lt;/script&gt;');
+    expect(page.body).not.toContain('<script>alert(1)');
+    for (const ip of ['10.30.0.7', '10.30.0.8', '10.30.0.9']) expect(page.body).toContain(`<td data-label="IP address">${ip}</td>`);
+    const idOf = async (ip: string) => (await w.db.selectFrom('sessions').select('id').where('user_id', '=', user.id).where('ip', '=', ip).executeTakeFirstOrThrow()).id;
+
+    // One other session: it stops working, the rest go on.
+    expect((await b.post(`/dashboard/account/sessions/${await idOf('10.30.0.8')}/sign-out`, {})).statusCode).toBe(403);
+    const one = await submit(b, `/dashboard/account/sessions/${await idOf('10.30.0.8')}/sign-out`);
+    expect(one.statusCode).toBe(200);
+    expect(one.body).not.toContain('Firefox/128');
+    expect((await other.get('/dashboard')).statusCode).toBe(303);
+    expect((await third.get('/dashboard')).statusCode).toBe(200);
+    // Someone else's session, a gone one or a malformed number: "no such session", and nothing ends.
+    const outsiderSession = await w.db.selectFrom('sessions').select('id').where('user_id', '=', w.users.outsider.id).executeTakeFirstOrThrow();
+    for (const id of [String(outsiderSession.id), String(await idOf('10.30.0.7') + 100_000), '01', '-1', 'abc']) {
+      expect((await submit(b, `/dashboard/account/sessions/${id}/sign-out`)).statusCode, id).toBe(404);
+    }
+    expect((await w.browsers.outsider.get('/dashboard')).statusCode).toBe(200);
+
+    // Everywhere else: this browser stays.
+    const others = await submit(b, '/dashboard/account/sessions/others');
+    expect(others.statusCode).toBe(200);
+    expect(others.body).toContain('One other session was signed out.');
+    expect((await third.get('/dashboard')).statusCode).toBe(303);
+    expect((await b.get('/dashboard')).statusCode).toBe(200);
+
+    // This browser's own row signs it out.
+    const own = await submit(b, `/dashboard/account/sessions/${await idOf('10.30.0.7')}/sign-out`);
+    expect(own.statusCode).toBe(303);
+    expect(own.headers.location).toBe('/login');
+    expect((await b.get('/dashboard')).statusCode).toBe(303);
+    expect(await w.db.selectFrom('sessions').select('id').where('user_id', '=', user.id).execute()).toEqual([]);
+  });
+
+  it('records when a session was last seen, writing it at most once a minute', async () => {
+    const user = await createUser(w.db, { email: `seen-${process.pid}@example.com`, password: PASSWORD });
+    const b = new Browser(w.app, '10.30.0.10');
+    await b.login(user.email, PASSWORD);
+    const lastSeen = async () => (await w.db.selectFrom('sessions').select('last_seen_at').where('user_id', '=', user.id).executeTakeFirstOrThrow()).last_seen_at.getTime();
+    const setLastSeen = (msAgo: number) => w.db.updateTable('sessions').set({ last_seen_at: new Date(Date.now() - msAgo) }).where('user_id', '=', user.id).execute();
+    await setLastSeen(120_000);
+    const before = await lastSeen();
+    expect((await b.get('/dashboard')).statusCode).toBe(200);
+    expect(await lastSeen()).toBeGreaterThan(before + 100_000);
+    await setLastSeen(30_000);
+    const recent = await lastSeen();
+    expect((await b.get('/dashboard')).statusCode).toBe(200);
+    expect(await lastSeen()).toBe(recent);
+  });
+
   it('signs out of every session, only with the CSRF token', async () => {
     const user = await createUser(w.db, { email: `all-${process.pid}@example.com`, password: PASSWORD });
     const b = new Browser(w.app, '10.30.0.5');

@@ -22,7 +22,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   refresh_tokens: ['id', 'token_hash', 'organization_id', 'grant_id', 'parent_id', 'scopes', 'expires_at', 'rotated_at', 'revoked_at', 'created_at'],
   revoked_access_tokens: ['jti', 'organization_id', 'grant_id', 'expires_at', 'revoked_at'],
   signing_keys: ['kid', 'alg', 'public_jwk', 'private_jwk_encrypted', 'created_at', 'retired_at'],
-  sessions: ['id_hash', 'user_id', 'current_organization_id', 'created_at', 'last_seen_at', 'expires_at'],
+  sessions: ['id_hash', 'user_id', 'current_organization_id', 'created_at', 'last_seen_at', 'expires_at', 'id', 'user_agent', 'ip'],
   audit_events: ['id', 'organization_id', 'actor_user_id', 'actor_client_id', 'action', 'details', 'created_at'],
   contacts: ['id', 'organization_id', 'name', 'email', 'phone', 'company', 'notes', 'created_at', 'updated_at'],
   tasks: ['id', 'organization_id', 'title', 'description', 'status', 'due_on', 'contact_id', 'completed_at', 'created_at', 'updated_at'],
@@ -63,6 +63,7 @@ const MIGRATIONS = [
   '20261123_0007_search_and_list_indexes',
   '20261123_0008_revoked_set',
   '20261123_0009_contact_search_probe',
+  '20261123_0010_session_details',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {
