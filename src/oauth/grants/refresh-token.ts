@@ -38,7 +38,12 @@ async function rotateRefreshToken(
       from refresh_tokens r
       join grants g on g.id = r.grant_id and g.organization_id = r.organization_id
       where r.token_hash = ${sha256Hex(input.presented)}
-        and g.application_id = ${input.applicationId} and g.user_id is not null
+        -- "+ 0": the grant is reached by its key from the token, never by the application's
+        -- grants. Planned with its values (unnamed statements, as behind PgBouncer) and stale
+        -- statistics (an application whose 200,000 grants came after the last ANALYZE looks
+        -- like it has one), the planner scanned all of them on every refresh: 505 req/s
+        -- instead of 1,403 on the bench's large database.
+        and g.application_id + 0 = ${input.applicationId} and g.user_id is not null
         and r.rotated_at is null and r.revoked_at is null and r.expires_at > now() and g.revoked_at is null
         and (${asked}::text[] is null or r.scopes @> ${asked}::text[])
     ),
