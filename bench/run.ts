@@ -56,7 +56,7 @@ const WARMUP_S = QUICK ? 0.5 : 3;
 const ROUND_S = QUICK ? 1 : 8;
 const ROUNDS = QUICK ? 1 : 3;
 /** Distinct refresh tokens and codes per scenario: more than the run can use. */
-const PRE_ISSUED = QUICK ? 8_000 : 200_000;
+const PRE_ISSUED = QUICK ? 20_000 : 200_000;
 const REDIRECT = 'https://bench.example.com/cb';
 
 const dbUrl = (name: string) => {
