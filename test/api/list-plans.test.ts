@@ -6,7 +6,7 @@
  * 20,000 live grants, 1,000,000 audit events, 200,000 members in one organization): the first
  * page and a deep one both cost 2–5 ms through the repository.
  */
-import { CompiledQuery, sql } from 'kysely';
+import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { listMembers } from '../../src/accounts/organizations.js';
 import { listContacts } from '../../src/api/contacts.js';
@@ -16,6 +16,7 @@ import type { DB } from '../../src/db/connect.js';
 import { listApplications } from '../../src/oauth/applications.js';
 import { listLiveGrants } from '../../src/oauth/grant-store.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
+import { explain, firstQueryOf, type PlanNode } from '../helpers/plans.js';
 
 let t: Awaited<ReturnType<typeof createTestDatabase>>;
 beforeAll(async () => {
@@ -23,42 +24,13 @@ beforeAll(async () => {
 });
 afterAll(() => t.close());
 
-class Captured extends Error {}
-
-/** The SQL a repository function sends, captured before it runs. */
-async function queryOf(fn: (db: DB) => Promise<unknown>): Promise<CompiledQuery> {
-  let compiled: CompiledQuery | undefined;
-  const executor = t.handle.db.getExecutor();
-  const capturing = t.handle.db.withPlugin({
-    transformQuery: ({ node, queryId }) => {
-      compiled = executor.compileQuery(node, queryId);
-      throw new Captured();
-    },
-    transformResult: async ({ result }) => result,
-  });
-  await fn(capturing).catch((err: unknown) => {
-    if (!(err instanceof Captured)) throw err;
-  });
-  if (!compiled) throw new Error('the function sent no query');
-  return compiled;
-}
-
-interface PlanNode {
-  'Node Type': string;
-  'Relation Name'?: string;
-  'Index Name'?: string;
-  Plans?: PlanNode[];
-}
-
-/** Its plan, with sequential and bitmap scans off (what a large table gets anyway). */
+/** The plan of the statement a repository function sends, with sequential and bitmap scans off (what a large table gets anyway). */
 async function planOf(fn: (db: DB) => Promise<unknown>): Promise<PlanNode> {
-  const query = await queryOf(fn);
+  const query = await firstQueryOf(t.handle.db, fn);
   return t.handle.db.transaction().execute(async (trx) => {
     await sql`set local enable_seqscan = off`.execute(trx);
     await sql`set local enable_bitmapscan = off`.execute(trx);
-    const { rows } = await trx.executeQuery<{ 'QUERY PLAN': [{ Plan: PlanNode }] | string }>(CompiledQuery.raw(`explain (format json) ${query.sql}`, [...query.parameters]));
-    const cell = rows[0]!['QUERY PLAN'];
-    return (typeof cell === 'string' ? (JSON.parse(cell) as [{ Plan: PlanNode }]) : cell)[0].Plan;
+    return explain(trx, query);
   });
 }
 

@@ -8,7 +8,7 @@
  * 3 ms, one person's email 30 ms, a common term 1–35 ms; before the index an absent term hit
  * the 1.25 s statement timeout.
  */
-import { CompiledQuery, sql } from 'kysely';
+import { type CompiledQuery, sql } from 'kysely';
 import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { listContacts, searchable } from '../../src/api/contacts.js';
@@ -16,6 +16,7 @@ import type { DB } from '../../src/db/connect.js';
 import { ensureSigningKey } from '../../src/oauth/keys.js';
 import { buildTestApp, TEST_SECRET_KEY } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
+import { explain, type ExplainRows, nodesOf, planIn, type PlanNode } from '../helpers/plans.js';
 import { clientCredentialsToken, createOrgFixture, type OrgFixture } from '../helpers/oauth.js';
 
 let t: Awaited<ReturnType<typeof createTestDatabase>>;
@@ -116,25 +117,14 @@ describe(`contact search on ${BACKEND}`, () => {
   });
 });
 
-interface PlanNode {
-  'Node Type': string;
-  'Relation Name'?: string;
-  'Index Name'?: string;
-  'Index Cond'?: string;
-  Plans?: PlanNode[];
-}
-
-const nodesOf = (plan: PlanNode): PlanNode[] => [plan, ...(plan.Plans ?? []).flatMap(nodesOf)];
-
 /** A plan read as the database would run it: each recorded setting applied first, in a transaction. */
-async function planUnder(settings: string[], statement: (trx: DB) => Promise<{ rows: { 'QUERY PLAN': [{ Plan: PlanNode }] | string }[] }>): Promise<PlanNode> {
+async function planUnder(settings: string[], statement: (trx: DB) => Promise<PlanNode>): Promise<PlanNode> {
   return t.handle.db.transaction().execute(async (trx) => {
     for (const setting of settings) {
       const [name, value] = setting.split('=');
       await sql`select set_config(${name}, ${value}, true)`.execute(trx);
     }
-    const cell = (await statement(trx)).rows[0]!['QUERY PLAN'];
-    return (typeof cell === 'string' ? (JSON.parse(cell) as [{ Plan: PlanNode }]) : cell)[0].Plan;
+    return statement(trx);
   });
 }
 
@@ -158,9 +148,9 @@ describe(`contact search's plan on ${BACKEND}`, () => {
     for (const term of ['zebulon', 'wombat', 'quokka']) {
       const plan = await planUnder(proconfig, async (trx) => {
         await sql.raw(`prepare search_probe(bigint, bigint, text) as ${prosrc}`).execute(trx);
-        const explained = await sql<{ 'QUERY PLAN': [{ Plan: PlanNode }] | string }>`explain (format json) execute search_probe(${sql.lit(a.organizationId)}, 300, ${sql.lit(`%${term}%`)})`.execute(trx);
+        const explained = await sql<ExplainRows['rows'][number]>`explain (format json) execute search_probe(${sql.lit(a.organizationId)}, 300, ${sql.lit(`%${term}%`)})`.execute(trx);
         await sql`deallocate search_probe`.execute(trx);
-        return explained;
+        return planIn(explained);
       });
       expectIndexLookups(plan);
       expect(nodesOf(plan).some((n) => n['Index Name'] === 'contacts_search_idx'), JSON.stringify(plan)).toBe(true);
@@ -173,9 +163,7 @@ describe(`contact search's plan on ${BACKEND}`, () => {
     expect(settings).toHaveLength(1);
     const range = queries.find((q) => /\bilike\b/.test(q.sql) && !q.sql.includes('walk') && !q.sql.includes('contacts_search_probe'));
     expect(range).toBeDefined();
-    const plan = await planUnder(['enable_seqscan=off', 'enable_indexscan=off'], (trx) =>
-      trx.executeQuery<{ 'QUERY PLAN': [{ Plan: PlanNode }] | string }>(CompiledQuery.raw(`explain (format json) ${range!.sql}`, [...range!.parameters])),
-    );
+    const plan = await planUnder(['enable_seqscan=off', 'enable_indexscan=off'], (trx) => explain(trx, range!));
     expectIndexLookups(plan);
   });
 });

@@ -5,7 +5,7 @@
  * grants_application_id_idx and filtered all of that application's grants by id on every
  * refresh (the bench's large database through PgBouncer: 505 instead of 1,403 req/s).
  */
-import { CompiledQuery, sql } from 'kysely';
+import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrganization } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
@@ -16,22 +16,13 @@ import { refreshToken } from '../../src/oauth/grants/refresh-token.js';
 import type { TokenContext } from '../../src/oauth/token-response.js';
 import { testConfig } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
+import { explain, firstQueryOf, nodesOf } from '../helpers/plans.js';
 
 let t: Awaited<ReturnType<typeof createTestDatabase>>;
 beforeAll(async () => {
   t = await createTestDatabase();
 });
 afterAll(() => t.close());
-
-class Captured extends Error {}
-
-interface PlanNode {
-  'Node Type': string;
-  'Relation Name'?: string;
-  'Index Name'?: string;
-  Plans?: PlanNode[];
-}
-const nodesOf = (plan: PlanNode): PlanNode[] => [plan, ...(plan.Plans ?? []).flatMap(nodesOf)];
 
 describe(`the refresh statement's plan on ${BACKEND}`, () => {
   it('reads the grant by its key, even when the statistics think the application has no grants', async () => {
@@ -51,26 +42,15 @@ describe(`the refresh statement's plan on ${BACKEND}`, () => {
     const late = await app('Late');
     await grants(late, 4_000);
 
-    let compiled: CompiledQuery | undefined;
-    const executor = db.getExecutor();
-    const capturing = db.withPlugin({
-      transformQuery: ({ node, queryId }) => {
-        compiled = executor.compileQuery(node, queryId);
-        throw new Captured();
-      },
-      transformResult: async ({ result }) => result,
-    });
-    const ctx = { db: capturing, config: testConfig(), keys: { signingKey: async () => ({}) } } as unknown as TokenContext;
-    await refreshToken.handle(ctx, { application: late, method: 'client_secret_basic' }, { grant_type: 'refresh_token', refresh_token: 'x'.repeat(43) }).catch((err: unknown) => {
-      if (!(err instanceof Captured)) throw err;
-    });
-    expect(compiled?.sql).toContain('update refresh_tokens');
+    const ctx = { config: testConfig(), keys: { signingKey: async () => ({}) } };
+    const compiled = await firstQueryOf(db, (capturing) =>
+      refreshToken.handle({ ...ctx, db: capturing } as unknown as TokenContext, { application: late, method: 'client_secret_basic' }, { grant_type: 'refresh_token', refresh_token: 'x'.repeat(43) }),
+    );
+    expect(compiled.sql).toContain('update refresh_tokens');
     const plan = await db.transaction().execute(async (trx) => {
       // As a large table would be planned: no sequential scans.
       await sql`set local enable_seqscan = off`.execute(trx);
-      const { rows } = await trx.executeQuery<{ 'QUERY PLAN': [{ Plan: PlanNode }] | string }>(CompiledQuery.raw(`explain (format json) ${compiled!.sql.replace(/^\/\* prepared: [a-z_]+ \*\/ /, '')}`, [...compiled!.parameters]));
-      const cell = rows[0]!['QUERY PLAN'];
-      return (typeof cell === 'string' ? (JSON.parse(cell) as [{ Plan: PlanNode }]) : cell)[0].Plan;
+      return explain(trx, compiled);
     });
     const grantReads = nodesOf(plan).filter((n) => n['Relation Name'] === 'grants' && n['Node Type'].includes('Scan'));
     expect(grantReads.length, JSON.stringify(plan)).toBeGreaterThan(0);
