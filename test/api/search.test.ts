@@ -16,7 +16,7 @@ import type { DB } from '../../src/db/connect.js';
 import { ensureSigningKey } from '../../src/oauth/keys.js';
 import { buildTestApp, TEST_SECRET_KEY } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
-import { explain, type ExplainRows, nodesOf, planIn, type PlanNode } from '../helpers/plans.js';
+import { explain, type ExplainRows, nodesOf, planIn, type PlanNode, recording } from '../helpers/plans.js';
 import { clientCredentialsToken, createOrgFixture, type OrgFixture } from '../helpers/oauth.js';
 
 let t: Awaited<ReturnType<typeof createTestDatabase>>;
@@ -51,16 +51,8 @@ afterAll(async () => {
 });
 
 /** The statements a call sends, recorded as they run. */
-async function recording<T>(fn: (db: DB) => Promise<T>): Promise<{ result: T; queries: CompiledQuery[] }> {
-  const queries: CompiledQuery[] = [];
-  const executor = t.handle.db.getExecutor();
-  const db = t.handle.db.withPlugin({
-    transformQuery: ({ node, queryId }) => {
-      queries.push(executor.compileQuery(node, queryId));
-      return node;
-    },
-    transformResult: async ({ result }) => result,
-  });
+async function recordingOf<T>(fn: (db: DB) => Promise<T>): Promise<{ result: T; queries: CompiledQuery[] }> {
+  const { db, queries } = recording(t.handle.db);
   return { result: await fn(db), queries };
 }
 
@@ -95,7 +87,7 @@ describe(`contact search on ${BACKEND}`, () => {
   ])('"%s" (%s): every page as a filter of the organization gives it, no repeats, no gaps', async (term, _why, statements) => {
     for (const limit of [100, 7]) expect(await searchAll(term, limit)).toEqual(matching(term));
     // The way it was found: the walk; the probe; the matches' rows, or the settings and the range.
-    const { queries } = await recording((db) => listContacts(db, a.organizationId, { afterId: 0, limit: 26, q: term }));
+    const { queries } = await recordingOf((db) => listContacts(db, a.organizationId, { afterId: 0, limit: 26, q: term }));
     expect(queries).toHaveLength(statements);
   });
 
@@ -158,7 +150,7 @@ describe(`contact search's plan on ${BACKEND}`, () => {
   });
 
   it('reads the id range the probe bounds through an index, never the organization from its start', async () => {
-    const { queries } = await recording((db) => listContacts(db, a.organizationId, { afterId: 0, limit: 26, q: 'quokka' }));
+    const { queries } = await recordingOf((db) => listContacts(db, a.organizationId, { afterId: 0, limit: 26, q: 'quokka' }));
     const settings = queries.filter((q) => q.sql.includes('set_config'));
     expect(settings).toHaveLength(1);
     const range = queries.find((q) => /\bilike\b/.test(q.sql) && !q.sql.includes('walk') && !q.sql.includes('contacts_search_probe'));

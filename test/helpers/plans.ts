@@ -51,3 +51,17 @@ export async function explain(db: Kysely<Database>, query: CompiledQuery): Promi
   const text = query.sql.replace(/^\/\* prepared: [a-z_]+ \*\/ /, '');
   return planIn(await db.executeQuery<ExplainRows['rows'][number]>(CompiledQuery.raw(`explain (format json) ${text}`, [...query.parameters])));
 }
+
+/** `db` with every statement recorded as it runs (and still run). */
+export function recording(db: DB): { db: DB; queries: CompiledQuery[] } {
+  const queries: CompiledQuery[] = [];
+  const executor = db.getExecutor();
+  const recorded = db.withPlugin({
+    transformQuery: ({ node, queryId }) => {
+      queries.push(executor.compileQuery(node, queryId));
+      return node;
+    },
+    transformResult: async ({ result }) => result,
+  });
+  return { db: recorded, queries };
+}

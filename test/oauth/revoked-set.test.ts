@@ -8,13 +8,14 @@
 import { randomUUID } from 'node:crypto';
 import fc from 'fast-check';
 import type { FastifyBaseLogger } from 'fastify';
-import { CompiledQuery, type RawBuilder, sql } from 'kysely';
+import { type RawBuilder, sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { revokeGrant } from '../../src/oauth/grant-store.js';
 import { RevocationList } from '../../src/oauth/revocations.js';
 import { grantIdCodec, RECENT_LIMIT, RevokedSet, sortEntries, uuidCodec } from '../../src/oauth/revoked-set.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
 import { createOrgFixture } from '../helpers/oauth.js';
+import { explain, recording } from '../helpers/plans.js';
 
 const FAR = 4_000_000_000;
 
@@ -331,16 +332,8 @@ describe(`RevocationList's load from ${BACKEND}`, () => {
   });
 
   it('reads each batch off the (revoked_at, key) index, without a sort', async () => {
-    const queries: CompiledQuery[] = [];
-    const executor = t.handle.db.getExecutor();
-    const recording = t.handle.db.withPlugin({
-      transformQuery: ({ node, queryId }) => {
-        queries.push(executor.compileQuery(node, queryId));
-        return node;
-      },
-      transformResult: async ({ result }) => result,
-    });
-    const { list } = instance({ db: recording });
+    const { db: recorded, queries } = recording(t.handle.db);
+    const { list } = instance({ db: recorded });
     await list.start();
     await list.stop();
     const reads = (table: string) => queries.filter((q) => q.sql.includes(`from "${table}"`) && q.sql.includes('order by'));
@@ -358,9 +351,7 @@ describe(`RevocationList's load from ${BACKEND}`, () => {
           // What a large table gets anyway; here the tables are small enough to scan.
           await sql`set local enable_seqscan = off`.execute(trx);
           await sql`set local enable_bitmapscan = off`.execute(trx);
-          const { rows } = await trx.executeQuery<{ 'QUERY PLAN': unknown }>(CompiledQuery.raw(`explain (format json) ${query.sql}`, [...query.parameters]));
-          const cell = rows[0]!['QUERY PLAN'];
-          return JSON.stringify(typeof cell === 'string' ? JSON.parse(cell) : cell);
+          return JSON.stringify(await explain(trx, query));
         });
         expect(plan, plan).toContain(`"Index Name":"${index}"`);
         expect(plan, plan).not.toMatch(/"Node Type":"[^"]*Sort"/);
