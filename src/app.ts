@@ -28,6 +28,10 @@ import { ClientGrants } from './oauth/client-grants.js';
 import { Metrics } from './metrics.js';
 import { tokenEndpoint } from './oauth/token.js';
 import { pageAssets } from './pages/render.js';
+import { BackgroundTasks } from './lib/background.js';
+import { devOutboxPage } from './mail/dev-outbox.js';
+import { MailOutbox } from './mail/outbox.js';
+import { logTransport, type MailTransport, smtpTransport } from './mail/transport.js';
 
 export interface AppDeps {
   db: DB;
@@ -36,6 +40,8 @@ export interface AppDeps {
   listen?: Listen;
   /** Counters and histograms this app updates (server.ts serves them on METRICS_PORT); a fresh set if absent. */
   metrics?: Metrics;
+  /** Where queued email goes; by default SMTP_URL's server, or the log without it. */
+  mailTransport?: MailTransport;
 }
 
 /** Bodies are forms and small JSON documents; anything larger is refused before it is parsed. */
@@ -136,20 +142,37 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   const sweeper = new ExpiredRowSweeper(deps.db, { intervalSeconds: config.cleanupInterval, logger: deps.logger });
   sweeper.start();
   app.addHook('onClose', () => sweeper.stop());
+  // Email: queued in the database by requests, sent in the background by every instance.
+  const mail = new MailOutbox(deps.db, {
+    transport: deps.mailTransport ?? (config.mail.smtpUrl ? smtpTransport(config.mail.smtpUrl) : logTransport(deps.logger)),
+    from: config.mail.from,
+    secretKey: config.secretKey,
+    logger: deps.logger,
+    metrics,
+    keepBodies: config.mail.devOutbox,
+  });
+  mail.start();
+  const background = new BackgroundTasks(deps.logger);
+  // Work that requests started finishes first, then the outbox sends what it has claimed.
+  app.addHook('onClose', async () => {
+    await background.drain();
+    await mail.stop();
+  });
   const oauth = { db: deps.db, keys, revocations, config, clientThrottle: clientAuthThrottle(), applications, clientGrants, metrics };
   await app.register(metadataRoutes, oauth);
   await app.register(tokenEndpoint, oauth);
   await app.register(revocationEndpoint, oauth);
   await app.register(introspectionEndpoint, oauth);
   await registerOpenApi(app, config);
-  await app.register(apiRoutes, { ...oauth, prefix: API_PREFIX });
+  await app.register(apiRoutes, { ...oauth, mail, prefix: API_PREFIX });
   await app.register(openApiRoutes);
 
   // Browser pages: each plugin sets up its own security headers and HTML error pages (AZ-7).
   await app.register(pageAssets);
-  await app.register(accountPages, { db: deps.db, config });
+  await app.register(accountPages, { db: deps.db, config, mail, background });
+  if (config.mail.devOutbox) await app.register(devOutboxPage, { config, mail });
   await app.register(authorizeEndpoint, { db: deps.db, config });
-  await app.register(dashboardPages, { db: deps.db, config, keys, revocations, applications, clientGrants, metrics });
+  await app.register(dashboardPages, { db: deps.db, config, keys, revocations, applications, clientGrants, metrics, mail });
 
   return app;
 }

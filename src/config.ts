@@ -63,6 +63,19 @@ export interface Config {
   readonly trustProxy: boolean | string[];
   /** Seconds between deletions of expired codes, refresh tokens, revocations and sessions (src/retention.ts); 0: never. */
   readonly cleanupInterval: number;
+  readonly mail: MailConfig;
+}
+
+export interface MailConfig {
+  /** SMTP_URL (smtp://user:pass@host:port, smtps://…); null: messages go to the log (and /dev/outbox). */
+  readonly smtpUrl: string | null;
+  /** MAIL_FROM: the From header, an address or `Name <address>`. */
+  readonly from: string;
+  /**
+   * Whether GET /dev/outbox shows the messages that were logged instead of sent: only without
+   * SMTP_URL, on the embedded database, and not in production (NODE_ENV=production or an https ISSUER).
+   */
+  readonly devOutbox: boolean;
 }
 
 /** Thrown when the environment is invalid; `problems` holds one line per bad variable. */
@@ -129,6 +142,15 @@ const envSchema = z
   REDIS_URL: optional(
     z.string().refine((v) => /^rediss?:\/\//.test(v) && URL.canParse(v), { message: 'must be a redis:// or rediss:// URL' }),
   ),
+  SMTP_URL: optional(
+    z.string().refine((v) => /^smtps?:\/\/[^/?#]+(\/?|\/?\?[^#]*)$/.test(v) && URL.canParse(v), {
+      message: 'must be an smtp:// or smtps:// URL (smtp://user:password@host:port)',
+    }),
+  ),
+  MAIL_FROM: optional(
+    z.string().max(320).refine((v) => MAIL_FROM_PATTERN.test(v), { message: 'must be an email address or "Name <address>"' }),
+  ),
+  NODE_ENV: optional(z.string()),
   TRUST_PROXY: optional(
     z.string().refine((v) => parseTrustProxy(v) !== undefined, {
       message: 'must be true, false or a comma-separated list of IP addresses/CIDR ranges of the proxies',
@@ -156,6 +178,8 @@ const envSchema = z
       });
     }
   });
+
+const MAIL_FROM_PATTERN = /^(?:[^\r\n<>"]*<[^\s@<>]+@[^\s@<>]+>|"[^\r\n"]*" ?<[^\s@<>]+@[^\s@<>]+>|[^\s@<>]+@[^\s@<>]+)$/;
 
 function isValidIssuer(value: string): boolean {
   if (!URL.canParse(value)) return false;
@@ -204,6 +228,8 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
   const e = parsed.data;
   const port = e.PORT ?? 3000;
   const dataDir = path.resolve(e.DATA_DIR ?? './data');
+  const issuer = (e.ISSUER ?? `http://localhost:${port}`).replace(/\/+$/, '');
+  const production = e.NODE_ENV === 'production' || issuer.startsWith('https:');
   return Object.freeze({
     database: e.DATABASE_URL
       ? {
@@ -218,7 +244,7 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
     host: e.HOST ?? '127.0.0.1',
     port,
     metricsPort: e.METRICS_PORT ?? null,
-    issuer: (e.ISSUER ?? `http://localhost:${port}`).replace(/\/+$/, ''),
+    issuer,
     secretKey: e.SECRET_KEY ?? '',
     accessTokenTtl: e.ACCESS_TOKEN_TTL ?? 31_536_000,
     refreshTokenTtl: e.REFRESH_TOKEN_TTL ?? 31_536_000,
@@ -230,6 +256,11 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
     redisUrl: e.REDIS_URL ?? null,
     trustProxy: e.TRUST_PROXY === undefined ? false : (parseTrustProxy(e.TRUST_PROXY) ?? false),
     cleanupInterval: e.CLEANUP_INTERVAL ?? 600,
+    mail: {
+      smtpUrl: e.SMTP_URL ?? null,
+      from: e.MAIL_FROM ?? `orgauth <no-reply@${new URL(issuer).hostname}>`,
+      devOutbox: e.SMTP_URL === undefined && e.DATABASE_URL === undefined && !production,
+    },
   } satisfies Config);
 }
 

@@ -34,7 +34,7 @@ export async function seedDemo(db: DB): Promise<DemoSeed> {
   const password = generateSecret(12);
   const prepared = await prepareUser({ email: DEMO_EMAIL, password, name: 'Demo User' });
   return inTransaction(db, async (trx) => {
-    const user = await insertUser(trx, prepared);
+    const user = await insertUser(trx, { ...prepared, emailVerified: true });
     const organization = await createOrganization(trx, { name: 'Demo Organization', ownerUserId: user.id });
     const public_application = await createApplication(trx, {
       organizationId: organization.id,

@@ -66,7 +66,17 @@ export function maskUrl(url: string): string {
       } catch {
         // A malformed name is logged as sent.
       }
-      return eq !== -1 && SECRET_QUERY_PARAMS.has(name) ? `${rawName}=[redacted]` : pair;
+      if (eq === -1) return pair;
+      if (SECRET_QUERY_PARAMS.has(name)) return `${rawName}=[redacted]`;
+      // A page to come back to after sign-in may itself carry a token (an invitation link).
+      if (name === 'return_to') {
+        try {
+          return `${rawName}=${encodeURIComponent(maskUrl(decodeURIComponent(pair.slice(eq + 1).replace(/\+/g, ' '))))}`;
+        } catch {
+          return `${rawName}=[redacted]`;
+        }
+      }
+      return pair;
     });
   return `${url.slice(0, q)}?${query.join('&')}`;
 }

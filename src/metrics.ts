@@ -46,6 +46,13 @@ export class Metrics {
     registers: [this.registry],
   });
 
+  readonly mailDeliveries = new Counter({
+    name: 'orgauth_mail_deliveries_total',
+    help: 'Attempts to send a queued email, by outcome: sent, retry (failed, tried again after a backoff) or failed (given up after 48 hours)',
+    labelNames: ['outcome'] as const,
+    registers: [this.registry],
+  });
+
   /**
    * `processMetrics`: also the process's own (CPU, memory, event-loop lag, GC), as a served
    * registry wants; they keep observers running, so apps that are never scraped (tests) skip them.

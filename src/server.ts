@@ -9,6 +9,7 @@ import { loadConfig } from './config.js';
 import type { DatabaseHandle } from './db/connect.js';
 import { formatDemoBanner, isDatabaseEmpty, seedDemo } from './demo.js';
 import { createLogger } from './logger.js';
+import { DEV_OUTBOX_PATH } from './mail/dev-outbox.js';
 import { ensureSigningKey } from './oauth/keys.js';
 import { describeStartupError, limitHeapGrowth, openDatabase } from './runtime.js';
 
@@ -66,6 +67,11 @@ async function main(): Promise<void> {
     process.stdout.write(`${formatDemoBanner(await seedDemo(db), config.issuer)}\n`);
   }
 
+  if (config.mail.devOutbox) {
+    process.stdout.write(`Email: SMTP_URL is not set, so messages are logged and shown at ${config.issuer}${DEV_OUTBOX_PATH} instead of sent.\n`);
+  } else if (config.mail.smtpUrl === null) {
+    logger.warn('SMTP_URL is not set: emails (verification, password reset, invitations) are written to the log at info, not sent');
+  }
   const metrics = new Metrics({ poolStats: handle.poolStats, processMetrics: true });
   app = await buildApp(config, { db, logger, listen: handle.listen, metrics });
   if (closing) return;

@@ -38,6 +38,7 @@ describe('parseConfig', () => {
       redisUrl: null,
       trustProxy: false,
       cleanupInterval: 600,
+      mail: { smtpUrl: null, from: 'orgauth <no-reply@localhost>', devOutbox: true },
     });
     expect(Object.isFrozen(config)).toBe(true);
   });
@@ -63,8 +64,11 @@ describe('parseConfig', () => {
       API_RATE_LIMIT: '0',
       REDIS_URL: 'redis://cache:6379/2',
       CLEANUP_INTERVAL: '0',
+      SMTP_URL: 'smtp://mailer:secret@smtp.example.com:587',
+      MAIL_FROM: 'Example Auth <auth@example.com>',
     });
     expect(config).toMatchObject({
+      mail: { smtpUrl: 'smtp://mailer:secret@smtp.example.com:587', from: 'Example Auth <auth@example.com>', devOutbox: false },
       database: { kind: 'postgres', url: 'postgres://u:p@db:5432/orgauth', listenUrl: 'postgres://u:p@db-primary:5432/orgauth', pooler: 'transaction' },
       databasePoolMax: 25,
       dataDir: '/var/lib/orgauth',
@@ -83,6 +87,24 @@ describe('parseConfig', () => {
       redisUrl: 'redis://cache:6379/2',
       cleanupInterval: 0,
     });
+  });
+
+  it('shows the developer outbox only without SMTP_URL, on the embedded database, outside production', () => {
+    expect(parseConfig({}).mail.devOutbox).toBe(true);
+    expect(parseConfig({ SMTP_URL: 'smtps://u:p@mail.example.com' }).mail.devOutbox).toBe(false);
+    expect(parseConfig({ NODE_ENV: 'production' }).mail.devOutbox).toBe(false);
+    expect(parseConfig({ ISSUER: 'https://auth.example.com' }).mail.devOutbox).toBe(false);
+    expect(parseConfig({ DATABASE_URL: 'postgres://localhost/x', SECRET_KEY: SECRET }).mail.devOutbox).toBe(false);
+    expect(parseConfig({ ISSUER: 'https://auth.example.com' }).mail.from).toBe('orgauth <no-reply@auth.example.com>');
+  });
+
+  it('refuses an SMTP_URL that is not smtp(s):// and a MAIL_FROM that is not an address', () => {
+    expect(problems({ SMTP_URL: 'http://mail.example.com' })).toEqual([expect.stringMatching(/^SMTP_URL: must be an smtp:\/\/ or smtps:\/\/ URL/)]);
+    expect(problems({ SMTP_URL: 'smtp://' })).toHaveLength(1);
+    expect(problems({ MAIL_FROM: 'not an address' })).toEqual(['MAIL_FROM: must be an email address or "Name <address>"']);
+    expect(problems({ MAIL_FROM: 'x@example.com\r\nBcc: victim@example.com' })).toHaveLength(1);
+    expect(parseConfig({ MAIL_FROM: 'auth@example.com' }).mail.from).toBe('auth@example.com');
+    expect(parseConfig({ MAIL_FROM: '"Example, Inc." <auth@example.com>' }).mail.from).toBe('"Example, Inc." <auth@example.com>');
   });
 
   it('derives the default ISSUER from PORT', () => {

@@ -61,6 +61,8 @@ beforeAll(async () => {
 });
 afterAll(() => database.close());
 
+const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0 };
+
 describe(`deleting expired rows on ${BACKEND}`, () => {
   it('deletes what expired, keeps what is live, and keeps codes a week past expiry for replay detection', async () => {
     const recentCode = await addCode(-6 * DAY);
@@ -73,8 +75,27 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
     await addRevokedToken('revoked-live', 3600);
     await addSession(-10);
     const liveSession = await addSession(3600);
+    // Links sent by email go once expired; invitations 30 days after; emails a week after they were sent.
+    for (const expiresIn of [-10, 600]) {
+      await db.insertInto('account_tokens').values({ token_hash: sha256Hex(generateSecret(32)), purpose: 'reset_password', user_id: fixture.ownerId, email: 'x@example.com', expires_at: at(expiresIn) }).execute();
+    }
+    for (const expiresIn of [-31 * DAY, -29 * DAY]) {
+      await db.insertInto('invitations').values({ organization_id: fixture.organizationId, email: `i${expiresIn}@example.com`, role: 'member', token_hash: sha256Hex(generateSecret(32)), expires_at: at(expiresIn) }).execute();
+    }
+    await db.insertInto('mail_outbox').values({ recipient: 'sent@example.com', subject: 'sent', sent_at: at(-8 * DAY), expires_at: at(-DAY) }).execute();
+    await db.insertInto('mail_outbox').values({ recipient: 'waiting@example.com', subject: 'waiting', body_encrypted: 'x' }).execute();
 
-    expect(await deleteExpired(db)).toEqual({ authorization_codes: 1, refresh_tokens: 3, revoked_access_tokens: 1, sessions: 1 });
+    expect(await deleteExpired(db)).toEqual({
+      authorization_codes: 1,
+      refresh_tokens: 3,
+      revoked_access_tokens: 1,
+      sessions: 1,
+      account_tokens: 1,
+      invitations: 1,
+      mail_outbox: 1,
+    });
+    expect((await db.selectFrom('mail_outbox').select('recipient').execute()).map((m) => m.recipient)).toEqual(['waiting@example.com']);
+    expect((await db.selectFrom('invitations').select('email').execute()).map((i) => i.email)).toEqual([`i${-29 * DAY}@example.com`]);
 
     const codes = await db.selectFrom('authorization_codes').select('code_hash').execute();
     expect(codes.map((c) => c.code_hash).sort()).toEqual([recentCode, liveCode].sort());
@@ -86,7 +107,7 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
     expect(sessions.map((s) => s.id_hash)).toEqual([liveSession]);
 
     // Nothing left to do: a second pass deletes nothing.
-    expect(await deleteExpired(db)).toEqual({ authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0 });
+    expect(await deleteExpired(db)).toEqual({ ...NOTHING });
   });
 
   it('goes through more rows than one batch in one pass', async () => {
@@ -129,7 +150,7 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
   it('stops between batches when asked, and cleans the other tables when one fails', async () => {
     await addRefreshTokens(2500, -1);
     const stopped = await deleteExpired(db, { stopping: () => true });
-    expect(stopped).toEqual({ authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0 });
+    expect(stopped).toEqual({ ...NOTHING });
 
     await addSession(-1);
     const failing = db.withPlugin({

@@ -53,6 +53,14 @@ export async function listOrganizations(db: DB, page: { afterId: number; limit: 
   return db.selectFrom('organizations').selectAll().where('id', '>', page.afterId).orderBy('id').limit(page.limit).execute();
 }
 
+/** The user has not confirmed their email address: others cannot add them, and they cannot accept invitations yet. */
+export class UnverifiedEmailError extends ConflictError {
+  constructor(description = 'this user has not verified their email address yet; invite them instead, or ask them to confirm it first') {
+    super(description);
+    this.name = 'UnverifiedEmailError';
+  }
+}
+
 export interface MembershipResult {
   organization_id: number;
   user_id: number;
@@ -81,7 +89,12 @@ function refuseUnlessAllowed(options: MemberChangeOptions, ...roles: Role[]): vo
   if (!roles.every((role) => mayAssign(actingAs, role))) throw new ForbiddenError('only an owner may make an owner, or change or remove one');
 }
 
-/** Adds a user to an organization. A user already in it is a ConflictError (roles change elsewhere). */
+/**
+ * Adds a user to an organization. A user already in it is a ConflictError (roles change
+ * elsewhere). Someone acting through the product (`options.actor`: a dashboard user, an
+ * application) may add only a user whose email address is verified: an unverified account may
+ * belong to someone who merely typed that address. The operator (no actor) vouches for anyone.
+ */
 export async function addMember(
   db: DB,
   input: { organizationId: number; userId: number; role: Role },
@@ -90,6 +103,11 @@ export async function addMember(
   refuseUnlessAllowed(options, input.role);
   return inTransaction(db, async (trx) => {
     await getOrganization(trx, input.organizationId);
+    if (options.actor) {
+      const user = await trx.selectFrom('users').select('email_verified_at').where('id', '=', input.userId).executeTakeFirst();
+      if (!user) throw new NotFoundError(`user ${input.userId} not found`);
+      if (user.email_verified_at === null) throw new UnverifiedEmailError();
+    }
     try {
       const membership = await trx
         .insertInto('memberships')

@@ -6,7 +6,6 @@
  * email exists.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { Config } from '../config.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import type { Role } from '../db/schema.js';
 import { ConflictError, InvalidRequestError } from '../errors.js';
@@ -14,6 +13,7 @@ import { FailureThrottle } from '../lib/throttle.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
 import { readParams } from '../oauth/params.js';
 import { ForbiddenError, renderPage, setUpPages } from '../pages/render.js';
+import { type EmailPagesDeps, emailLinkPages } from './email-pages.js';
 import { createOrganization, organizationNameSchema } from './organizations.js';
 import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH, verifyPassword } from './passwords.js';
 import {
@@ -29,6 +29,7 @@ import {
   setSessionCookie,
 } from './sessions.js';
 import { emailSchema, findUserByEmail, insertUser, prepareUser } from './users.js';
+import { queueVerification } from './verification.js';
 
 export const LOGIN_WINDOW_MS = 15 * 60 * 1000;
 export const LOGIN_MAX_FAILURES_PER_EMAIL = 5;
@@ -59,8 +60,10 @@ export function loginPath(returnTo: string): string {
   return `/login?return_to=${encodeURIComponent(returnTo)}`;
 }
 
-export async function accountPages(app: FastifyInstance, { db, config }: { db: DB; config: Config }): Promise<void> {
+export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): Promise<void> {
+  const { db, config, mail } = deps;
   await setUpPages(app, config);
+  await emailLinkPages(app, deps);
   const emailThrottle = new FailureThrottle(LOGIN_MAX_FAILURES_PER_EMAIL, LOGIN_WINDOW_MS);
   const ipThrottle = new FailureThrottle(LOGIN_MAX_FAILURES_PER_IP, LOGIN_WINDOW_MS);
 
@@ -175,8 +178,11 @@ export async function accountPages(app: FastifyInstance, { db, config }: { db: D
       userId = await inTransaction(db, async (trx) => {
         const user = await insertUser(trx, prepared);
         await createOrganization(trx, { name: organizationName, ownerUserId: user.id });
+        // The account works at once; the link confirms the address (needed to join others' organizations).
+        await queueVerification(trx, { mail, issuer: config.issuer }, user, false);
         return user.id;
       });
+      mail.wake();
     } catch (err) {
       if (err instanceof ConflictError) return again(['An account with this email address already exists. Sign in instead.']);
       if (err instanceof InvalidRequestError) return again((err.details ?? []).map((d) => `${d.path}: ${d.message}`));

@@ -27,6 +27,8 @@ export interface SessionUser {
   userId: number;
   email: string;
   name: string;
+  /** Whether the user has confirmed their email address. */
+  emailVerified: boolean;
 }
 
 export interface CookieNames {
@@ -75,16 +77,16 @@ export async function findSession(db: DB, sessionId: string | undefined): Promis
   const row = await db
     .selectFrom('sessions')
     .innerJoin('users', 'users.id', 'sessions.user_id')
-    .select(['users.id as userId', 'users.email', 'users.name', 'sessions.last_seen_at'])
+    .select(['users.id as userId', 'users.email', 'users.name', 'users.email_verified_at', 'sessions.last_seen_at'])
     .where('sessions.id_hash', '=', idHash)
     .where('sessions.expires_at', '>', new Date())
     .executeTakeFirst();
   if (!row) return undefined;
-  const { last_seen_at: lastSeen, ...user } = row;
+  const { last_seen_at: lastSeen, email_verified_at: verifiedAt, ...user } = row;
   if (Date.now() - lastSeen.getTime() >= TOUCH_EVERY_MS) {
     await db.updateTable('sessions').set({ last_seen_at: sql`now()` }).where('id_hash', '=', idHash).execute();
   }
-  return { sessionId, ...user };
+  return { sessionId, ...user, emailVerified: verifiedAt !== null };
 }
 
 /** A user's live sessions, most recently used first (the account page shows the newest SESSIONS_LISTED). */

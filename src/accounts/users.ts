@@ -5,6 +5,7 @@ import { isUniqueViolation } from '../db/errors.js';
 import type { User } from '../db/schema.js';
 import { ConflictError, NotFoundError } from '../errors.js';
 import { parseInput } from '../lib/validate.js';
+import { deleteAccountTokens } from './account-tokens.js';
 import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH } from './passwords.js';
 
 export const emailSchema = z
@@ -28,6 +29,8 @@ export interface PreparedUser {
   email: string;
   name: string;
   passwordHash: string;
+  /** Whether the address is known to be the user's (an invitation link, the operator's word). */
+  emailVerified?: boolean;
 }
 
 /**
@@ -40,16 +43,23 @@ export async function prepareUser(input: { email: string; password: string; name
   return { email, name, passwordHash: await hashPassword(password) };
 }
 
-/** Creates a user with an argon2id password hash. A taken email (in any letter case) is a ConflictError. */
-export async function createUser(db: DB, input: { email: string; password: string; name?: string | undefined }): Promise<PublicUser> {
-  return insertUser(db, await prepareUser(input));
+/**
+ * Creates a user with an argon2id password hash: the operator's path (CLI, seed), where the
+ * address counts as verified unless `emailVerified: false`; sign-up verifies by link instead.
+ * A taken email (in any letter case) is a ConflictError.
+ */
+export async function createUser(
+  db: DB,
+  input: { email: string; password: string; name?: string | undefined; emailVerified?: boolean },
+): Promise<PublicUser> {
+  return insertUser(db, { ...(await prepareUser(input)), emailVerified: input.emailVerified ?? true });
 }
 
-export async function insertUser(db: DB, { email, name, passwordHash }: PreparedUser): Promise<PublicUser> {
+export async function insertUser(db: DB, { email, name, passwordHash, emailVerified }: PreparedUser): Promise<PublicUser> {
   try {
     return await db
       .insertInto('users')
-      .values({ email, password_hash: passwordHash, name })
+      .values({ email, password_hash: passwordHash, name, email_verified_at: emailVerified ? sql<Date>`now()` : null })
       .returning(['id', 'email', 'name'])
       .executeTakeFirstOrThrow();
   } catch (err) {
@@ -76,4 +86,13 @@ export async function getUserByEmail(db: DB, email: string): Promise<User> {
 /** Every user in id order, a page at a time (the operator's `orgauth user list`). */
 export async function listUsers(db: DB, page: { afterId: number; limit: number }): Promise<Pick<User, 'id' | 'email' | 'name' | 'created_at'>[]> {
   return db.selectFrom('users').select(['id', 'email', 'name', 'created_at']).where('id', '>', page.afterId).orderBy('id').limit(page.limit).execute();
+}
+
+/**
+ * Sets a user's password hash. Every link sent to them before (reset, verification) stops
+ * working: whoever could read their mail then may not be them now. Callers also end sessions.
+ */
+export async function setPassword(db: DB, userId: number, passwordHash: string): Promise<void> {
+  await db.updateTable('users').set({ password_hash: passwordHash, updated_at: new Date() }).where('id', '=', userId).execute();
+  await deleteAccountTokens(db, userId);
 }

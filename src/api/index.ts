@@ -8,6 +8,7 @@ import { validatorCompiler, type ZodTypeProvider } from 'fastify-type-provider-z
 import { z } from 'zod';
 import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
+import type { MailOutbox } from '../mail/outbox.js';
 import { getOrganization } from '../accounts/organizations.js';
 import type { KeyStore } from '../oauth/key-store.js';
 import type { RevocationList } from '../oauth/revocations.js';
@@ -18,6 +19,7 @@ import { authenticateApiRequest, authOf } from './auth.js';
 import { contactRoutes } from './contacts.js';
 import { registerApiRateLimit } from './rate-limit.js';
 import { grantRoutes } from './grants.js';
+import { invitationRoutes } from './invitations.js';
 import { memberRoutes } from './members.js';
 import { errorResponses, orgParams, serializerCompiler } from './schemas.js';
 import { taskRoutes } from './tasks.js';
@@ -28,7 +30,7 @@ const organizationSchema = z.object({ id: z.number().int(), name: z.string(), cr
 
 export async function apiRoutes(
   app: FastifyInstance,
-  options: { db: DB; keys: KeyStore; revocations: RevocationList; applications: ApplicationCache; config: Config },
+  options: { db: DB; keys: KeyStore; revocations: RevocationList; applications: ApplicationCache; config: Config; mail: MailOutbox },
 ): Promise<void> {
   app.setValidatorCompiler(validatorCompiler);
   app.setSerializerCompiler(serializerCompiler);
@@ -64,6 +66,7 @@ export async function apiRoutes(
   // The management API: the organization's own private applications administering it.
   await api.register(applicationRoutes, { db: options.db, revocations: options.revocations, applications: options.applications });
   await api.register(memberRoutes, { db: options.db, revocations: options.revocations });
+  await api.register(invitationRoutes, { db: options.db, mail: options.mail, issuer: options.config.issuer });
   await api.register(grantRoutes, { db: options.db, revocations: options.revocations });
   await api.register(auditEventRoutes, { db: options.db });
 }

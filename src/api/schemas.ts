@@ -31,7 +31,7 @@ export const errorResponses = {
 };
 
 /** For the operations a rule can refuse whatever the request's shape (the last owner, an application locking itself out). */
-export const conflictResponse = { 409: errorSchema.describe('refused: it would leave the organization without an owner, or lock the calling application out') };
+export const conflictResponse = { 409: errorSchema.describe('refused: it would leave the organization without an owner or lock the calling application out, or the user is already a member or has not verified their email address') };
 
 export const listOf = <T extends z.ZodType>(item: T) =>
   z.object({ data: z.array(item), next_cursor: z.string().nullable().describe('pass as ?cursor= for the next page; null on the last page') });

@@ -1,10 +1,13 @@
 /** The account page: change the password; the browser sessions, each with its own sign-out, and sign-out everywhere (else). */
 import type { FastifyInstance } from 'fastify';
 import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH, verifyPassword } from '../accounts/passwords.js';
+import { emailSchema, setPassword } from '../accounts/users.js';
+import { sendVerification } from '../accounts/verification.js';
 import { clearSessionCookie, csrfTokenMatches, endOtherSessions, endSession, listSessions, SESSIONS_LISTED } from '../accounts/sessions.js';
 import { recordAuditEvent } from '../audit/events.js';
 import { inTransaction } from '../db/connect.js';
-import { ForbiddenError, NotFoundError } from '../errors.js';
+import { ConflictError, ForbiddenError, NotFoundError } from '../errors.js';
+import { TooManyAttemptsError } from '../oauth/errors.js';
 import { sha256Hex } from '../lib/crypto.js';
 import { renderPage } from '../pages/render.js';
 import type { DashboardDeps } from './applications.js';
@@ -13,8 +16,19 @@ import { CSRF_FAILED, dashboardContext, readForm } from './context.js';
 export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): Promise<void> {
   const { db, config } = deps;
 
-  const page = async (ctx: ReturnType<typeof dashboardContext>, view: { errors?: string[]; message?: string } = {}) => {
+  const mailDeps = { mail: deps.mail, issuer: config.issuer };
+
+  const page = async (ctx: ReturnType<typeof dashboardContext>, view: { errors?: string[]; message?: string; newEmail?: string } = {}) => {
     const current = sha256Hex(ctx.session.sessionId);
+    const pending = await db
+      .selectFrom('account_tokens')
+      .select('email')
+      .where('user_id', '=', ctx.session.userId)
+      .where('purpose', '=', 'verify_email')
+      .where('email', '!=', ctx.session.email)
+      .where('expires_at', '>', new Date())
+      .orderBy('id', 'desc')
+      .executeTakeFirst();
     const sessions = (await listSessions(db, ctx.session.userId)).map(({ id_hash: idHash, ...session }) => ({ ...session, current: idHash === current }));
     return {
       title: 'Account',
@@ -25,8 +39,50 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
       passwordMinLength: PASSWORD_MIN_LENGTH,
       sessions,
       sessionsCapped: sessions.length === SESSIONS_LISTED,
+      pendingEmail: pending?.email ?? '',
+      newEmail: view.newEmail ?? '',
     };
   };
+
+  /** A refusal the user can act on is shown on the page; anything else goes to the error page. */
+  const refusal = (err: unknown): string | undefined => (err instanceof ConflictError || err instanceof TooManyAttemptsError ? err.description : undefined);
+
+  app.post('/dashboard/account/email/verify', async (req, reply) => {
+    const { params } = readForm(req.body);
+    const ctx = dashboardContext(req);
+    if (!csrfTokenMatches(config, { session: ctx.session.sessionId }, params.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
+    try {
+      await sendVerification(db, mailDeps, ctx.session.userId);
+    } catch (err) {
+      const message = refusal(err);
+      if (message === undefined) throw err;
+      return renderPage(reply, err instanceof TooManyAttemptsError ? 429 : 409, 'dashboard/account', await page(ctx, { errors: [message] }));
+    }
+    return renderPage(reply, 200, 'dashboard/account', await page(ctx, { message: `We sent a new link to ${ctx.session.email}.` }));
+  });
+
+  // A new address takes effect when its link is followed; the password guards against a borrowed session.
+  app.post('/dashboard/account/email', async (req, reply) => {
+    const { params } = readForm(req.body);
+    const ctx = dashboardContext(req);
+    if (!csrfTokenMatches(config, { session: ctx.session.sessionId }, params.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
+    const newEmail = (params.email ?? '').trim();
+    const again = async (status: number, error: string) => renderPage(reply, status, 'dashboard/account', await page(ctx, { errors: [error], newEmail }));
+    const parsed = emailSchema.safeParse(newEmail);
+    if (!parsed.success) return again(400, 'Enter a valid email address.');
+    if (parsed.data === ctx.session.email) return again(400, 'That is already your email address.');
+    const current = params.current_password ?? '';
+    const user = await db.selectFrom('users').select('password_hash').where('id', '=', ctx.session.userId).executeTakeFirstOrThrow();
+    if (current.length > PASSWORD_MAX_LENGTH || !(await verifyPassword(user.password_hash, current))) return again(400, 'The current password is not correct.');
+    try {
+      await sendVerification(db, mailDeps, ctx.session.userId, parsed.data);
+    } catch (err) {
+      const message = refusal(err);
+      if (message === undefined) throw err;
+      return again(err instanceof TooManyAttemptsError ? 429 : 409, message);
+    }
+    return renderPage(reply, 200, 'dashboard/account', await page(ctx, { message: `We sent a link to ${parsed.data}. Your address changes when you follow it.` }));
+  });
 
   app.get('/dashboard/account', async (req, reply) => renderPage(reply, 200, 'dashboard/account', await page(dashboardContext(req))));
 
@@ -46,7 +102,7 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
     }
     const hash = await hashPassword(next);
     await inTransaction(db, async (trx) => {
-      await trx.updateTable('users').set({ password_hash: hash, updated_at: new Date() }).where('id', '=', user.id).execute();
+      await setPassword(trx, user.id, hash);
       // Whoever else held a session (the reason to change a password, often) is signed out.
       await trx.deleteFrom('sessions').where('user_id', '=', user.id).where('id_hash', '!=', sha256Hex(ctx.session.sessionId)).execute();
       // Account events have no organization of their own: each organization the user is in sees it.

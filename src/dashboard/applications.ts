@@ -7,6 +7,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { recordAuditEvent } from '../audit/events.js';
 import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
+import type { MailOutbox } from '../mail/outbox.js';
 import type { Application, ApplicationType } from '../db/schema.js';
 import { NotFoundError } from '../errors.js';
 import type { ApplicationCache } from '../oauth/application-cache.js';
@@ -40,6 +41,8 @@ export interface DashboardDeps {
   applications: ApplicationCache;
   clientGrants: ClientGrants;
   metrics: Metrics;
+  /** Invitations and verification links are queued here (src/mail/outbox.ts). */
+  mail: MailOutbox;
 }
 
 const MAX_REDIRECT_URIS = 20;

@@ -4,8 +4,9 @@
  * organization.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { addMember, changeMemberRole, listMembers, removeMember, ROLES } from '../accounts/organizations.js';
-import { findUserByEmail } from '../accounts/users.js';
+import { addMember, changeMemberRole, listMembers, removeMember, ROLES, UnverifiedEmailError } from '../accounts/organizations.js';
+import { createInvitation, type InvitationActor, listPendingInvitations, resendInvitation, revokeInvitation } from '../accounts/invitations.js';
+import { emailSchema, findUserByEmail } from '../accounts/users.js';
 import { listAuditEvents } from '../audit/events.js';
 import type { Role } from '../db/schema.js';
 import { ConflictError, ForbiddenError, NotFoundError } from '../errors.js';
@@ -73,9 +74,11 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
     reply: FastifyReply,
     ctx: DashboardContext,
     status = 200,
-    view: { errors?: string[]; email?: string; after?: number | undefined } = {},
+    view: { errors?: string[]; email?: string; inviteEmail?: string; message?: string; after?: number | undefined } = {},
   ) {
     const rows = ctx.organization ? await listMembers(db, ctx.organization.id, { afterUserId: view.after ?? 0, limit: DASHBOARD_PAGE_SIZE + 1 }) : [];
+    // Pending invitations: the first page, to owners and admins (a longer list is the API's).
+    const invitations = ctx.organization && ctx.canManage ? await listPendingInvitations(db, ctx.organization.id, { afterId: 0, limit: DASHBOARD_PAGE_SIZE + 1 }) : [];
     return renderPage(reply, status, 'dashboard/members', {
       title: 'Members',
       ctx,
@@ -86,6 +89,10 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
       roles: ROLES,
       errors: view.errors ?? [],
       email: view.email ?? '',
+      inviteEmail: view.inviteEmail ?? '',
+      message: view.message ?? '',
+      invitations: invitations.slice(0, DASHBOARD_PAGE_SIZE),
+      invitationsCapped: invitations.length > DASHBOARD_PAGE_SIZE,
     });
   }
 
@@ -104,13 +111,60 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
     const refuse = (message: string) => renderMembers(reply, ctx, 400, { errors: [message], email });
     if (!role) return refuse('Choose a role.');
     const user = email === '' || email.length > 254 ? undefined : await findUserByEmail(db, email);
-    if (!user) return refuse('There is no account with this email address. Ask them to sign up first.');
+    if (!user) return refuse('There is no account with this email address. Invite them instead: they can sign up from the link.');
     try {
       await addMember(db, { organizationId: ctx.organization.id, userId: user.id, role }, memberChange(ctx));
     } catch (err) {
+      if (err instanceof UnverifiedEmailError) return refuse('This user has not confirmed their email address yet. Invite them instead.');
       if (err instanceof ConflictError) return refuse('This user is already a member.');
       throw err;
     }
+    return reply.redirect('/dashboard/members', 303);
+  });
+
+  // Invitations: by email, with a role; the invitee joins from the emailed link.
+  const inviter = (ctx: ActionContext): InvitationActor => ({
+    actor: { actorUserId: ctx.session.userId },
+    actingAs: ctx.organization.role,
+    inviterLabel: ctx.session.name ? `${ctx.session.name} (${ctx.session.email})` : ctx.session.email,
+  });
+  const mailDeps = { mail: deps.mail, issuer: config.issuer };
+
+  app.post('/dashboard/invitations', async (req, reply) => {
+    const { params } = readForm(req.body);
+    const ctx = requireAction(config, req, params, { manage: true });
+    const email = (params.email ?? '').trim();
+    const role = parseRole(params.role);
+    const refuse = (status: number, message: string) => renderMembers(reply, ctx, status, { errors: [message], inviteEmail: email });
+    if (!role) return refuse(400, 'Choose a role.');
+    if (!emailSchema.safeParse(email).success) return refuse(400, 'Enter a valid email address.');
+    try {
+      await createInvitation(db, { organizationId: ctx.organization.id, email, role }, inviter(ctx), mailDeps);
+    } catch (err) {
+      if (err instanceof ConflictError || err instanceof ForbiddenError) return refuse(err.statusCode, err.description);
+      throw err;
+    }
+    return renderMembers(reply, ctx, 200, { message: `Invitation sent to ${email}.` });
+  });
+
+  /** The pending invitation named in the URL, for an owner or admin. */
+  function managedInvitation(req: FastifyRequest<{ Params: { id: string } }>): { ctx: ActionContext; id: number } {
+    const { params } = readForm(req.body);
+    const ctx = requireAction(config, req, params, { manage: true });
+    const id = parseId(req.params.id);
+    if (id === undefined) throw new NotFoundError('There is no such pending invitation in this organization.');
+    return { ctx, id };
+  }
+
+  app.post<{ Params: { id: string } }>('/dashboard/invitations/:id/resend', async (req, reply) => {
+    const { ctx, id } = managedInvitation(req);
+    const invitation = await resendInvitation(db, ctx.organization.id, id, inviter(ctx), mailDeps);
+    return renderMembers(reply, ctx, 200, { message: `Invitation sent again to ${invitation.email}; the earlier link no longer works.` });
+  });
+
+  app.post<{ Params: { id: string } }>('/dashboard/invitations/:id/revoke', async (req, reply) => {
+    const { ctx, id } = managedInvitation(req);
+    await revokeInvitation(db, ctx.organization.id, id, inviter(ctx));
     return reply.redirect('/dashboard/members', 303);
   });
 

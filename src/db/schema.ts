@@ -22,8 +22,58 @@ export interface UsersTable {
   email: string;
   password_hash: string;
   name: ColumnType<string, string | undefined, string>;
+  /** When the user proved they read mail at `email`; null until then. */
+  email_verified_at: NullableTimestamp;
   created_at: Generated<Date>;
   updated_at: Timestamp;
+}
+
+export type AccountTokenPurpose = 'verify_email' | 'reset_password';
+
+/** A link sent to a user by email: only the token's SHA-256 is kept; used once, then deleted. */
+export interface AccountTokensTable {
+  id: Generated<number>;
+  token_hash: string;
+  purpose: AccountTokenPurpose;
+  user_id: number;
+  /** The address a verification link confirms (for a reset: the address it was sent to). */
+  email: string;
+  created_at: Generated<Date>;
+  expires_at: Timestamp;
+}
+
+export interface InvitationsTable {
+  id: Generated<number>;
+  organization_id: number;
+  email: string;
+  role: Role;
+  token_hash: string;
+  invited_by_user_id: number | null;
+  invited_by_client_id: string | null;
+  created_at: Generated<Date>;
+  /** When the link was last sent (a resend sends a new link). */
+  sent_at: Generated<Date>;
+  expires_at: Timestamp;
+  accepted_at: NullableTimestamp;
+  accepted_by_user_id: number | null;
+  revoked_at: NullableTimestamp;
+}
+
+/** A message waiting to be sent, or sent (body cleared); see src/mail/outbox.ts. */
+export interface MailOutboxTable {
+  id: Generated<number>;
+  recipient: string;
+  subject: string;
+  /** The text and HTML bodies, encrypted under a key derived from SECRET_KEY; null once sent. */
+  body_encrypted: string | null;
+  created_at: Generated<Date>;
+  attempts: ColumnType<number, number | undefined, number>;
+  next_attempt_at: Timestamp;
+  last_error: string | null;
+  sent_at: NullableTimestamp;
+  failed_at: NullableTimestamp;
+  /** Set when the message is done with (sent or given up): retention deletes it a week later. */
+  expires_at: NullableTimestamp;
 }
 
 export interface OrganizationsTable {
@@ -178,6 +228,9 @@ export interface Database {
   audit_events: AuditEventsTable;
   contacts: ContactsTable;
   tasks: TasksTable;
+  account_tokens: AccountTokensTable;
+  invitations: InvitationsTable;
+  mail_outbox: MailOutboxTable;
 }
 
 export type User = Selectable<UsersTable>;
@@ -192,3 +245,4 @@ export type SigningKey = Selectable<SigningKeysTable>;
 export type AuditEvent = Selectable<AuditEventsTable>;
 export type Contact = Selectable<ContactsTable>;
 export type Task = Selectable<TasksTable>;
+export type Invitation = Selectable<InvitationsTable>;

@@ -1,5 +1,5 @@
 /** Random secrets, their digests and constant-time comparison. */
-import { hash, hkdfSync, randomBytes, timingSafeEqual } from 'node:crypto';
+import { createCipheriv, createDecipheriv, hash, hkdfSync, randomBytes, timingSafeEqual } from 'node:crypto';
 
 /**
  * A random value from the CSPRNG, base64url without padding. 32 bytes (256 bits) by default:
@@ -46,4 +46,24 @@ export function secretMatches(secret: string, expectedHex: string): boolean {
  */
 export function deriveKey(secretKey: string, purpose: string): Uint8Array {
   return new Uint8Array(hkdfSync('sha256', secretKey, 'orgauth', purpose, 32));
+}
+
+/**
+ * Encrypts text for storage (AES-256-GCM, a fresh 96-bit nonce each time) under a key derived
+ * from SECRET_KEY for `purpose`: `v1.<nonce>.<ciphertext>.<tag>`, base64url. openText reverses
+ * it and throws when the key or the text is not the one it was sealed with.
+ */
+export function sealText(secretKey: string, purpose: string, text: string): string {
+  const nonce = randomBytes(12);
+  const cipher = createCipheriv('aes-256-gcm', deriveKey(secretKey, purpose), nonce);
+  const sealed = Buffer.concat([cipher.update(text, 'utf8'), cipher.final()]);
+  return ['v1', nonce.toString('base64url'), sealed.toString('base64url'), cipher.getAuthTag().toString('base64url')].join('.');
+}
+
+export function openText(secretKey: string, purpose: string, sealed: string): string {
+  const [version, nonce, data, tag] = sealed.split('.');
+  if (version !== 'v1' || nonce === undefined || data === undefined || tag === undefined) throw new Error('not a sealed text');
+  const decipher = createDecipheriv('aes-256-gcm', deriveKey(secretKey, purpose), Buffer.from(nonce, 'base64url'));
+  decipher.setAuthTag(Buffer.from(tag, 'base64url'));
+  return Buffer.concat([decipher.update(Buffer.from(data, 'base64url')), decipher.final()]).toString('utf8');
 }

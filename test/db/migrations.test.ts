@@ -7,7 +7,7 @@ import { BACKEND, createEmptyDatabase, type TestDatabase } from '../helpers/db.j
 
 /** The data model as schema.ts declares it; a column added to one must be added to the other. */
 const EXPECTED_COLUMNS: Record<string, string[]> = {
-  users: ['id', 'email', 'password_hash', 'name', 'created_at', 'updated_at'],
+  users: ['id', 'email', 'password_hash', 'name', 'created_at', 'updated_at', 'email_verified_at'],
   organizations: ['id', 'name', 'created_at', 'updated_at'],
   memberships: ['organization_id', 'user_id', 'role', 'created_at'],
   applications: [
@@ -26,9 +26,17 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   audit_events: ['id', 'organization_id', 'actor_user_id', 'actor_client_id', 'action', 'details', 'created_at'],
   contacts: ['id', 'organization_id', 'name', 'email', 'phone', 'company', 'notes', 'created_at', 'updated_at'],
   tasks: ['id', 'organization_id', 'title', 'description', 'status', 'due_on', 'contact_id', 'completed_at', 'created_at', 'updated_at'],
+  account_tokens: ['id', 'token_hash', 'purpose', 'user_id', 'email', 'created_at', 'expires_at'],
+  invitations: [
+    'id', 'organization_id', 'email', 'role', 'token_hash', 'invited_by_user_id', 'invited_by_client_id', 'created_at', 'sent_at',
+    'expires_at', 'accepted_at', 'accepted_by_user_id', 'revoked_at',
+  ],
+  mail_outbox: [
+    'id', 'recipient', 'subject', 'body_encrypted', 'created_at', 'attempts', 'next_attempt_at', 'last_error', 'sent_at', 'failed_at', 'expires_at',
+  ],
 };
 
-const ORG_OWNED = ['memberships', 'applications', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks'];
+const ORG_OWNED = ['memberships', 'applications', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations'];
 const HASH = 'a'.repeat(64);
 
 let database: TestDatabase;
@@ -64,6 +72,7 @@ const MIGRATIONS = [
   '20261123_0008_revoked_set',
   '20261123_0009_contact_search_probe',
   '20261123_0010_session_details',
+  '20261123_0011_account_lifecycle',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {

@@ -1,0 +1,248 @@
+/**
+ * The pages that links in emails open, and the forgot-password page:
+ *
+ * - GET/POST /forgot-password: one answer whatever the address (the work happens after it).
+ * - GET/POST /reset-password?token=…: the new-password form; the POST uses the link.
+ * - GET/POST /verify-email?token=…: a button that confirms the address. Opening a link never
+ *   uses it: mail scanners that fetch every link in a message must not spend single-use links.
+ * - GET /invitation?token=…, POST /invitation/accept, POST /invitation/signup.
+ *
+ * Forms before sign-in carry the pre-session CSRF token (sessions.ts), so no other site can
+ * post a stranger's link from a victim's browser to sign them in to the stranger's account.
+ * Tokens in URLs are masked in the logs (logger.ts), and pages send no Referer (render.ts).
+ */
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { Config } from '../config.js';
+import { selectOrganization } from '../dashboard/current-organization.js';
+import type { DB } from '../db/connect.js';
+import { ConflictError, ForbiddenError } from '../errors.js';
+import type { BackgroundTasks } from '../lib/background.js';
+import { FailureThrottle } from '../lib/throttle.js';
+import type { MailOutbox } from '../mail/outbox.js';
+import { TooManyAttemptsError } from '../oauth/errors.js';
+import { readParams } from '../oauth/params.js';
+import { renderPage } from '../pages/render.js';
+import { findAccountToken } from './account-tokens.js';
+import { acceptInvitation, findOpenInvitation, InvitationUnavailableError, sameAddress, signUpFromInvitation } from './invitations.js';
+import { requestPasswordReset, resetPassword } from './password-reset.js';
+import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH } from './passwords.js';
+import { createSession, csrfToken, csrfTokenMatches, currentUser, deleteSession, ensurePreSession, preSessionBinding, setSessionCookie } from './sessions.js';
+import { emailSchema, findUserByEmail } from './users.js';
+import { confirmEmail } from './verification.js';
+
+const HOUR_MS = 3600_000;
+/** Reset requests per address an hour (whether or not it has an account), and per client IP in 15 minutes. */
+export const RESET_REQUESTS_PER_ADDRESS = 5;
+export const RESET_REQUESTS_PER_IP = 20;
+/** Invalid links per client IP in 15 minutes before the link pages refuse it for a while. */
+export const BAD_LINKS_PER_IP = 30;
+
+const CSRF_FAILED = 'This form has expired or did not come from this site. Go back, reload the page and try again.';
+const BAD_RESET_LINK = 'This password reset link is not valid: it has expired (links work for 30 minutes), has been used, or a newer one was sent. Ask for a new link.';
+const BAD_VERIFY_LINK = 'This confirmation link is not valid: it has expired, has been used, or a newer one was sent. Sign in and ask for a new link on the Account page.';
+
+export interface EmailPagesDeps {
+  db: DB;
+  config: Config;
+  mail: MailOutbox;
+  background: BackgroundTasks;
+}
+
+function queryToken(req: FastifyRequest): string | undefined {
+  const value = (req.query as Record<string, unknown> | undefined)?.token;
+  return typeof value === 'string' ? value : undefined;
+}
+
+export async function emailLinkPages(app: FastifyInstance, { db, config, mail, background }: EmailPagesDeps): Promise<void> {
+  const mailDeps = { mail, issuer: config.issuer };
+  const addressThrottle = new FailureThrottle(RESET_REQUESTS_PER_ADDRESS, HOUR_MS);
+  const ipThrottle = new FailureThrottle(RESET_REQUESTS_PER_IP, 15 * 60_000);
+  const badLinks = new FailureThrottle(BAD_LINKS_PER_IP, 15 * 60_000);
+
+  const preCsrf = (req: FastifyRequest, reply: FastifyReply) => csrfToken(config, { preSession: ensurePreSession(req, reply, config) });
+  function checkPreSessionCsrf(req: FastifyRequest, token: string | undefined): void {
+    if (!csrfTokenMatches(config, preSessionBinding(req, config), token)) throw new ForbiddenError(CSRF_FAILED);
+  }
+  /** A link that did not work: counted per IP, so guessing (hopeless at 256 bits) is also slow. */
+  function badLink(req: FastifyRequest, reply: FastifyReply, message: string, status = 404) {
+    badLinks.recordFailure(req.ip);
+    return renderPage(reply, status, 'error', { title: 'This link does not work', message });
+  }
+  function refuseLinkGuessing(req: FastifyRequest): void {
+    const wait = badLinks.retryAfter(req.ip);
+    if (wait > 0) throw new TooManyAttemptsError(wait, 'Too many links that do not work were tried from here. Please wait and try again later.');
+  }
+
+  // ---- forgot password ----
+  const forgotPage = (req: FastifyRequest, reply: FastifyReply, status: number, view: { email?: string; sent?: boolean; error?: string }) =>
+    renderPage(reply, status, 'forgot-password', { title: 'Reset your password', csrfToken: preCsrf(req, reply), email: view.email ?? '', sent: view.sent ?? false, error: view.error ?? '' });
+
+  app.get('/forgot-password', async (req, reply) => forgotPage(req, reply, 200, {}));
+
+  app.post('/forgot-password', async (req, reply) => {
+    const form = readParams(req.body);
+    checkPreSessionCsrf(req, form.csrf_token);
+    const email = (form.email ?? '').trim();
+    if (!emailSchema.safeParse(email).success) return forgotPage(req, reply, 400, { email, error: 'Enter a valid email address.' });
+    const key = email.toLowerCase();
+    const wait = Math.max(addressThrottle.retryAfter(key), ipThrottle.retryAfter(req.ip));
+    if (wait > 0) throw new TooManyAttemptsError(wait, 'Too many reset requests. Please wait and try again later.');
+    addressThrottle.recordFailure(key);
+    ipThrottle.recordFailure(req.ip);
+    // After the answer: whether the address has an account changes nothing in it, not even its timing.
+    background.run('password reset request', async () => {
+      const outcome = await requestPasswordReset(db, mailDeps, email);
+      req.log.info({ outcome }, 'password reset requested');
+    });
+    return forgotPage(req, reply, 200, { sent: true });
+  });
+
+  // ---- reset password ----
+  const resetPage = (req: FastifyRequest, reply: FastifyReply, status: number, view: { token: string; email: string; errors?: string[] }) =>
+    renderPage(reply, status, 'reset-password', {
+      title: 'Choose a new password',
+      csrfToken: preCsrf(req, reply),
+      token: view.token,
+      email: view.email,
+      errors: view.errors ?? [],
+      passwordMinLength: PASSWORD_MIN_LENGTH,
+    });
+
+  app.get('/reset-password', async (req, reply) => {
+    refuseLinkGuessing(req);
+    const token = queryToken(req);
+    const found = await findAccountToken(db, 'reset_password', token);
+    if (!found || token === undefined) return badLink(req, reply, BAD_RESET_LINK);
+    return resetPage(req, reply, 200, { token, email: found.email });
+  });
+
+  app.post('/reset-password', async (req, reply) => {
+    refuseLinkGuessing(req);
+    const form = readParams(req.body);
+    checkPreSessionCsrf(req, form.csrf_token);
+    const token = form.token ?? '';
+    const password = form.password ?? '';
+    const found = await findAccountToken(db, 'reset_password', token);
+    if (!found) return badLink(req, reply, BAD_RESET_LINK);
+    if (password.length < PASSWORD_MIN_LENGTH || password.length > PASSWORD_MAX_LENGTH) {
+      // The link is not used up by a password the form refuses.
+      return resetPage(req, reply, 400, { token, email: found.email, errors: [`The password must be ${PASSWORD_MIN_LENGTH} to ${PASSWORD_MAX_LENGTH} characters long.`] });
+    }
+    const userId = await resetPassword(db, token, await hashPassword(password));
+    if (userId === undefined) return badLink(req, reply, BAD_RESET_LINK);
+    req.log.info({ user_id: userId }, 'password reset');
+    return renderPage(reply, 200, 'message', {
+      title: 'Password changed',
+      message: 'Your password was changed, and every browser that was signed in to your account was signed out. Sign in with the new password.',
+      link: { href: '/login', label: 'Sign in' },
+    });
+  });
+
+  // ---- verify email ----
+  app.get('/verify-email', async (req, reply) => {
+    refuseLinkGuessing(req);
+    const token = queryToken(req);
+    const found = await findAccountToken(db, 'verify_email', token);
+    if (!found || token === undefined) return badLink(req, reply, BAD_VERIFY_LINK);
+    const user = await db.selectFrom('users').select('email').where('id', '=', found.user_id).executeTakeFirstOrThrow();
+    return renderPage(reply, 200, 'verify-email', {
+      title: 'Confirm your email address',
+      csrfToken: preCsrf(req, reply),
+      token,
+      email: found.email,
+      currentEmail: user.email,
+      change: user.email !== found.email,
+    });
+  });
+
+  app.post('/verify-email', async (req, reply) => {
+    refuseLinkGuessing(req);
+    const form = readParams(req.body);
+    checkPreSessionCsrf(req, form.csrf_token);
+    let confirmed;
+    try {
+      confirmed = await confirmEmail(db, mailDeps, form.token);
+    } catch (err) {
+      if (err instanceof ConflictError) return renderPage(reply, 409, 'error', { title: 'This address is taken', message: err.description });
+      throw err;
+    }
+    if (!confirmed) return badLink(req, reply, BAD_VERIFY_LINK);
+    return renderPage(reply, 200, 'message', {
+      title: 'Email address confirmed',
+      message: confirmed.previousEmail !== undefined ? `Your account's email address is now ${confirmed.email}.` : `${confirmed.email} is confirmed. Thank you.`,
+      link: { href: '/dashboard', label: 'Go to the dashboard' },
+    });
+  });
+
+  // ---- invitations ----
+  async function invitationPage(req: FastifyRequest, reply: FastifyReply, token: string, status = 200, view: { errors?: string[]; name?: string } = {}) {
+    const invitation = await findOpenInvitation(db, token);
+    if (!invitation) return badLink(req, reply, new InvitationUnavailableError().description);
+    const session = await currentUser(db, config, req);
+    const returnTo = `/invitation?token=${token}`;
+    return renderPage(reply, status, 'invitation', {
+      title: `Join ${invitation.organization_name}`,
+      invitation,
+      token,
+      errors: view.errors ?? [],
+      name: view.name ?? '',
+      signedInAs: session?.email ?? '',
+      matches: session !== undefined && sameAddress(session.email, invitation.email),
+      csrfToken: session ? csrfToken(config, { session: session.sessionId }) : preCsrf(req, reply),
+      logoutCsrfToken: session ? csrfToken(config, { session: session.sessionId }) : '',
+      accountExists: session === undefined && (await findUserByEmail(db, invitation.email)) !== undefined,
+      loginHref: `/login?return_to=${encodeURIComponent(returnTo)}`,
+      passwordMinLength: PASSWORD_MIN_LENGTH,
+    });
+  }
+
+  app.get('/invitation', async (req, reply) => {
+    refuseLinkGuessing(req);
+    return invitationPage(req, reply, queryToken(req) ?? '');
+  });
+
+  app.post('/invitation/accept', async (req, reply) => {
+    refuseLinkGuessing(req);
+    const form = readParams(req.body);
+    const session = await currentUser(db, config, req);
+    if (!session || !csrfTokenMatches(config, { session: session.sessionId }, form.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
+    let invitation;
+    try {
+      invitation = await acceptInvitation(db, form.token, session.userId);
+    } catch (err) {
+      if (err instanceof InvitationUnavailableError) return badLink(req, reply, err.description);
+      if (err instanceof ConflictError) return invitationPage(req, reply, form.token ?? '', 409, { errors: [err.description] });
+      throw err;
+    }
+    // The dashboard opens on the organization just joined.
+    await selectOrganization(db, { sessionId: session.sessionId, userId: session.userId, organizationId: invitation.organization_id });
+    return reply.redirect('/dashboard', 303);
+  });
+
+  app.post('/invitation/signup', async (req, reply) => {
+    refuseLinkGuessing(req);
+    const form = readParams(req.body);
+    checkPreSessionCsrf(req, form.csrf_token);
+    const token = form.token ?? '';
+    const password = form.password ?? '';
+    const name = (form.name ?? '').trim();
+    const errors: string[] = [];
+    if (password.length < PASSWORD_MIN_LENGTH || password.length > PASSWORD_MAX_LENGTH) errors.push(`The password must be ${PASSWORD_MIN_LENGTH} to ${PASSWORD_MAX_LENGTH} characters long.`);
+    if (name.length > 200) errors.push('The name must be at most 200 characters long.');
+    if (errors.length > 0) return invitationPage(req, reply, token, 400, { errors, name });
+    let joined;
+    try {
+      joined = await signUpFromInvitation(db, token, { name, passwordHash: await hashPassword(password) });
+    } catch (err) {
+      if (err instanceof InvitationUnavailableError) return badLink(req, reply, err.description);
+      if (err instanceof ConflictError) return invitationPage(req, reply, token, 409, { errors: ['An account with this email address already exists. Sign in to accept the invitation.'], name });
+      throw err;
+    }
+    const previous = await currentUser(db, config, req);
+    if (previous) await deleteSession(db, previous.sessionId);
+    const sessionId = await createSession(db, joined.userId, { userAgent: req.headers['user-agent'], ip: req.ip });
+    await selectOrganization(db, { sessionId, userId: joined.userId, organizationId: joined.invitation.organization_id });
+    setSessionCookie(reply, config, sessionId);
+    return reply.redirect('/dashboard', 303);
+  });
+}

@@ -1,0 +1,24 @@
+/**
+ * GET /dev/outbox: the messages a development server would have sent, readable in the browser
+ * (their links work from here). Registered only when config.mail.devOutbox: no SMTP_URL, the
+ * embedded database, and not production; anywhere else the path does not exist.
+ */
+import type { FastifyInstance } from 'fastify';
+import type { Config } from '../config.js';
+import { renderPage, setUpPages } from '../pages/render.js';
+import type { MailOutbox } from './outbox.js';
+
+export const DEV_OUTBOX_PATH = '/dev/outbox';
+const SHOWN = 50;
+
+export async function devOutboxPage(app: FastifyInstance, { config, mail }: { config: Config; mail: MailOutbox }): Promise<void> {
+  await setUpPages(app, config);
+  app.get(DEV_OUTBOX_PATH, async (_req, reply) => {
+    const messages = (await mail.recent(SHOWN)).map((m) => ({
+      ...m,
+      // Only links to this server become clickable.
+      links: [...m.text.matchAll(/https?:\/\/[^\s<>"]+/g)].map((x) => x[0]).filter((l) => l.startsWith(`${config.issuer}/`)),
+    }));
+    return renderPage(reply, 200, 'dev-outbox', { title: 'Developer outbox', messages, limit: SHOWN });
+  });
+}

@@ -1,0 +1,58 @@
+/**
+ * The messages orgauth sends: a subject and text and HTML bodies, from the templates in
+ * src/pages/views/mail (the HTML escaped as pages are). Every value that comes from a user
+ * (names, addresses, organization names) goes through the templates, never into markup by hand.
+ */
+import type { Role } from '../db/schema.js';
+import { renderHtml, renderText } from '../pages/render.js';
+
+export interface MailMessage {
+  to: string;
+  subject: string;
+  text: string;
+  html: string;
+}
+
+/** A header value: one line, no control characters (whatever a name or organization holds). */
+function headerText(value: string, max = 200): string {
+  const line = value.replace(/[\u0000-\u001f\u007f]+/g, ' ').trim();
+  return line.length > max ? `${line.slice(0, max - 1)}…` : line;
+}
+
+function compose(view: string, to: string, subject: string, data: Record<string, unknown>): MailMessage {
+  const values = { ...data, subject };
+  return { to, subject: headerText(subject), text: renderText(`mail/${view}-text`, values), html: renderHtml(`mail/${view}-html`, values) };
+}
+
+export function verifyEmailMessage(input: { issuer: string; to: string; name: string; link: string; hours: number; change: boolean }): MailMessage {
+  const subject = input.change ? 'Confirm your new email address' : 'Confirm your email address';
+  return compose('verify-email', input.to, subject, { ...input, email: input.to });
+}
+
+export function resetPasswordMessage(input: { issuer: string; to: string; name: string; link: string; minutes: number }): MailMessage {
+  return compose('reset-password', input.to, 'Reset your password', { ...input, email: input.to });
+}
+
+export function emailChangedMessage(input: { issuer: string; to: string; name: string; newEmail: string }): MailMessage {
+  return compose('email-changed', input.to, 'Your email address was changed', {
+    ...input,
+    oldEmail: input.to,
+    forgotLink: `${input.issuer}/forgot-password`,
+  });
+}
+
+export function invitationMessage(input: {
+  issuer: string;
+  to: string;
+  inviter: string;
+  organizationName: string;
+  role: Role;
+  link: string;
+  expiresAt: Date;
+}): MailMessage {
+  return compose('invitation', input.to, `You are invited to join ${input.organizationName}`, {
+    ...input,
+    email: input.to,
+    expires: `${input.expiresAt.toISOString().slice(0, 16).replace('T', ' ')} UTC`,
+  });
+}
