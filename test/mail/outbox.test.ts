@@ -1,0 +1,153 @@
+/**
+ * The mail outbox against a real SMTP server: a server that is down delays a message but never
+ * loses it or fails the request; two instances sharing the queue send each message once; without
+ * SMTP_URL messages go to the log and the developer outbox; bodies are encrypted at rest.
+ */
+import type { FastifyInstance } from 'fastify';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createUser } from '../../src/accounts/users.js';
+import { connectDatabase, type DatabaseHandle } from '../../src/db/connect.js';
+import { createLogger } from '../../src/logger.js';
+import { MailOutbox, retryDelaySeconds } from '../../src/mail/outbox.js';
+import { smtpTransport } from '../../src/mail/transport.js';
+import { Metrics } from '../../src/metrics.js';
+import { Browser, csrfTokenIn } from '../accounts/browser.js';
+import { buildTestApp, logCapture, TEST_SECRET_KEY, testConfig } from '../helpers/app.js';
+import { BACKEND, createTestDatabase } from '../helpers/db.js';
+import { TestSmtpServer } from '../helpers/smtp.js';
+
+let t: Awaited<ReturnType<typeof createTestDatabase>>;
+let smtp: TestSmtpServer;
+const db = () => t.handle.db;
+let n = 0;
+const address = (label: string) => `${label}-${++n}@example.com`;
+
+beforeAll(async () => {
+  t = await createTestDatabase();
+  smtp = await TestSmtpServer.start();
+});
+afterAll(async () => {
+  await smtp?.stop();
+  await t?.close();
+});
+
+async function requestReset(app: FastifyInstance, email: string, ip: string) {
+  const browser = new Browser(app, ip);
+  const csrf_token = await browser.csrf('/forgot-password');
+  return browser.post('/forgot-password', { csrf_token, email });
+}
+
+const seconds = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+describe(`the mail outbox on ${BACKEND}`, () => {
+  it('answers a reset request normally while the mail server is down, and delivers the email exactly once when it is back', async () => {
+    const app = await buildTestApp(db(), { env: { SMTP_URL: smtp.url } });
+    try {
+      const email = address('patient');
+      await createUser(db(), { email, password: 'patient-password-1' });
+      await smtp.stop();
+      const res = await requestReset(app, email, '10.9.0.1');
+      expect(res.statusCode).toBe(200);
+      expect(res.body).toContain('If an account uses that address');
+      // The attempt failed and is recorded, with a retry scheduled: nothing is lost.
+      await expect
+        .poll(async () => (await db().selectFrom('mail_outbox').select(['attempts', 'last_error', 'sent_at']).where('recipient', '=', email).executeTakeFirst()) ?? null, { timeout: 15_000 })
+        .toMatchObject({ attempts: expect.any(Number), last_error: expect.stringMatching(/ECONNREFUSED/), sent_at: null });
+      await smtp.listen();
+      const mail = await smtp.waitFor(email, /Reset your password/, 30_000);
+      expect(mail.links.some((l) => l.includes('/reset-password?token='))).toBe(true);
+      // Another poll or two: still once.
+      await seconds(4500);
+      expect(smtp.to(email)).toHaveLength(1);
+      const row = await db().selectFrom('mail_outbox').select(['attempts', 'sent_at', 'body_encrypted', 'last_error']).where('recipient', '=', email).executeTakeFirstOrThrow();
+      expect(row.attempts).toBeGreaterThanOrEqual(2);
+      expect(row.sent_at).not.toBeNull();
+      expect(row.last_error).toBeNull();
+      // Sent: the body (with its link) is not kept.
+      expect(row.body_encrypted).toBeNull();
+    } finally {
+      await app.close();
+    }
+  });
+
+  it('sends each message once when two instances share the queue', async () => {
+    // On PostgreSQL each instance has its own pool, as another process would.
+    const handles: DatabaseHandle[] = t.target.kind === 'postgres' ? [await connectDatabase(t.target), await connectDatabase(t.target)] : [];
+    const [dbA, dbB] = handles.length > 0 ? handles.map((h) => h.db) : [db(), db()];
+    const metrics = [new Metrics(), new Metrics()];
+    const logger = createLogger({ logLevel: 'silent' });
+    const outboxes = [dbA!, dbB!].map(
+      (d, i) => new MailOutbox(d, { transport: smtpTransport(smtp.url), from: 'auth@example.com', secretKey: TEST_SECRET_KEY, logger, metrics: metrics[i] }),
+    );
+    try {
+      const recipients = Array.from({ length: 40 }, () => address('bulk'));
+      for (const to of recipients) await outboxes[0]!.queue(db(), { to, subject: 'Bulk', text: `hello ${to}`, html: `<p>hello ${to}</p>` });
+      for (const o of outboxes) o.start();
+      await expect.poll(() => recipients.filter((r) => smtp.to(r).length > 0).length, { timeout: 30_000 }).toBe(40);
+      await seconds(4500);
+      for (const r of recipients) expect(smtp.to(r), r).toHaveLength(1);
+      const rows = await db().selectFrom('mail_outbox').select(['attempts', 'sent_at']).where('recipient', 'in', recipients).execute();
+      expect(rows.every((r) => r.attempts === 1 && r.sent_at !== null)).toBe(true);
+      const sent = await Promise.all(metrics.map(async (m) => (await m.mailDeliveries.get()).values.find((v) => v.labels.outcome === 'sent')?.value ?? 0));
+      expect(sent[0]! + sent[1]!).toBe(40);
+    } finally {
+      await Promise.all(outboxes.map((o) => o.stop()));
+      await Promise.all(handles.map((h) => h.close()));
+    }
+  });
+
+  it('backs off 1 s, 2 s, 4 s … up to 10 minutes between attempts', () => {
+    expect([1, 2, 3, 4, 10, 11, 50].map(retryDelaySeconds)).toEqual([1, 2, 4, 8, 512, 600, 600]);
+  });
+
+  it('keeps bodies encrypted at rest: the link is not readable in the table', async () => {
+    const logger = createLogger({ logLevel: 'silent' });
+    const outbox = new MailOutbox(db(), { transport: smtpTransport(smtp.url), from: 'auth@example.com', secretKey: TEST_SECRET_KEY, logger });
+    const to = address('sealed');
+    await outbox.queue(db(), { to, subject: 'Sealed', text: 'https://example.com/secret-link-token', html: '<p>x</p>' });
+    const row = await db().selectFrom('mail_outbox').select('body_encrypted').where('recipient', '=', to).executeTakeFirstOrThrow();
+    expect(row.body_encrypted).toMatch(/^v1\./);
+    expect(row.body_encrypted).not.toContain('secret-link-token');
+    await outbox.stop();
+    await db().deleteFrom('mail_outbox').where('recipient', '=', to).execute();
+  });
+});
+
+describe(`without SMTP_URL on ${BACKEND}`, () => {
+  it('writes each message to the log at info, link included, and shows it on /dev/outbox', async () => {
+    const capture = logCapture();
+    const app = await buildTestApp(db(), { logStream: capture.stream });
+    try {
+      expect(testConfig().mail.devOutbox).toBe(true);
+      const email = address('dev');
+      await createUser(db(), { email, password: 'developer-password-1' });
+      expect((await requestReset(app, email, '10.9.1.1')).statusCode).toBe(200);
+      await expect.poll(() => capture.lines().some((l) => l.includes('email not sent (no SMTP_URL)') && l.includes(email)), { timeout: 15_000 }).toBe(true);
+      const line = JSON.parse(capture.lines().find((l) => l.includes('email not sent (no SMTP_URL)') && l.includes(email))!);
+      expect(line.level).toBe(30);
+      expect(line.mail.text).toMatch(/http:\/\/localhost:3000\/reset-password\?token=[A-Za-z0-9_-]{43}/);
+      const page = await app.inject({ method: 'GET', url: '/dev/outbox' });
+      expect(page.statusCode).toBe(200);
+      expect(page.body).toContain(email);
+      const link = /href="http:\/\/localhost:3000(\/reset-password\?token=[A-Za-z0-9_-]{43})"/.exec(page.body)![1]!;
+      const browser = new Browser(app, '10.9.1.2');
+      const form = await browser.get(link);
+      expect(form.statusCode).toBe(200);
+      expect(csrfTokenIn(form.body)).toBeTruthy();
+    } finally {
+      await app.close();
+    }
+  });
+
+  it('has no /dev/outbox in production, with an https ISSUER, or with SMTP_URL', async () => {
+    const envs: Record<string, string>[] = [{ NODE_ENV: 'production' }, { ISSUER: 'https://auth.example.com' }, { SMTP_URL: smtp.url }];
+    for (const env of envs) {
+      const app = await buildTestApp(db(), { env });
+      try {
+        expect((await app.inject({ method: 'GET', url: '/dev/outbox' })).statusCode, JSON.stringify(env)).toBe(404);
+      } finally {
+        await app.close();
+      }
+    }
+  });
+});
