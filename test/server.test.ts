@@ -56,6 +56,9 @@ describe('zero set-up on the embedded database', () => {
       });
       expect(banner).toContain('email:    demo@orgauth.local');
       expect(banner).toContain(`http://localhost:${port}/oauth/token`);
+      // No SMTP_URL: the banner says where the emails go instead, and that page answers.
+      expect(banner).toContain(`messages are logged and shown at http://localhost:${port}/dev/outbox`);
+      expect((await fetch(`http://127.0.0.1:${port}/dev/outbox`)).status).toBe(200);
       expect(readFileSync(path.join(dataDir, 'secret_key'), 'utf8').trim().length).toBeGreaterThanOrEqual(32);
 
       // While the server holds the embedded database, the CLI does not open it (that would corrupt
