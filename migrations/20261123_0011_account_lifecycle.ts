@@ -55,6 +55,8 @@ export async function up(db: Kysely<any>): Promise<void> {
     .execute();
   await sql`create index invitations_pending_organization_id_id_idx on invitations (organization_id, id)
     where accepted_at is null and revoked_at is null`.execute(db);
+  // The hourly cap on invitations an organization sends counts through this.
+  await db.schema.createIndex('invitations_organization_id_sent_at_idx').on('invitations').columns(['organization_id', 'sent_at']).execute();
   await sql`create unique index invitations_pending_organization_id_email_key on invitations (organization_id, lower(email))
     where accepted_at is null and revoked_at is null`.execute(db);
 

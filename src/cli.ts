@@ -439,7 +439,7 @@ const COMMANDS: Record<string, Command> = {
 
   cleanup: {
     usage: 'orgauth cleanup',
-    summary: 'delete expired codes, refresh tokens, access-token revocations and sessions now (the server does it every CLEANUP_INTERVAL seconds)',
+    summary: 'delete expired codes, refresh tokens, access-token revocations, sessions, email links, old invitations and sent emails now (the server does it every CLEANUP_INTERVAL seconds)',
     options: {},
     run: async ({ db }) => {
       const deleted = await deleteExpired(db);

@@ -11,7 +11,8 @@
  * - Revocations of single access tokens go an hour after the token's exp: verification accepts
  *   a token up to CLOCK_TOLERANCE_S (60 s) past exp, and each instance's RevocationList loads
  *   revocations that recent.
- * - Browser sessions go once expired, and so do the tokens of links sent by email.
+ * - Browser sessions go once expired; the tokens of links sent by email an hour after they
+ *   expired or were used (they count toward the hourly limits on links sent until then).
  * - Invitations go 30 days after they expire (the Members page lists expired ones, to re-send).
  * - Sent and failed emails go a week after they were done with (mail_outbox.expires_at, set
  *   then; a message still waiting to be sent has none).
@@ -27,7 +28,7 @@ const RULES = [
   { table: 'refresh_tokens', key: 'id', graceSeconds: 0 },
   { table: 'revoked_access_tokens', key: 'jti', graceSeconds: 3600 },
   { table: 'sessions', key: 'id_hash', graceSeconds: 0 },
-  { table: 'account_tokens', key: 'id', graceSeconds: 0 },
+  { table: 'account_tokens', key: 'id', graceSeconds: 3600 },
   { table: 'invitations', key: 'id', graceSeconds: 30 * DAY_S },
   { table: 'mail_outbox', key: 'id', graceSeconds: 0 },
 ] as const;

@@ -2,9 +2,11 @@
  * The tokens in links sent to a user by email: verify an address, reset the password.
  *
  * Each is 256 random bits; the table keeps only its SHA-256, found through a unique index and
- * compared again in constant time. A token is used once (deleted as it is used), expires, and
- * every token of a user goes when their password changes (setPassword in users.ts), so no link
- * sent before works after it.
+ * compared again in constant time. A token is used once, expires, and every token of a user
+ * ends when their password changes (setPassword in users.ts), so no link sent before works
+ * after it. Using or ending a token expires it (expires_at = now()) rather than deleting it: the
+ * row still counts for the hourly limits on how many links a user is sent, until retention
+ * deletes it an hour after it expired.
  */
 import { sql } from 'kysely';
 import type { DB } from '../db/connect.js';
@@ -64,8 +66,11 @@ export async function findAccountToken(db: DB, purpose: AccountTokenPurpose, tok
  */
 export async function consumeAccountToken(db: DB, purpose: AccountTokenPurpose, token: unknown): Promise<AccountToken | undefined> {
   if (typeof token !== 'string' || !LINK_TOKEN_PATTERN.test(token)) return undefined;
+  // Two requests with the same link: the second waits for the first's row lock, then finds the
+  // row expired and updates nothing.
   const row = await db
-    .deleteFrom('account_tokens')
+    .updateTable('account_tokens')
+    .set({ expires_at: sql<Date>`now()` })
     .where('token_hash', '=', sha256Hex(token))
     .where('purpose', '=', purpose)
     .where('expires_at', '>', sql<Date>`now()`)
@@ -76,7 +81,7 @@ export async function consumeAccountToken(db: DB, purpose: AccountTokenPurpose, 
   return rest;
 }
 
-/** How many tokens of this purpose the user was sent since `seconds` ago, and when the last one was (throttles). */
+/** How many tokens of this purpose the user was sent since `seconds` ago (used or not), and when the last one was (throttles). */
 export async function recentAccountTokens(db: DB, userId: number, purpose: AccountTokenPurpose, seconds: number): Promise<{ count: number; last: Date | null }> {
   const row = await db
     .selectFrom('account_tokens')
@@ -88,9 +93,9 @@ export async function recentAccountTokens(db: DB, userId: number, purpose: Accou
   return { count: Number(row.count), last: row.last === null ? null : new Date(row.last) };
 }
 
-/** Every link token of a user (the password changed), or those of one purpose. */
-export async function deleteAccountTokens(db: DB, userId: number, purpose?: AccountTokenPurpose): Promise<void> {
-  let query = db.deleteFrom('account_tokens').where('user_id', '=', userId);
+/** Ends every live link token of a user (the password changed), or those of one purpose. */
+export async function endAccountTokens(db: DB, userId: number, purpose?: AccountTokenPurpose): Promise<void> {
+  let query = db.updateTable('account_tokens').set({ expires_at: sql<Date>`now()` }).where('user_id', '=', userId).where('expires_at', '>', sql<Date>`now()`);
   if (purpose) query = query.where('purpose', '=', purpose);
   await query.execute();
 }

@@ -161,12 +161,14 @@ export async function createInvitation(
   const created = await inTransaction(db, async (trx) => {
     await getOrganization(trx, input.organizationId);
     await refuseUnverifiedInviter(trx, by.actor);
+    // The address's account (through the lower(email) index), then its membership by key: the
+    // same two lookups however many members the organization has.
     const member = await trx
-      .selectFrom('memberships')
-      .innerJoin('users', 'users.id', 'memberships.user_id')
+      .selectFrom('users')
+      .innerJoin('memberships', 'memberships.user_id', 'users.id')
       .select('memberships.user_id')
-      .where('memberships.organization_id', '=', input.organizationId)
       .where(sql<string>`lower(users.email)`, '=', sql<string>`lower(${email})`)
+      .where('memberships.organization_id', '=', input.organizationId)
       .executeTakeFirst();
     if (member) throw new ConflictError('this address already belongs to a member of the organization');
     await refuseFlood(trx, input.organizationId);

@@ -5,7 +5,7 @@ import { isUniqueViolation } from '../db/errors.js';
 import type { User } from '../db/schema.js';
 import { ConflictError, NotFoundError } from '../errors.js';
 import { parseInput } from '../lib/validate.js';
-import { deleteAccountTokens } from './account-tokens.js';
+import { endAccountTokens } from './account-tokens.js';
 import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH } from './passwords.js';
 
 export const emailSchema = z
@@ -94,5 +94,5 @@ export async function listUsers(db: DB, page: { afterId: number; limit: number }
  */
 export async function setPassword(db: DB, userId: number, passwordHash: string): Promise<void> {
   await db.updateTable('users').set({ password_hash: passwordHash, updated_at: new Date() }).where('id', '=', userId).execute();
-  await deleteAccountTokens(db, userId);
+  await endAccountTokens(db, userId);
 }

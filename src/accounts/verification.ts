@@ -11,7 +11,7 @@ import { isUniqueViolation } from '../db/errors.js';
 import { ConflictError } from '../errors.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
 import { emailChangedMessage, verifyEmailMessage } from '../mail/messages.js';
-import { consumeAccountToken, deleteAccountTokens, issueAccountToken, recentAccountTokens, VERIFY_EMAIL_TTL_S } from './account-tokens.js';
+import { consumeAccountToken, endAccountTokens, issueAccountToken, recentAccountTokens, VERIFY_EMAIL_TTL_S } from './account-tokens.js';
 import type { MailDeps } from './invitations.js';
 
 /** A verification link at most this often per user … */
@@ -29,7 +29,7 @@ export function verificationLink(issuer: string, token: string): string {
  * the account's address back. Call deps.mail.wake() after the commit.
  */
 export async function queueVerification(trx: DB, deps: MailDeps, user: { id: number; name: string; email: string }, change: boolean): Promise<void> {
-  await deleteAccountTokens(trx, user.id, 'verify_email');
+  await endAccountTokens(trx, user.id, 'verify_email');
   const token = await issueAccountToken(trx, { purpose: 'verify_email', userId: user.id, email: user.email, ttlSeconds: VERIFY_EMAIL_TTL_S });
   await deps.mail.queue(
     trx,
@@ -96,6 +96,8 @@ export async function confirmEmail(db: DB, deps: MailDeps, token: unknown): Prom
       throw err;
     }
     if (!change) return { userId: user.id, email: used.email };
+    // A reset link sent to the old address must not outlive the change.
+    await endAccountTokens(trx, user.id, 'reset_password');
     const orgs = await trx.selectFrom('memberships').select('organization_id').where('user_id', '=', user.id).execute();
     for (const { organization_id: organizationId } of orgs) {
       await recordAuditEvent(trx, { organizationId, action: 'user.email_changed', actor: { actorUserId: user.id }, details: { user_id: user.id, from: user.email, to: used.email } });

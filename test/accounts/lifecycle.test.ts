@@ -148,6 +148,24 @@ describe(`password reset by email on ${BACKEND}`, () => {
     expect((await requestReset(busy, address('spray'))).statusCode).toBe(429);
   });
 
+  it('sends one account at most 3 reset links an hour, used or not, whichever instance is asked', async () => {
+    const email = address('hourly');
+    const user = await createUser(db(), { email, password: PASSWORD });
+    // A second instance: its page throttles are its own, the database's count is shared.
+    const second = await buildTestApp(db(), { env: { SMTP_URL: smtp.url } });
+    try {
+      for (const [i, target] of [app, second, app, second].entries()) {
+        expect((await requestReset(new Browser(target, `10.0.5.${i}`), email)).statusCode).toBe(200);
+        await expect.poll(async () => (await db().selectFrom('account_tokens').select('id').where('user_id', '=', user.id).execute()).length, { timeout: 15_000 }).toBe(Math.min(i + 1, 3));
+        // Used links count too.
+        await db().updateTable('account_tokens').set({ expires_at: new Date() }).where('user_id', '=', user.id).execute();
+      }
+      await expect.poll(() => smtp.to(email).length, { timeout: 15_000 }).toBe(3);
+    } finally {
+      await second.close();
+    }
+  });
+
   it('makes every earlier link stop working when the password changes', async () => {
     const email = address('changer');
     await createUser(db(), { email, password: PASSWORD });
@@ -196,6 +214,21 @@ describe(`email verification on ${BACKEND}`, () => {
     expect(confirmed.body).toContain('is confirmed');
     expect((await db().selectFrom('users').select('email_verified_at').where('id', '=', user.id).executeTakeFirstOrThrow()).email_verified_at).not.toBeNull();
     expect((await browser.post('/verify-email', { csrf_token: csrfTokenIn(confirmPage.body), token })).statusCode).toBe(404);
+  });
+
+  it('sends at most 5 verification links an hour, however far apart', async () => {
+    const email = address('resender');
+    const browser = new Browser(app, '10.1.3.1');
+    const user = await signUp(browser, email);
+    const page = await browser.get('/dashboard/account');
+    for (let sent = 1; sent < 5; sent++) {
+      await db().updateTable('account_tokens').set({ created_at: sql`created_at - interval '61 seconds'` }).where('user_id', '=', user.id).execute();
+      expect((await browser.post('/dashboard/account/email/verify', { csrf_token: csrfTokenIn(page.body) })).statusCode).toBe(200);
+    }
+    await db().updateTable('account_tokens').set({ created_at: sql`created_at - interval '61 seconds'` }).where('user_id', '=', user.id).execute();
+    const refused = await browser.post('/dashboard/account/email/verify', { csrf_token: csrfTokenIn(page.body) });
+    expect(refused.statusCode).toBe(429);
+    await expect.poll(() => smtp.to(email).length, { timeout: 15_000 }).toBe(5);
   });
 
   it('changes the email address only once the new address confirms it, and tells the old one', async () => {

@@ -8,6 +8,7 @@
  */
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { listPendingInvitations } from '../../src/accounts/invitations.js';
 import { listMembers } from '../../src/accounts/organizations.js';
 import { listContacts } from '../../src/api/contacts.js';
 import { listTasks } from '../../src/api/tasks.js';
@@ -51,6 +52,13 @@ describe(`the management lists' plans on ${BACKEND}`, () => {
     for (const beforeId of [undefined, 500_000]) {
       const plan = await planOf((db) => listLiveGrants(db, 1, { beforeId, limit: 26 }));
       expect(shape(plan, 'grants'), JSON.stringify(plan)).toEqual({ index: 'grants_live_organization_id_id_idx', sorts: false });
+    }
+  });
+
+  it('pending invitations: in id order off the partial index of pending ones, without a sort', async () => {
+    for (const afterId of [0, 500_000]) {
+      const plan = await planOf((db) => listPendingInvitations(db, 1, { afterId, limit: 101 }));
+      expect(shape(plan, 'invitations'), JSON.stringify(plan)).toEqual({ index: 'invitations_pending_organization_id_id_idx', sorts: false });
     }
   });
 

@@ -5,6 +5,7 @@
  */
 import type { FastifyInstance } from 'fastify';
 import { sql } from 'kysely';
+import { sha256Hex } from '../../src/lib/crypto.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember } from '../../src/accounts/organizations.js';
 import { createApplication } from '../../src/oauth/applications.js';
@@ -32,6 +33,7 @@ interface Ids {
   userId: number;
   email: string;
   grant: number;
+  invitation: number;
 }
 
 const token = (fixture: OrgFixture, scope?: string) => clientCredentialsToken(app, fixture, scope);
@@ -61,6 +63,7 @@ async function stateOfB() {
     members: await db.selectFrom('memberships').selectAll().where('organization_id', '=', org).orderBy('user_id').execute(),
     grants: await db.selectFrom('grants').selectAll().where('organization_id', '=', org).orderBy('id').execute(),
     audit: await db.selectFrom('audit_events').selectAll().where('organization_id', '=', org).orderBy('id').execute(),
+    invitations: await db.selectFrom('invitations').selectAll().where('organization_id', '=', org).orderBy('id').execute(),
   };
 }
 let bBefore: Awaited<ReturnType<typeof stateOfB>>;
@@ -83,13 +86,24 @@ async function freshIds(org: OrgFixture): Promise<Ids> {
   // application changes only applications whose scopes its token holds).
   const target = await createApplication(db, { organizationId: org.organizationId, type: 'private', name: `Target ${i}`, scopes: ['applications.write'] });
   const user = (tag: string) =>
-    db.insertInto('users').values({ email: `${tag}${i}-${process.pid}@example.com`, password_hash: '$argon2id$matrix' }).returning(['id', 'email']).executeTakeFirstOrThrow();
+    db
+      .insertInto('users')
+      .values({ email: `${tag}${i}-${process.pid}@example.com`, password_hash: '$argon2id$matrix', email_verified_at: new Date() })
+      .returning(['id', 'email'])
+      .executeTakeFirstOrThrow();
   const member = await user('member');
   const outsider = await user('outsider');
   await addMember(db, { organizationId: org.organizationId, userId: member.id, role: 'member' });
   const appRow = await db.selectFrom('applications').select('id').where('client_id', '=', application.client_id).executeTakeFirstOrThrow();
   const grant = await createGrant(db, { organizationId: org.organizationId, applicationId: appRow.id, userId: member.id, scopes: ['contacts.read'] });
-  return { contact: contact.id, task: task.id, clientId: target.client_id, userId: member.id, email: outsider.email, grant: grant!.id };
+  const invitation = await db
+    .insertInto('invitations')
+    .values({ organization_id: org.organizationId, email: `invited${i}-${process.pid}@example.com`, role: 'member', token_hash: sha256Hex(`invitation ${i} ${process.pid}`), expires_at: new Date(Date.now() + 3600_000),
+      // Sent long enough ago not to count toward the organization's hourly cap on invitations.
+      sent_at: new Date(Date.now() - 2 * 3600_000) })
+    .returning('id')
+    .executeTakeFirstOrThrow();
+  return { contact: contact.id, task: task.id, clientId: target.client_id, userId: member.id, email: outsider.email, grant: grant!.id, invitation: invitation.id };
 }
 
 type Method = 'GET' | 'POST' | 'PATCH' | 'DELETE';
@@ -126,13 +140,26 @@ const ROUTES: Route[] = [
   { method: 'GET', path: (i) => `/members/${i.userId}`, scope: 'members.read', names: true },
   { method: 'PATCH', path: (i) => `/members/${i.userId}`, scope: 'members.write', names: true, body: () => ({ role: 'admin' }) },
   { method: 'DELETE', path: (i) => `/members/${i.userId}`, scope: 'members.write', names: true },
+  { method: 'GET', path: () => '/invitations', scope: 'members.read' },
+  { method: 'POST', path: () => '/invitations', scope: 'members.write', body: (i) => ({ email: i.email, role: 'member' }) },
+  { method: 'GET', path: (i) => `/invitations/${i.invitation}`, scope: 'members.read', names: true },
+  { method: 'POST', path: (i) => `/invitations/${i.invitation}/resend`, scope: 'members.write', names: true, ok: 200 },
+  { method: 'DELETE', path: (i) => `/invitations/${i.invitation}`, scope: 'members.write', names: true },
   { method: 'GET', path: () => '/grants', scope: 'grants.read' },
   { method: 'GET', path: (i) => `/grants/${i.grant}`, scope: 'grants.read', names: true },
   { method: 'DELETE', path: (i) => `/grants/${i.grant}`, scope: 'grants.write', names: true },
   { method: 'GET', path: () => '/audit-events', scope: 'audit.read' },
 ];
 
-const MISSING: Ids = { contact: 987_654_321, task: 987_654_321, clientId: 'f'.repeat(32), userId: 987_654_321, email: 'nobody@example.com', grant: 987_654_321 };
+const MISSING: Ids = {
+  contact: 987_654_321,
+  task: 987_654_321,
+  clientId: 'f'.repeat(32),
+  userId: 987_654_321,
+  email: 'nobody@example.com',
+  grant: 987_654_321,
+  invitation: 987_654_321,
+};
 
 const call = (target: FastifyInstance, route: Route, org: number, ids: Ids, bearer: string) =>
   target.inject({
@@ -143,7 +170,7 @@ const call = (target: FastifyInstance, route: Route, org: number, ids: Ids, bear
   });
 
 const success = (route: Route) => route.ok ?? (route.method === 'POST' ? 201 : route.method === 'DELETE' ? 204 : 200);
-const label = (route: Route) => `${route.method} ${route.path({ contact: 0, task: 0, clientId: ':client_id', userId: 0, email: '', grant: 0 }) || '/'}`;
+const label = (route: Route) => `${route.method} ${route.path({ contact: 0, task: 0, clientId: ':client_id', userId: 0, email: '', grant: 0, invitation: 0 }) || '/'}`;
 
 describe(`the scope matrix on ${BACKEND} (BR-2)`, () => {
   it.each(ROUTES.map((r) => [label(r), r] as const))('%s', async (_name, route) => {

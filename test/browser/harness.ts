@@ -32,11 +32,12 @@ export interface BrowserWorld {
   close(): Promise<void>;
 }
 
-export async function startWorld(): Promise<BrowserWorld> {
+/** `env`: more configuration for the app (SMTP_URL, say), on top of the harness's own. */
+export async function startWorld(env: Record<string, string> = {}): Promise<BrowserWorld> {
   const db = await createTestDatabase();
   const port = await freePort();
   const baseUrl = `http://127.0.0.1:${port}`;
-  const config = parseConfig({ SECRET_KEY: TEST_SECRET_KEY, LOG_LEVEL: 'silent', PORT: String(port), ISSUER: baseUrl, DATA_DIR: '/nonexistent-orgauth-test' });
+  const config = parseConfig({ SECRET_KEY: TEST_SECRET_KEY, LOG_LEVEL: 'silent', PORT: String(port), ISSUER: baseUrl, DATA_DIR: '/nonexistent-orgauth-test', ...env });
   await ensureSigningKey(db.handle.db, { alg: config.signingAlg, secretKey: config.secretKey });
   const app = await buildApp(config, { db: db.handle.db, logger: createLogger(config), listen: db.handle.listen });
   await app.listen({ host: '127.0.0.1', port });
