@@ -300,6 +300,7 @@ export class InvitationUnavailableError extends NotFoundError {
   }
 }
 
+/** For what a page shows; accepting compares with the database's lower(), as the unique index does. */
 export function sameAddress(a: string, b: string): boolean {
   return a.trim().toLowerCase() === b.trim().toLowerCase();
 }
@@ -337,8 +338,13 @@ export async function acceptInvitation(db: DB, token: unknown, userId: number): 
   return inTransaction(db, async (trx) => {
     const invitation = await findOpen(trx, token, true);
     if (!invitation) throw new InvitationUnavailableError();
-    const user = await trx.selectFrom('users').select(['email', 'email_verified_at']).where('id', '=', userId).executeTakeFirstOrThrow();
-    if (!sameAddress(user.email, invitation.email)) throw new ForbiddenError(`This invitation is for ${invitation.email}; you are signed in as ${user.email}.`);
+    // lower() as the database has it, as the users' unique index compares addresses.
+    const user = await trx
+      .selectFrom('users')
+      .select(['email', 'email_verified_at', sql<boolean>`lower(email) = lower(${invitation.email})`.as('invited')])
+      .where('id', '=', userId)
+      .executeTakeFirstOrThrow();
+    if (!user.invited) throw new ForbiddenError(`This invitation is for ${invitation.email}; you are signed in as ${user.email}.`);
     if (user.email_verified_at === null) throw new UnverifiedEmailError('Confirm your email address first (we sent you a link; the Account page can send it again), then accept the invitation.');
     await join(trx, invitation, userId);
     return invitation;
