@@ -73,6 +73,16 @@ export async function emailLinkPages(app: FastifyInstance, { db, config, mail, b
     if (wait > 0) throw new TooManyAttemptsError(wait, 'Too many links that do not work were tried from here. Please wait and try again later.');
   }
 
+  /** A form posted from a link's page before sign-in: the bad-link throttle, the pre-session CSRF token, then its fields. */
+  function readLinkForm(req: FastifyRequest): { token: string; password: string; form: ReturnType<typeof readParams> } {
+    refuseLinkGuessing(req);
+    const form = readParams(req.body);
+    checkPreSessionCsrf(req, form.csrf_token);
+    return { token: form.token ?? '', password: form.password ?? '', form };
+  }
+  const PASSWORD_LENGTH = `The password must be ${PASSWORD_MIN_LENGTH} to ${PASSWORD_MAX_LENGTH} characters long.`;
+  const passwordFits = (password: string) => password.length >= PASSWORD_MIN_LENGTH && password.length <= PASSWORD_MAX_LENGTH;
+
   // ---- forgot password ----
   const forgotPage = (req: FastifyRequest, reply: FastifyReply, status: number, view: { email?: string; sent?: boolean; error?: string }) =>
     renderPage(reply, status, 'forgot-password', { title: 'Reset your password', csrfToken: preCsrf(req, reply), email: view.email ?? '', sent: view.sent ?? false, error: view.error ?? '' });
@@ -117,17 +127,11 @@ export async function emailLinkPages(app: FastifyInstance, { db, config, mail, b
   });
 
   app.post('/reset-password', async (req, reply) => {
-    refuseLinkGuessing(req);
-    const form = readParams(req.body);
-    checkPreSessionCsrf(req, form.csrf_token);
-    const token = form.token ?? '';
-    const password = form.password ?? '';
+    const { token, password } = readLinkForm(req);
     const found = await findAccountToken(db, 'reset_password', token);
     if (!found) return badLink(req, reply, BAD_RESET_LINK);
-    if (password.length < PASSWORD_MIN_LENGTH || password.length > PASSWORD_MAX_LENGTH) {
-      // The link is not used up by a password the form refuses.
-      return resetPage(req, reply, 400, { token, email: found.email, errors: [`The password must be ${PASSWORD_MIN_LENGTH} to ${PASSWORD_MAX_LENGTH} characters long.`] });
-    }
+    // The link is not used up by a password the form refuses.
+    if (!passwordFits(password)) return resetPage(req, reply, 400, { token, email: found.email, errors: [PASSWORD_LENGTH] });
     const userId = await resetPassword(db, token, await hashPassword(password));
     if (userId === undefined) return badLink(req, reply, BAD_RESET_LINK);
     req.log.info({ user_id: userId }, 'password reset');
@@ -156,12 +160,10 @@ export async function emailLinkPages(app: FastifyInstance, { db, config, mail, b
   });
 
   app.post('/verify-email', async (req, reply) => {
-    refuseLinkGuessing(req);
-    const form = readParams(req.body);
-    checkPreSessionCsrf(req, form.csrf_token);
+    const { token } = readLinkForm(req);
     let confirmed;
     try {
-      confirmed = await confirmEmail(db, mailDeps, form.token);
+      confirmed = await confirmEmail(db, mailDeps, token);
     } catch (err) {
       if (err instanceof ConflictError) return renderPage(reply, 409, 'error', { title: 'This address is taken', message: err.description });
       throw err;
@@ -220,14 +222,10 @@ export async function emailLinkPages(app: FastifyInstance, { db, config, mail, b
   });
 
   app.post('/invitation/signup', async (req, reply) => {
-    refuseLinkGuessing(req);
-    const form = readParams(req.body);
-    checkPreSessionCsrf(req, form.csrf_token);
-    const token = form.token ?? '';
-    const password = form.password ?? '';
+    const { token, password, form } = readLinkForm(req);
     const name = (form.name ?? '').trim();
     const errors: string[] = [];
-    if (password.length < PASSWORD_MIN_LENGTH || password.length > PASSWORD_MAX_LENGTH) errors.push(`The password must be ${PASSWORD_MIN_LENGTH} to ${PASSWORD_MAX_LENGTH} characters long.`);
+    if (!passwordFits(password)) errors.push(PASSWORD_LENGTH);
     if (name.length > 200) errors.push('The name must be at most 200 characters long.');
     if (errors.length > 0) return invitationPage(req, reply, token, 400, { errors, name });
     let joined;

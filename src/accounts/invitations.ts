@@ -81,32 +81,25 @@ function withStatus<T extends { expires_at: Date }>(row: T): T & { status: Invit
   return { ...row, status: row.expires_at.getTime() > Date.now() ? 'pending' : 'expired' };
 }
 
-/** The organization's invitations not yet accepted or revoked (expired ones too, to re-send), in id order. */
-export async function listPendingInvitations(db: DB, organizationId: number, page: { afterId: number; limit: number }): Promise<PendingInvitation[]> {
-  const rows = await db
+/** The organization's invitations not yet accepted or revoked (expired ones too, to re-send), with who sent them. */
+function pending(db: DB, organizationId: number) {
+  return db
     .selectFrom('invitations')
     .leftJoin('users', 'users.id', 'invitations.invited_by_user_id')
     .select(PENDING_COLUMNS)
     .where('invitations.organization_id', '=', organizationId)
     .where('invitations.accepted_at', 'is', null)
-    .where('invitations.revoked_at', 'is', null)
-    .where('invitations.id', '>', page.afterId)
-    .orderBy('invitations.id')
-    .limit(page.limit)
-    .execute();
+    .where('invitations.revoked_at', 'is', null);
+}
+
+/** The pending invitations in id order, a page at a time (the partial index of pending ones). */
+export async function listPendingInvitations(db: DB, organizationId: number, page: { afterId: number; limit: number }): Promise<PendingInvitation[]> {
+  const rows = await pending(db, organizationId).where('invitations.id', '>', page.afterId).orderBy('invitations.id').limit(page.limit).execute();
   return rows.map(withStatus);
 }
 
 export async function getPendingInvitation(db: DB, organizationId: number, id: number): Promise<PendingInvitation> {
-  const row = await db
-    .selectFrom('invitations')
-    .leftJoin('users', 'users.id', 'invitations.invited_by_user_id')
-    .select(PENDING_COLUMNS)
-    .where('invitations.organization_id', '=', organizationId)
-    .where('invitations.id', '=', id)
-    .where('invitations.accepted_at', 'is', null)
-    .where('invitations.revoked_at', 'is', null)
-    .executeTakeFirst();
+  const row = await pending(db, organizationId).where('invitations.id', '=', id).executeTakeFirst();
   if (!row) throw new NotFoundError('no such pending invitation in this organization');
   return withStatus(row);
 }
@@ -212,20 +205,26 @@ export async function createInvitation(
   return created;
 }
 
+/** The organization's pending invitation `id`, locked, if the acting role may handle its role (an owner's: only an owner). */
+async function lockPending(trx: DB, organizationId: number, id: number, actingAs: Role): Promise<{ email: string; role: Role }> {
+  const current = await trx
+    .selectFrom('invitations')
+    .select(['email', 'role'])
+    .where('organization_id', '=', organizationId)
+    .where('id', '=', id)
+    .where('accepted_at', 'is', null)
+    .where('revoked_at', 'is', null)
+    .forUpdate()
+    .executeTakeFirst();
+  if (!current) throw new NotFoundError('no such pending invitation in this organization');
+  if (!mayAssign(actingAs, current.role)) throw new ForbiddenError('only an owner may send or revoke an invitation to become an owner');
+  return current;
+}
+
 /** Sends a pending (or expired) invitation again with a new link and a new expiry; the old link stops working. */
 export async function resendInvitation(db: DB, organizationId: number, id: number, by: InvitationActor, deps: MailDeps): Promise<PendingInvitation> {
   const resent = await inTransaction(db, async (trx) => {
-    const current = await trx
-      .selectFrom('invitations')
-      .select(['id', 'email', 'role'])
-      .where('organization_id', '=', organizationId)
-      .where('id', '=', id)
-      .where('accepted_at', 'is', null)
-      .where('revoked_at', 'is', null)
-      .forUpdate()
-      .executeTakeFirst();
-    if (!current) throw new NotFoundError('no such pending invitation in this organization');
-    if (!mayAssign(by.actingAs, current.role)) throw new ForbiddenError('only an owner may invite an owner');
+    const current = await lockPending(trx, organizationId, id, by.actingAs);
     await refuseUnverifiedInviter(trx, by.actor);
     await refuseFlood(trx, organizationId);
     const token = generateSecret(32);
@@ -245,17 +244,7 @@ export async function resendInvitation(db: DB, organizationId: number, id: numbe
 
 export async function revokeInvitation(db: DB, organizationId: number, id: number, by: Pick<InvitationActor, 'actor' | 'actingAs'>): Promise<void> {
   await inTransaction(db, async (trx) => {
-    const current = await trx
-      .selectFrom('invitations')
-      .select(['email', 'role'])
-      .where('organization_id', '=', organizationId)
-      .where('id', '=', id)
-      .where('accepted_at', 'is', null)
-      .where('revoked_at', 'is', null)
-      .forUpdate()
-      .executeTakeFirst();
-    if (!current) throw new NotFoundError('no such pending invitation in this organization');
-    if (!mayAssign(by.actingAs, current.role)) throw new ForbiddenError('only an owner may revoke an invitation to become an owner');
+    const current = await lockPending(trx, organizationId, id, by.actingAs);
     await trx.updateTable('invitations').set({ revoked_at: sql`now()` }).where('id', '=', id).execute();
     await recordAuditEvent(trx, { organizationId, action: 'invitation.revoked', actor: by.actor, details: { invitation_id: id, email: current.email, role: current.role } });
   });
