@@ -9,8 +9,9 @@ import { type Kysely, sql } from 'kysely';
  *   to be added to organizations, and taking that away from them on upgrade would break their
  *   organizations' routines without making anything safer.
  * - account_tokens: the links sent to a user (verify an address, reset the password). Only the
- *   SHA-256 of each 256-bit token is kept; a token is used once (deleted), expires, and all of a
- *   user's tokens go when the password changes. `email` is the address a verification link
+ *   SHA-256 of each 256-bit token is kept; a token is used once (used_at), expires, and all of a
+ *   user's tokens end when the password changes. Used rows stay until retention deletes them:
+ *   they count toward the hourly limits on links sent. `email` is the address a verification link
  *   confirms: the sign-up address, or the new address of an email change.
  * - invitations: an address invited into an organization with a role. Pending invitations are
  *   listed per organization in id order, from a partial index that holds only those not yet
@@ -33,6 +34,7 @@ export async function up(db: Kysely<any>): Promise<void> {
     .addColumn('email', 'text', (c) => c.notNull().check(sql`length(email) <= 254`))
     .addColumn('created_at', 'timestamptz', (c) => c.notNull().defaultTo(sql`now()`))
     .addColumn('expires_at', 'timestamptz', (c) => c.notNull())
+    .addColumn('used_at', 'timestamptz')
     .execute();
   await db.schema.createIndex('account_tokens_user_id_purpose_idx').on('account_tokens').columns(['user_id', 'purpose', 'created_at']).execute();
   await db.schema.createIndex('account_tokens_expires_at_idx').on('account_tokens').column('expires_at').execute();
@@ -55,6 +57,7 @@ export async function up(db: Kysely<any>): Promise<void> {
     .execute();
   await sql`create index invitations_pending_organization_id_id_idx on invitations (organization_id, id)
     where accepted_at is null and revoked_at is null`.execute(db);
+  await db.schema.createIndex('invitations_expires_at_idx').on('invitations').column('expires_at').execute();
   // The hourly cap on invitations an organization sends counts through this.
   await db.schema.createIndex('invitations_organization_id_sent_at_idx').on('invitations').columns(['organization_id', 'sent_at']).execute();
   await sql`create unique index invitations_pending_organization_id_email_key on invitations (organization_id, lower(email))

@@ -4,9 +4,10 @@
  * Each is 256 random bits; the table keeps only its SHA-256, found through a unique index and
  * compared again in constant time. A token is used once, expires, and every token of a user
  * ends when their password changes (setPassword in users.ts), so no link sent before works
- * after it. Using or ending a token expires it (expires_at = now()) rather than deleting it: the
- * row still counts for the hourly limits on how many links a user is sent, until retention
- * deletes it an hour after it expired.
+ * after it. Using or ending a token sets used_at rather than deleting it: the row still counts
+ * for the hourly limits on how many links a user is sent, until retention deletes it an hour
+ * after it expired. A live token is one with used_at null: never a comparison of times, which
+ * two transactions that began at different moments would each read in their own way.
  */
 import { sql } from 'kysely';
 import type { DB } from '../db/connect.js';
@@ -53,6 +54,7 @@ export async function findAccountToken(db: DB, purpose: AccountTokenPurpose, tok
     .select(['id', 'token_hash', 'user_id', 'email', 'created_at', 'expires_at'])
     .where('token_hash', '=', sha256Hex(token))
     .where('purpose', '=', purpose)
+    .where('used_at', 'is', null)
     .where('expires_at', '>', sql<Date>`now()`)
     .executeTakeFirst();
   if (!row || !secretMatches(token, row.token_hash)) return undefined;
@@ -66,13 +68,14 @@ export async function findAccountToken(db: DB, purpose: AccountTokenPurpose, tok
  */
 export async function consumeAccountToken(db: DB, purpose: AccountTokenPurpose, token: unknown): Promise<AccountToken | undefined> {
   if (typeof token !== 'string' || !LINK_TOKEN_PATTERN.test(token)) return undefined;
-  // Two requests with the same link: the second waits for the first's row lock, then finds the
-  // row expired and updates nothing.
+  // Two requests with the same link: the second waits for the first's row lock, then re-reads
+  // the row, finds used_at set and updates nothing.
   const row = await db
     .updateTable('account_tokens')
-    .set({ expires_at: sql<Date>`now()` })
+    .set({ used_at: sql<Date>`now()` })
     .where('token_hash', '=', sha256Hex(token))
     .where('purpose', '=', purpose)
+    .where('used_at', 'is', null)
     .where('expires_at', '>', sql<Date>`now()`)
     .returning(['id', 'token_hash', 'user_id', 'email', 'created_at', 'expires_at'])
     .executeTakeFirst();
@@ -95,7 +98,7 @@ export async function recentAccountTokens(db: DB, userId: number, purpose: Accou
 
 /** Ends every live link token of a user (the password changed), or those of one purpose. */
 export async function endAccountTokens(db: DB, userId: number, purpose?: AccountTokenPurpose): Promise<void> {
-  let query = db.updateTable('account_tokens').set({ expires_at: sql<Date>`now()` }).where('user_id', '=', userId).where('expires_at', '>', sql<Date>`now()`);
+  let query = db.updateTable('account_tokens').set({ used_at: sql<Date>`now()` }).where('user_id', '=', userId).where('used_at', 'is', null);
   if (purpose) query = query.where('purpose', '=', purpose);
   await query.execute();
 }

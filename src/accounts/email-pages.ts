@@ -143,27 +143,37 @@ export async function emailLinkPages(app: FastifyInstance, { db, config, mail, b
   });
 
   // ---- verify email ----
+  // Confirming needs the link (the mailbox) and a session of the account it was sent for (its
+  // password): otherwise whoever signed up with someone else's address would only need them to
+  // click "Confirm" to hold an account with that address, confirmed.
   app.get('/verify-email', async (req, reply) => {
     refuseLinkGuessing(req);
     const token = queryToken(req);
     const found = await findAccountToken(db, 'verify_email', token);
     if (!found || token === undefined) return badLink(req, reply, BAD_VERIFY_LINK);
+    const session = await currentUser(db, config, req);
     const user = await db.selectFrom('users').select('email').where('id', '=', found.user_id).executeTakeFirstOrThrow();
     return renderPage(reply, 200, 'verify-email', {
       title: 'Confirm your email address',
-      csrfToken: preCsrf(req, reply),
+      csrfToken: session ? csrfToken(config, { session: session.sessionId }) : '',
       token,
       email: found.email,
       currentEmail: user.email,
       change: user.email !== found.email,
+      signedIn: session !== undefined,
+      otherAccount: session !== undefined && session.userId !== found.user_id ? session.email : '',
+      loginHref: `/login?return_to=${encodeURIComponent(`/verify-email?token=${token}`)}`,
     });
   });
 
   app.post('/verify-email', async (req, reply) => {
-    const { token } = readLinkForm(req);
+    refuseLinkGuessing(req);
+    const form = readParams(req.body);
+    const session = await currentUser(db, config, req);
+    if (!session || !csrfTokenMatches(config, { session: session.sessionId }, form.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
     let confirmed;
     try {
-      confirmed = await confirmEmail(db, mailDeps, token);
+      confirmed = await confirmEmail(db, mailDeps, form.token, session.userId);
     } catch (err) {
       if (err instanceof ConflictError) return renderPage(reply, 409, 'error', { title: 'This address is taken', message: err.description });
       throw err;
@@ -228,6 +238,8 @@ export async function emailLinkPages(app: FastifyInstance, { db, config, mail, b
     if (!passwordFits(password)) errors.push(PASSWORD_LENGTH);
     if (name.length > 200) errors.push('The name must be at most 200 characters long.');
     if (errors.length > 0) return invitationPage(req, reply, token, 400, { errors, name });
+    // A dead link costs no password hash.
+    if (!(await findOpenInvitation(db, token))) return badLink(req, reply, new InvitationUnavailableError().description);
     let joined;
     try {
       joined = await signUpFromInvitation(db, token, { name, passwordHash: await hashPassword(password) });

@@ -165,6 +165,17 @@ export async function createInvitation(
       .executeTakeFirst();
     if (member) throw new ConflictError('this address already belongs to a member of the organization');
     await refuseFlood(trx, input.organizationId);
+    // Replacing a pending invitation is revoking it: an owner's only by an owner.
+    const pendingRoles = await trx
+      .selectFrom('invitations')
+      .select('role')
+      .where('organization_id', '=', input.organizationId)
+      .where(sql<string>`lower(email)`, '=', sql<string>`lower(${email})`)
+      .where('accepted_at', 'is', null)
+      .where('revoked_at', 'is', null)
+      .forUpdate()
+      .execute();
+    if (!pendingRoles.every((p) => mayAssign(by.actingAs, p.role))) throw new ForbiddenError('only an owner may replace an invitation to become an owner');
     const replaced = await trx
       .updateTable('invitations')
       .set({ revoked_at: sql`now()` })

@@ -27,14 +27,22 @@ export async function requestPasswordReset(db: DB, deps: MailDeps, email: string
   const user = await findUserByEmail(db, email);
   if (!user) return 'no_account';
   const queued = await inTransaction(db, async (trx) => {
-    // Serializes two requests for the same account, so the hourly count holds.
-    await trx.selectFrom('users').select('id').where('id', '=', user.id).forUpdate().execute();
-    const { count } = await recentAccountTokens(trx, user.id, 'reset_password', 3600);
+    // Locked, so two requests for the same account cannot both pass the hourly count, and read
+    // again under the lock: an email change that committed meanwhile decides the address.
+    const locked = await trx
+      .selectFrom('users')
+      .select(['id', 'email', 'name'])
+      .where('id', '=', user.id)
+      .where(sql<string>`lower(email)`, '=', sql<string>`lower(${email.trim()})`)
+      .forUpdate()
+      .executeTakeFirst();
+    if (!locked) return false;
+    const { count } = await recentAccountTokens(trx, locked.id, 'reset_password', 3600);
     if (count >= RESETS_PER_HOUR) return false;
-    const token = await issueAccountToken(trx, { purpose: 'reset_password', userId: user.id, email: user.email, ttlSeconds: RESET_PASSWORD_TTL_S });
+    const token = await issueAccountToken(trx, { purpose: 'reset_password', userId: locked.id, email: locked.email, ttlSeconds: RESET_PASSWORD_TTL_S });
     await deps.mail.queue(
       trx,
-      resetPasswordMessage({ issuer: deps.issuer, to: user.email, name: user.name, link: resetLink(deps.issuer, token), minutes: RESET_PASSWORD_TTL_S / 60 }),
+      resetPasswordMessage({ issuer: deps.issuer, to: locked.email, name: locked.name, link: resetLink(deps.issuer, token), minutes: RESET_PASSWORD_TTL_S / 60 }),
     );
     return true;
   });
@@ -51,14 +59,12 @@ export async function resetPassword(db: DB, token: unknown, passwordHash: string
   return inTransaction(db, async (trx) => {
     const used = await consumeAccountToken(trx, 'reset_password', token);
     if (!used) return undefined;
+    // A link sent to an address the account no longer has resets nothing.
+    const current = await trx.selectFrom('users').select(sql<boolean>`lower(email) = lower(${used.email})`.as('same')).where('id', '=', used.user_id).forUpdate().executeTakeFirst();
+    if (!current?.same) return undefined;
     await setPassword(trx, used.user_id, passwordHash);
-    // The link proves the address is theirs, if it is still the account's address.
-    await trx
-      .updateTable('users')
-      .set({ email_verified_at: sql`coalesce(email_verified_at, now())` })
-      .where('id', '=', used.user_id)
-      .where(sql<string>`lower(email)`, '=', sql<string>`lower(${used.email})`)
-      .execute();
+    // The link came to the account's address: it is theirs.
+    await trx.updateTable('users').set({ email_verified_at: sql`coalesce(email_verified_at, now())` }).where('id', '=', used.user_id).execute();
     await trx.deleteFrom('sessions').where('user_id', '=', used.user_id).execute();
     const orgs = await trx.selectFrom('memberships').select('organization_id').where('user_id', '=', used.user_id).execute();
     for (const { organization_id: organizationId } of orgs) {

@@ -12,7 +12,9 @@ export const emailSchema = z
   .string()
   .trim()
   .max(254, 'must be at most 254 characters')
-  .regex(/^[^\s@]+@[^\s@]+$/, 'must be an email address');
+  // One mailbox, nothing a mailer would read as a display name, a list or a group
+  // ("Bob <me@evil.example>", "a@x,b@y", "g:a@x;"), so an account's address is where its mail goes.
+  .regex(/^[^\s@<>()[\]\\,;:"]+@[^\s@<>()[\]\\,;:"]+$/, 'must be an email address');
 
 const newUserSchema = z.object({
   email: emailSchema,

@@ -11,7 +11,7 @@ import { isUniqueViolation } from '../db/errors.js';
 import { ConflictError } from '../errors.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
 import { emailChangedMessage, verifyEmailMessage } from '../mail/messages.js';
-import { consumeAccountToken, endAccountTokens, issueAccountToken, recentAccountTokens, VERIFY_EMAIL_TTL_S } from './account-tokens.js';
+import { consumeAccountToken, endAccountTokens, findAccountToken, issueAccountToken, recentAccountTokens, VERIFY_EMAIL_TTL_S } from './account-tokens.js';
 import type { MailDeps } from './invitations.js';
 
 /** A verification link at most this often per user … */
@@ -76,11 +76,15 @@ export interface ConfirmedEmail {
 }
 
 /**
- * Follows a verification link: the address becomes the account's, verified. Undefined when the
- * link is unknown, expired or used; a ConflictError when another account took the address since.
+ * Follows a verification link, signed in as `userId`: the address becomes the account's,
+ * verified. Undefined when the link is unknown, expired, used or another account's; a
+ * ConflictError when another account took the address since.
  */
-export async function confirmEmail(db: DB, deps: MailDeps, token: unknown): Promise<ConfirmedEmail | undefined> {
+export async function confirmEmail(db: DB, deps: MailDeps, token: unknown, userId: number): Promise<ConfirmedEmail | undefined> {
   const confirmed = await inTransaction(db, async (trx) => {
+    // Another account's link is unknown here, and stays unused.
+    const pending = await findAccountToken(trx, 'verify_email', token);
+    if (!pending || pending.user_id !== userId) return undefined;
     const used = await consumeAccountToken(trx, 'verify_email', token);
     if (!used) return undefined;
     const user = await trx.selectFrom('users').select(['id', 'name', 'email']).where('id', '=', used.user_id).forUpdate().executeTakeFirstOrThrow();

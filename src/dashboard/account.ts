@@ -26,6 +26,7 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
       .where('user_id', '=', ctx.session.userId)
       .where('purpose', '=', 'verify_email')
       .where('email', '!=', ctx.session.email)
+      .where('used_at', 'is', null)
       .where('expires_at', '>', new Date())
       .orderBy('id', 'desc')
       .executeTakeFirst();

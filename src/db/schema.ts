@@ -30,7 +30,7 @@ export interface UsersTable {
 
 export type AccountTokenPurpose = 'verify_email' | 'reset_password';
 
-/** A link sent to a user by email: only the token's SHA-256 is kept; used once, then deleted. */
+/** A link sent to a user by email: only the token's SHA-256 is kept; used once. */
 export interface AccountTokensTable {
   id: Generated<number>;
   token_hash: string;
@@ -40,6 +40,8 @@ export interface AccountTokensTable {
   email: string;
   created_at: Generated<Date>;
   expires_at: Timestamp;
+  /** When the link was used, or ended unused (the password changed, a newer link was sent). */
+  used_at: NullableTimestamp;
 }
 
 export interface InvitationsTable {

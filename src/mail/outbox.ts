@@ -7,15 +7,19 @@
  * looks for due messages every POLL_MS, which is how other instances' messages, and retries,
  * are picked up.
  *
- * Sending: a short statement claims up to BATCH due messages (`FOR UPDATE SKIP LOCKED`, so two
- * instances never claim the same one) and moves their next_attempt_at forward by LEASE_MS: the
+ * Sending: a short statement claims the next due message (`FOR UPDATE SKIP LOCKED`, so two
+ * instances never claim the same one) and moves its next_attempt_at forward by LEASE_MS: the
  * claim is a lease, held without an open transaction (on the embedded database a transaction
- * would hold its only connection for as long as the mail server takes). Each message is then
- * sent and marked sent, or its failure recorded with the next attempt after a backoff
- * (1 s, 2 s, 4 s … up to 10 min). An instance that dies mid-send leaves the lease to run out
- * and the message is sent again then: delivery is at least once, and exactly once whenever
- * instances do not die between handing a message to the server and recording it. After
- * GIVE_UP_AFTER_MS a message is marked failed and logged at error.
+ * would hold its only connection for as long as the mail server takes). One message is claimed
+ * at a time and a send is given up after SEND_TIMEOUT_MS, well inside the lease, so a slow
+ * server cannot let a lease run out while the message waits its turn. The message is then
+ * marked sent, or its failure recorded with the next attempt after a backoff (1 s, 2 s, 4 s …
+ * up to 10 min); either only while the lease is still this instance's (`attempts` unchanged).
+ * A server that cannot be reached pauses this instance's sending for the same backoff, instead
+ * of failing every queued message in turn; a permanent refusal (5xx) fails the message at once.
+ * An instance that dies mid-send leaves the lease to run out and the message is sent again then:
+ * delivery is at least once, and exactly once whenever instances do not die between handing a
+ * message to the server and recording it. After GIVE_UP_AFTER_MS a message is marked failed.
  *
  * Bodies carry links, so they are stored encrypted (SECRET_KEY) and cleared once sent, except
  * for the developer outbox (no SMTP_URL, embedded database, not production), which shows them.
@@ -29,8 +33,12 @@ import type { MailMessage } from './messages.js';
 import type { MailTransport } from './transport.js';
 
 const SEAL_PURPOSE = 'mail-outbox';
-const BATCH = 10;
 const LEASE_MS = 5 * 60_000;
+const SEND_TIMEOUT_MS = 2 * 60_000;
+/** How long stop() waits for a send in progress (a shutdown has 9 s in all; src/server.ts). */
+const STOP_WAIT_MS = 2000;
+/** Errors that say the server could not be reached or talked to at all, not that it refused this message. */
+const CONNECTION_ERRORS = new Set(['ECONNECTION', 'ETIMEDOUT', 'ESOCKET', 'EDNS', 'ECONNREFUSED', 'ECONNRESET', 'EHOSTUNREACH', 'ENOTFOUND', 'EAI_AGAIN', 'ETLS', 'EAUTH', 'EGREETING']);
 const POLL_MS = 2000;
 const MAX_BACKOFF_S = 600;
 const GIVE_UP_AFTER_MS = 48 * 3600_000;
@@ -66,6 +74,9 @@ export class MailOutbox {
   private running: Promise<void> | undefined;
   private again = false;
   private stopped = false;
+  /** While the server cannot be reached: no sending before this (ms since the epoch), and how many times in a row. */
+  private pausedUntil = 0;
+  private unreachable = 0;
 
   constructor(
     private readonly db: DB,
@@ -79,10 +90,6 @@ export class MailOutbox {
       keepBodies?: boolean;
     },
   ) {}
-
-  get transportKind(): MailTransport['kind'] {
-    return this.options.transport.kind;
-  }
 
   /** Queues a message in `db`'s transaction (or on its own); call wake() once that has committed. */
   async queue(db: DB, message: MailMessage): Promise<void> {
@@ -106,7 +113,7 @@ export class MailOutbox {
 
   /** Sends what is due now; a run already going runs once more afterwards. */
   wake(): void {
-    if (this.stopped) return;
+    if (this.stopped || Date.now() < this.pausedUntil) return;
     if (this.running) {
       this.again = true;
       return;
@@ -121,33 +128,37 @@ export class MailOutbox {
     while (this.running) await this.running;
   }
 
+  /**
+   * Stops sending. A send in progress gets STOP_WAIT_MS to finish; after that it is abandoned
+   * and its message goes again when the lease runs out.
+   */
   async stop(): Promise<void> {
     this.stopped = true;
     clearInterval(this.timer);
     this.timer = undefined;
-    await this.idle();
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([this.idle(), new Promise<void>((resolve) => (timer = setTimeout(resolve, STOP_WAIT_MS)))]);
+    clearTimeout(timer);
     this.options.transport.close();
   }
 
   private async drain(): Promise<void> {
     do {
       this.again = false;
-      let claimed: Claimed[];
+      let claimed: Claimed | undefined;
       try {
         claimed = await this.claim();
       } catch (err) {
         this.options.logger.warn({ err }, 'could not read the mail outbox');
         return;
       }
-      for (const message of claimed) {
-        if (this.stopped) break;
-        await this.deliver(message);
-      }
-      if (claimed.length === BATCH) this.again = true;
-    } while (this.again && !this.stopped);
+      if (!claimed) continue;
+      await this.deliver(claimed);
+      this.again = true;
+    } while (this.again && !this.stopped && Date.now() >= this.pausedUntil);
   }
 
-  private async claim(): Promise<Claimed[]> {
+  private async claim(): Promise<Claimed | undefined> {
     const { rows } = await sql<Claimed>`
       update mail_outbox m
       set attempts = m.attempts + 1, next_attempt_at = now() + make_interval(secs => ${LEASE_MS / 1000})
@@ -155,57 +166,61 @@ export class MailOutbox {
         select id from mail_outbox
         where sent_at is null and failed_at is null and next_attempt_at <= now()
         order by next_attempt_at
-        limit ${BATCH}
+        limit 1
         for update skip locked
       ) due
       where m.id = due.id
       returning m.id, m.recipient, m.subject, m.body_encrypted, m.attempts, m.created_at`.execute(this.db);
-    return rows.map((r) => ({ ...r, id: Number(r.id) }));
+    const row = rows[0];
+    return row && { ...row, id: Number(row.id) };
   }
 
   private async deliver(message: Claimed): Promise<void> {
     const { logger, metrics, transport } = this.options;
     let error: unknown;
+    let timer: NodeJS.Timeout | undefined;
     try {
-      await transport.send(this.options.from, { to: message.recipient, subject: message.subject, ...this.openBody(message.body_encrypted) });
+      const body = this.openBody(message.body_encrypted);
+      await Promise.race([
+        transport.send(this.options.from, { to: message.recipient, subject: message.subject, ...body }),
+        new Promise<never>((_resolve, reject) => {
+          timer = setTimeout(() => reject(Object.assign(new Error('the mail server did not finish in time'), { code: 'ETIMEDOUT' })), SEND_TIMEOUT_MS);
+        }),
+      ]);
     } catch (err) {
       error = err;
+    } finally {
+      clearTimeout(timer);
     }
+    // Every outcome is written only while the lease is still ours: `attempts` is what we claimed.
+    const ours = this.db.updateTable('mail_outbox').where('id', '=', message.id).where('attempts', '=', message.attempts);
+    const done = { expires_at: sql<Date>`now() + make_interval(secs => ${KEEP_DONE_S})` };
     try {
       if (error === undefined) {
-        await this.db
-          .updateTable('mail_outbox')
-          .set({
-            sent_at: sql`now()`,
-            last_error: null,
-            expires_at: sql`now() + make_interval(secs => ${KEEP_DONE_S})`,
-            ...(this.options.keepBodies ? {} : { body_encrypted: null }),
-          })
-          .where('id', '=', message.id)
-          .execute();
+        this.unreachable = 0;
+        await ours.set({ sent_at: sql`now()`, last_error: null, ...done, ...(this.options.keepBodies ? {} : { body_encrypted: null }) }).execute();
         metrics?.mailDeliveries.inc({ outcome: 'sent' });
         if (transport.kind === 'smtp') logger.info({ mail_id: message.id, attempt: message.attempts }, 'email sent');
         return;
       }
       const reason = describe(error);
-      if (Date.now() - message.created_at.getTime() >= GIVE_UP_AFTER_MS) {
-        await this.db
-          .updateTable('mail_outbox')
-          .set({ failed_at: sql`now()`, last_error: reason, body_encrypted: null, expires_at: sql`now() + make_interval(secs => ${KEEP_DONE_S})` })
-          .where('id', '=', message.id)
-          .execute();
+      // Not there, or our credentials refused: the server's problem or the operator's, not the message's.
+      const unreachable = CONNECTION_ERRORS.has(errorCode(error));
+      const refused = !unreachable && smtpStatus(error) >= 500;
+      if (refused || Date.now() - message.created_at.getTime() >= GIVE_UP_AFTER_MS) {
+        await ours.set({ failed_at: sql`now()`, last_error: reason, body_encrypted: null, ...done }).execute();
         metrics?.mailDeliveries.inc({ outcome: 'failed' });
-        logger.error({ mail_id: message.id, attempts: message.attempts, reason }, 'email given up: it could not be sent for 48 hours');
+        logger.error(
+          { mail_id: message.id, attempts: message.attempts, reason },
+          refused ? 'email refused by the mail server; not retried' : 'email given up: it could not be sent for 48 hours',
+        );
         return;
       }
-      const delay = retryDelaySeconds(message.attempts);
-      await this.db
-        .updateTable('mail_outbox')
-        .set({ next_attempt_at: sql`now() + make_interval(secs => ${delay})`, last_error: reason })
-        .where('id', '=', message.id)
-        .execute();
+      const delay = retryDelaySeconds(unreachable ? Math.max(++this.unreachable, message.attempts) : message.attempts);
+      await ours.set({ next_attempt_at: sql`now() + make_interval(secs => ${delay})`, last_error: reason }).execute();
       metrics?.mailDeliveries.inc({ outcome: 'retry' });
       logger.warn({ mail_id: message.id, attempt: message.attempts, retry_in_s: delay, reason }, 'email not sent; will retry');
+      if (unreachable) this.pausedUntil = Date.now() + delay * 1000;
     } catch (err) {
       // The database is away: the lease runs out and the message is tried again then.
       logger.warn({ err, mail_id: message.id }, 'could not record the outcome of sending an email');
@@ -238,8 +253,17 @@ export class MailOutbox {
   }
 }
 
+function errorCode(err: unknown): string {
+  return err instanceof Error && 'code' in err && typeof err.code === 'string' ? err.code : '';
+}
+
+/** The SMTP reply code of a refusal (nodemailer's responseCode), or 0. */
+function smtpStatus(err: unknown): number {
+  return err instanceof Error && 'responseCode' in err && typeof err.responseCode === 'number' ? err.responseCode : 0;
+}
+
 function describe(err: unknown): string {
   if (!(err instanceof Error)) return String(err).slice(0, 500);
-  const code = 'code' in err && typeof err.code === 'string' ? `${err.code}: ` : '';
-  return `${code}${err.message}`.replace(/\s+/g, ' ').slice(0, 500);
+  const code = errorCode(err);
+  return `${code ? `${code}: ` : ''}${err.message}`.replace(/\s+/g, ' ').slice(0, 500);
 }

@@ -29,7 +29,8 @@ export function smtpTransport(url: string): MailTransport {
   return {
     kind: 'smtp',
     async send(from, message) {
-      await transporter.sendMail({ from, to: message.to, subject: message.subject, text: message.text, html: message.html });
+      // An address object, never a string nodemailer would parse as a list of recipients.
+      await transporter.sendMail({ from, to: { name: '', address: message.to }, subject: message.subject, text: message.text, html: message.html });
     },
     close: () => transporter.close(),
   };

@@ -6,6 +6,9 @@
 import type { FastifyInstance } from 'fastify';
 import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { issueAccountToken } from '../../src/accounts/account-tokens.js';
+import { resetPassword } from '../../src/accounts/password-reset.js';
+import { hashPassword } from '../../src/accounts/passwords.js';
 import { createUser } from '../../src/accounts/users.js';
 import { ensureSigningKey } from '../../src/oauth/keys.js';
 import { KNOWN_SCOPES } from '../../src/oauth/scopes.js';
@@ -136,6 +139,24 @@ describe(`password reset by email on ${BACKEND}`, () => {
     expect((await browser.get(pathOf(linkIn(mail, `${ISSUER}/reset-password?token=`)))).statusCode).toBe(404);
   });
 
+  it('resets once when the same link is submitted twice at the same moment', async () => {
+    const email = address('double');
+    const user = await createUser(db(), { email, password: PASSWORD });
+    const token = await issueAccountToken(db(), { purpose: 'reset_password', userId: user.id, email, ttlSeconds: 1800 });
+    const results = await Promise.all(['first-new-password', 'second-new-password'].map(async (p) => resetPassword(db(), token, await hashPassword(p))));
+    expect(results.filter((r) => r === user.id)).toHaveLength(1);
+    expect(results.filter((r) => r === undefined)).toHaveLength(1);
+  });
+
+  it('refuses addresses a mailer would read as a name, a list or a group', async () => {
+    const browser = new Browser(app, '10.0.6.1');
+    for (const email of ['Bob <me@evil.example>', 'victim@example.com,me@evil.example', 'group:me@evil.example;', '"quoted"@example.com']) {
+      const csrf_token = await browser.csrf('/signup');
+      const res = await browser.post('/signup', { csrf_token, email, password: PASSWORD, organization_name: 'Spam Inc' });
+      expect(res.statusCode, email).toBe(400);
+    }
+  });
+
   it('throttles reset requests per address and per IP, whether or not the address has an account', async () => {
     const browser = new Browser(app, '10.0.3.1');
     const target = address('throttled');
@@ -189,9 +210,22 @@ describe(`email verification on ${BACKEND}`, () => {
     expect(user.email_verified_at).toBeNull();
     const mail = await smtp.waitFor(email, /Confirm your email address/);
     const link = pathOf(linkIn(mail, `${ISSUER}/verify-email?token=`));
-    // Opening the link (a mail scanner would) uses nothing.
-    const page = await new Browser(app, '10.1.0.2').get(link);
+    // Opening the link (a mail scanner would) uses nothing, and without the account's session nothing can be confirmed.
+    const stranger = new Browser(app, '10.1.0.2');
+    const page = await stranger.get(link);
     expect(page.statusCode).toBe(200);
+    expect(page.body).toContain('Sign in to confirm');
+    expect(page.body).not.toContain('name="token"');
+    const token0 = new URL(linkIn(mail, `${ISSUER}/verify-email?token=`)).searchParams.get('token')!;
+    expect((await stranger.post('/verify-email', { csrf_token: await stranger.csrf('/forgot-password'), token: token0 })).statusCode).toBe(403);
+    // Signed in to another account: the link is not that account's, and stays unused.
+    const squatter = new Browser(app, '10.1.0.3');
+    const otherEmail = address('other-account');
+    await createUser(db(), { email: otherEmail, password: PASSWORD });
+    await squatter.login(otherEmail, PASSWORD);
+    expect((await squatter.get(link)).body).toContain('this link is for another account');
+    const other = await squatter.post('/verify-email', { csrf_token: csrfTokenIn((await squatter.get('/dashboard/account')).body), token: token0 });
+    expect(other.statusCode).toBe(404);
     expect((await db().selectFrom('users').select('email_verified_at').where('id', '=', user.id).executeTakeFirstOrThrow()).email_verified_at).toBeNull();
 
     // Resend: once a minute at most.
@@ -390,6 +424,22 @@ describe(`invitations on ${BACKEND}`, () => {
     const accepted = await invitee.post('/invitation/accept', { csrf_token: csrfTokenIn(page.body), token: tokenOf(mail) });
     expect(accepted.statusCode).toBe(303);
     expect((await db().selectFrom('memberships').select('role').where('organization_id', '=', fixture.organizationId).where('user_id', '=', user.id).executeTakeFirstOrThrow()).role).toBe('member');
+  });
+
+  it('lets only an owner replace an invitation to become an owner', async () => {
+    const fixture = await createOrgFixture(db());
+    const owner = await ownerBrowser(fixture);
+    const email = address('future-owner');
+    expect((await invite(owner, email, 'owner')).statusCode).toBe(200);
+    const adminEmail = address('admin');
+    const admin = await createUser(db(), { email: adminEmail, password: PASSWORD });
+    await db().insertInto('memberships').values({ organization_id: fixture.organizationId, user_id: admin.id, role: 'admin' }).execute();
+    const adminBrowser = new Browser(app, '10.2.5.1');
+    await adminBrowser.login(adminEmail, PASSWORD);
+    const refused = await invite(adminBrowser, email, 'member');
+    expect(refused.statusCode).toBe(403);
+    const pending = await db().selectFrom('invitations').select('role').where('email', '=', email).where('revoked_at', 'is', null).execute();
+    expect(pending).toEqual([{ role: 'owner' }]);
   });
 
   it('refuses invitations from an owner whose own address is unverified', async () => {

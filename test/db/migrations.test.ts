@@ -26,7 +26,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   audit_events: ['id', 'organization_id', 'actor_user_id', 'actor_client_id', 'action', 'details', 'created_at'],
   contacts: ['id', 'organization_id', 'name', 'email', 'phone', 'company', 'notes', 'created_at', 'updated_at'],
   tasks: ['id', 'organization_id', 'title', 'description', 'status', 'due_on', 'contact_id', 'completed_at', 'created_at', 'updated_at'],
-  account_tokens: ['id', 'token_hash', 'purpose', 'user_id', 'email', 'created_at', 'expires_at'],
+  account_tokens: ['id', 'token_hash', 'purpose', 'user_id', 'email', 'created_at', 'expires_at', 'used_at'],
   invitations: [
     'id', 'organization_id', 'email', 'role', 'token_hash', 'invited_by_user_id', 'invited_by_client_id', 'created_at', 'sent_at',
     'expires_at', 'accepted_at', 'accepted_by_user_id', 'revoked_at',

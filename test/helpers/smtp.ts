@@ -24,6 +24,8 @@ export const SMTP_PASSWORD = 'smtp-test-password';
 
 export class TestSmtpServer {
   readonly received: ReceivedMail[] = [];
+  /** Recipients refused with 550, as a server refuses a mailbox that does not exist. */
+  readonly refused = new Set<string>();
   private server: SMTPServer | undefined;
   private waiters: (() => void)[] = [];
 
@@ -50,6 +52,10 @@ export class TestSmtpServer {
       onAuth: (auth, _session, callback) => {
         if (auth.username === SMTP_USER && auth.password === SMTP_PASSWORD) callback(null, { user: auth.username });
         else callback(new Error('invalid credentials'));
+      },
+      onRcptTo: (address, _session, callback) => {
+        if (this.refused.has(address.address.toLowerCase())) callback(Object.assign(new Error('mailbox unavailable'), { responseCode: 550 }));
+        else callback();
       },
       onData: (stream, session, callback) => {
         simpleParser(stream).then(

@@ -96,6 +96,25 @@ describe(`the mail outbox on ${BACKEND}`, () => {
     }
   });
 
+  it('fails a message the server refuses for good (5xx) at once, and logs and counts it', async () => {
+    const metrics = new Metrics();
+    const capture = logCapture();
+    const logger = createLogger({ logLevel: 'info' }, capture.stream);
+    const outbox = new MailOutbox(db(), { transport: smtpTransport(smtp.url), from: 'auth@example.com', secretKey: TEST_SECRET_KEY, logger, metrics });
+    const to = address('no-such-mailbox');
+    smtp.refused.add(to);
+    try {
+      await outbox.queue(db(), { to, subject: 'Refused', text: 'x', html: '<p>x</p>' });
+      outbox.start();
+      await expect.poll(async () => (await db().selectFrom('mail_outbox').select(['failed_at', 'attempts', 'last_error']).where('recipient', '=', to).executeTakeFirstOrThrow()), { timeout: 15_000 })
+        .toMatchObject({ failed_at: expect.any(Date), attempts: 1, last_error: expect.stringMatching(/550|mailbox unavailable/) });
+      expect((await metrics.mailDeliveries.get()).values.find((v) => v.labels.outcome === 'failed')?.value).toBe(1);
+      expect(capture.lines().some((l) => l.includes('email refused by the mail server') && JSON.parse(l).level === 50)).toBe(true);
+    } finally {
+      await outbox.stop();
+    }
+  });
+
   it('backs off 1 s, 2 s, 4 s … up to 10 minutes between attempts', () => {
     expect([1, 2, 3, 4, 10, 11, 50].map(retryDelaySeconds)).toEqual([1, 2, 4, 8, 512, 600, 600]);
   });
@@ -128,6 +147,8 @@ describe(`without SMTP_URL on ${BACKEND}`, () => {
       expect(line.mail.text).toMatch(/http:\/\/localhost:3000\/reset-password\?token=[A-Za-z0-9_-]{43}/);
       const page = await app.inject({ method: 'GET', url: '/dev/outbox' });
       expect(page.statusCode).toBe(200);
+      // Only from this machine, whatever address the server listens on.
+      expect((await app.inject({ method: 'GET', url: '/dev/outbox', remoteAddress: '192.0.2.7' })).statusCode).toBe(404);
       expect(page.body).toContain(email);
       const link = /href="http:\/\/localhost:3000(\/reset-password\?token=[A-Za-z0-9_-]{43})"/.exec(page.body)![1]!;
       const browser = new Browser(app, '10.9.1.2');
