@@ -9,6 +9,10 @@
  *   /invitation/accept without a CSRF token, with another browser's, with oversized, repeated,
  *   JSON-shaped and unknown fields: 403 for CSRF, 400 for fields, never 500; a refused password
  *   does not use up the link.
+ * - /verify-email needs the link and a session of the account it was sent for: signed out, the
+ *   page offers to sign in and the POST is a 403 (a pre-session CSRF token is not enough);
+ *   signed in to another account, the page has no form and the POST is the error page; either
+ *   way the link stays unused. So its bad-token cases post as the link's user, signed in.
  * - Invitations: the wrong person, an unverified address, twice, another organization's
  *   dashboard or API; the API's invitation bodies; the dashboard's invitation and account forms.
  * - /forgot-password answers an existing and an unknown address the same.
@@ -102,8 +106,13 @@ async function newUser(label: string, options: { verified?: boolean } = {}): Pro
   return { id: user.id, email };
 }
 
-function issue(purpose: AccountTokenPurpose, user: TestUser): Promise<string> {
-  return issueAccountToken(db(), { purpose, userId: user.id, email: user.email, ttlSeconds: purpose === 'reset_password' ? RESET_PASSWORD_TTL_S : VERIFY_EMAIL_TTL_S });
+/** The user each link made by `issue` was sent to (an invitation's link has none yet). */
+const tokenUsers = new Map<string, TestUser>();
+
+async function issue(purpose: AccountTokenPurpose, user: TestUser): Promise<string> {
+  const token = await issueAccountToken(db(), { purpose, userId: user.id, email: user.email, ttlSeconds: purpose === 'reset_password' ? RESET_PASSWORD_TTL_S : VERIFY_EMAIL_TTL_S });
+  tokenUsers.set(token, user);
+  return token;
 }
 
 /** The `count`-th message to `to`, once it has arrived. */
@@ -215,11 +224,13 @@ async function signedIn(user: TestUser, password = PASSWORD): Promise<Browser> {
 interface LinkKind {
   name: string;
   path: string;
+  /** Whether the form needs a session (the link's user's) and its CSRF token, not the pre-session one. */
+  session: boolean;
   /** A live token of this kind (a fresh user or invitation for each). */
   fresh(): Promise<string>;
-  /** The form the page posts, with `token` and the browser's pre-session CSRF token. */
+  /** The form the page posts, with `token` and the CSRF token `formCsrf` gives. */
   post(b: Browser, token: string | string[], csrf: string, extra?: Record<string, string | string[]>): Promise<LightMyRequestResponse>;
-  /** Uses the token up, as the user would; asserts it worked. */
+  /** Uses the token up, as the user would, from a browser of `browserFor(token, kind)`; asserts it worked. */
   use(b: Browser, token: string): Promise<void>;
   /** Makes the token expire. */
   expire(token: string): Promise<void>;
@@ -230,9 +241,23 @@ const expireAccountToken = async (token: string) => {
   expect(Number(res.numUpdatedRows)).toBe(1);
 };
 
+/**
+ * A browser whose posts to the forms of `kinds` get as far as the token check: when one of them
+ * needs a session, signed in as the user `token` was sent to (a new user when it has none, as
+ * an invitation's); otherwise a fresh one, signed out.
+ */
+async function browserFor(token: string, ...kinds: LinkKind[]): Promise<Browser> {
+  if (!kinds.some((k) => k.session)) return browser();
+  return signedIn(tokenUsers.get(token) ?? (await newUser('link-visitor')));
+}
+
+/** The CSRF token `kind`'s form takes from `b`: its session's, or its pre-session one. */
+const formCsrf = (kind: LinkKind, b: Browser) => (kind.session ? b.csrf('/dashboard') : preCsrf(b));
+
 const RESET: LinkKind = {
   name: 'reset-password',
   path: '/reset-password',
+  session: false,
   fresh: async () => issue('reset_password', await newUser('reset')),
   post: (b, token, csrf, extra = {}) => b.post('/reset-password', { csrf_token: csrf, token, password: NEW_PASSWORD, ...extra }),
   use: async (b, token) => {
@@ -246,10 +271,11 @@ const RESET: LinkKind = {
 const VERIFY: LinkKind = {
   name: 'verify-email',
   path: '/verify-email',
+  session: true,
   fresh: async () => issue('verify_email', await newUser('verify', { verified: false })),
   post: (b, token, csrf, extra = {}) => b.post('/verify-email', { csrf_token: csrf, token, ...extra }),
   use: async (b, token) => {
-    const res = await VERIFY.post(b, token, await preCsrf(b));
+    const res = await VERIFY.post(b, token, await formCsrf(VERIFY, b));
     expect(res.statusCode, res.body.slice(0, 300)).toBe(200);
     expect(res.body).toContain('is confirmed');
   },
@@ -259,6 +285,7 @@ const VERIFY: LinkKind = {
 const INVITATION: LinkKind = {
   name: 'invitation',
   path: '/invitation',
+  session: false,
   fresh: async () => (await invite()).token,
   post: (b, token, csrf, extra = {}) => b.post('/invitation/signup', { csrf_token: csrf, token, password: NEW_PASSWORD, name: 'Invitee', ...extra }),
   use: async (b, token) => {
@@ -311,8 +338,9 @@ const MALFORMED: [name: string, query: (good: string) => string, posted: (good: 
 describe.each(KINDS)(`the $name link with a malformed token on ${BACKEND}`, (kind) => {
   it.each(MALFORMED)('%s: the error page by GET and by POST, nothing changed, the live link still works', async (_name, query, posted) => {
     const good = await kind.fresh();
-    const b = browser();
-    const csrf = await preCsrf(b);
+    // For verify-email: the live link's user, signed in, so the POST reaches the token check.
+    const b = await browserFor(good, kind);
+    const csrf = await formCsrf(kind, b);
     const before = await snapshot();
     const page = await b.get(linkTo(kind, query(good)));
     expectBadLink(page);
@@ -329,23 +357,25 @@ describe.each(KINDS)(`the $name link with a malformed token on ${BACKEND}`, (kin
 
   it('a repeated token parameter (twice the live token) is the error page, and the link still works', async () => {
     const good = await kind.fresh();
-    const b = browser();
+    const b = await browserFor(good, kind);
+    const csrf = await formCsrf(kind, b);
     const before = await snapshot();
     expectBadLink(await b.get(linkTo(kind, `?token=${good}&token=${good}`)));
     expectBadLink(await b.get(linkTo(kind, `?token=${good}&token=${tamper(good)}`)));
     expectBadLink(await b.get(linkTo(kind, `?token[]=${good}`)));
     // In the form a repeated field is malformed (400) before anything is looked up.
-    expectFormRefused(await kind.post(b, [good, good], await preCsrf(b)));
+    expectFormRefused(await kind.post(b, [good, good], csrf));
     await expectUnchanged(before);
     expect((await b.get(linkTo(kind, `?token=${good}`))).statusCode).toBe(200);
   });
 
   it('a NUL in the token: the error page by GET, a malformed form by POST', async () => {
     const good = await kind.fresh();
-    const b = browser();
+    const b = await browserFor(good, kind);
+    const csrf = await formCsrf(kind, b);
     const before = await snapshot();
     expectBadLink(await b.get(linkTo(kind, `?token=${good}%00`)));
-    expectFormRefused(await kind.post(b, `${good}\u0000`, await preCsrf(b)));
+    expectFormRefused(await kind.post(b, `${good}\u0000`, csrf));
     await expectUnchanged(before);
     expect((await b.get(linkTo(kind, `?token=${good}`))).statusCode).toBe(200);
   });
@@ -359,8 +389,8 @@ describe.each(KINDS)(`the $name link with a malformed token on ${BACKEND}`, (kin
 
   it('after 30 bad links from one address, every link page there is a 429 page (even a live link, which stays unused); other addresses are not affected', async () => {
     const good = await kind.fresh();
-    const b = browser();
-    const csrf = await preCsrf(b);
+    const b = await browserFor(good, kind);
+    const csrf = await formCsrf(kind, b);
     for (let i = 0; i < 30; i++) expectBadLink(await b.get(linkTo(kind, `?token=${tamper(good, i)}`)));
     const before = await snapshot();
     const page = await b.get(linkTo(kind, `?token=${good}`));
@@ -368,7 +398,7 @@ describe.each(KINDS)(`the $name link with a malformed token on ${BACKEND}`, (kin
     expect(page.headers['retry-after']).toMatch(/^[1-9][0-9]*$/);
     expectErrorPage(await kind.post(b, good, csrf), 429);
     await expectUnchanged(before);
-    const elsewhere = browser();
+    const elsewhere = await browserFor(good, kind);
     expect((await elsewhere.get(linkTo(kind, `?token=${good}`))).statusCode).toBe(200);
     await kind.use(elsewhere, good);
   });
@@ -376,8 +406,8 @@ describe.each(KINDS)(`the $name link with a malformed token on ${BACKEND}`, (kin
   it('an expired token is the error page by GET and by POST, and stays unused', async () => {
     const good = await kind.fresh();
     await kind.expire(good);
-    const b = browser();
-    const csrf = await preCsrf(b);
+    const b = await browserFor(good, kind);
+    const csrf = await formCsrf(kind, b);
     const before = await snapshot();
     expectBadLink(await b.get(linkTo(kind, `?token=${good}`)));
     expectBadLink(await kind.post(b, good, csrf));
@@ -386,10 +416,10 @@ describe.each(KINDS)(`the $name link with a malformed token on ${BACKEND}`, (kin
 
   it('a token used once is the error page by GET and by POST the second time', async () => {
     const good = await kind.fresh();
-    const b = browser();
+    const b = await browserFor(good, kind);
     await kind.use(b, good);
-    const again = browser();
-    const csrf = await preCsrf(again);
+    const again = await browserFor(good, kind);
+    const csrf = await formCsrf(kind, again);
     const before = await snapshot();
     expectBadLink(await again.get(linkTo(kind, `?token=${good}`)));
     expectBadLink(await kind.post(again, good, csrf));
@@ -399,11 +429,12 @@ describe.each(KINDS)(`the $name link with a malformed token on ${BACKEND}`, (kin
 
 describe(`a link token used for another purpose on ${BACKEND}`, () => {
   // Each live token is refused by the pages of the other kinds, and still works on its own.
+  // With verify-email on either side, the browser is signed in (as the token's user, if it has one).
   const pairs = KINDS.flatMap((own) => KINDS.filter((other) => other !== own).map((other) => [own.name, other.name, own, other] as const));
   it.each(pairs)('a live %s token on the %s page is the error page, and is not used up', async (_own, _other, own, other) => {
     const token = await own.fresh();
-    const b = browser();
-    const csrf = await preCsrf(b);
+    const b = await browserFor(token, own, other);
+    const csrf = await formCsrf(other, b);
     const before = await snapshot();
     expectBadLink(await b.get(linkTo(other, `?token=${token}`)));
     expectBadLink(await other.post(b, token, csrf));
@@ -721,16 +752,19 @@ describe(`POST /reset-password with bad input on ${BACKEND}`, () => {
   });
 });
 
-describe(`POST /verify-email with bad input on ${BACKEND}`, () => {
+describe(`/verify-email with bad input, signed out or as another account on ${BACKEND}`, () => {
+  /** An unverified user, a live link to their address, and a browser signed in as them with the link's page open. */
   async function setUp(label: string) {
     const user = await newUser(label, { verified: false });
     const token = await issue('verify_email', user);
-    const b = browser();
+    const b = await signedIn(user);
     const page = await b.get(`/verify-email?token=${token}`);
     expect(page.statusCode).toBe(200);
+    expect(page.body).toContain('action="/verify-email"');
     return { user, token, b, csrf: csrfTokenIn(page.body) };
   }
   const verifiedAt = async (userId: number) => (await db().selectFrom('users').select('email_verified_at').where('id', '=', userId).executeTakeFirstOrThrow()).email_verified_at;
+  const usedAt = async (token: string) => (await db().selectFrom('account_tokens').select('used_at').where('token_hash', '=', sha256Hex(token)).executeTakeFirstOrThrow()).used_at;
 
   it('opening the link changes nothing (a mail scanner may fetch it)', async () => {
     const user = await newUser('verify-open', { verified: false });
@@ -740,18 +774,118 @@ describe(`POST /verify-email with bad input on ${BACKEND}`, () => {
     await expectUnchanged(before);
   });
 
-  it("without a CSRF token, with another browser's or a session's: 403, the link unused", async () => {
+  it("the page: signed out, a way to sign in and no form; as another account, no form; as the link's user, the form with the session's CSRF token", async () => {
+    const user = await newUser('verify-page', { verified: false });
+    const token = await issue('verify_email', user);
+    const link = `/verify-email?token=${token}`;
+    const anonymous = browser();
+    const strangerUser = await newUser('verify-page-stranger');
+    const stranger = await signedIn(strangerUser);
+    const owner = await signedIn(user);
+    const sessionCsrf = await owner.csrf('/dashboard');
+    const pre = await preCsrf(owner);
+    expect(pre).not.toBe(sessionCsrf);
+    const before = await snapshot();
+
+    const signedOut = await anonymous.get(link);
+    expect(signedOut.statusCode).toBe(200);
+    expectPageSecurityHeaders(signedOut);
+    expect(signedOut.body).toContain('Sign in to confirm');
+    expect(signedOut.body).toContain(`href="/login?return_to=${encodeURIComponent(link)}"`);
+    expect(signedOut.body).not.toContain('action="/verify-email"');
+    expect(signedOut.body).not.toContain('name="csrf_token"');
+
+    const other = await stranger.get(link);
+    expect(other.statusCode).toBe(200);
+    expectPageSecurityHeaders(other);
+    expect(other.body).toContain('this link is for another account');
+    expect(other.body).toContain(`You are signed in as ${strangerUser.email}`);
+    expect(other.body).not.toContain('action="/verify-email"');
+    expect(other.body).not.toContain('name="csrf_token"');
+
+    const mine = await owner.get(link);
+    expect(mine.statusCode).toBe(200);
+    expectPageSecurityHeaders(mine);
+    expect(mine.body).toContain('action="/verify-email"');
+    expect(mine.body).toContain(`name="token" value="${token}"`);
+    expect(csrfTokenIn(mine.body)).toBe(sessionCsrf);
+    expect(mine.body).not.toContain('Sign in to confirm');
+
+    await expectUnchanged(before);
+    // "Sign in to confirm" comes back to the link.
+    const back = await anonymous.login(user.email, PASSWORD, link);
+    expect(back.statusCode).toBe(303);
+    expect(back.headers.location).toBe(link);
+    expect(csrfTokenIn((await anonymous.get(link)).body)).toBe(await anonymous.csrf('/dashboard'));
+    expect(await usedAt(token)).toBeNull();
+  });
+
+  it("signed out: 403 whatever the CSRF token (none, a pre-session one, the link's user's session token), the link unused", async () => {
+    const { user, token, b, csrf } = await setUp('verify-signed-out');
+    const anonymous = browser();
+    const pre = await preCsrf(anonymous);
+    const before = await snapshot();
+    expectCsrfRefused(await anonymous.post('/verify-email', { token }));
+    expectCsrfRefused(await anonymous.post('/verify-email', { token, csrf_token: pre }));
+    expectCsrfRefused(await anonymous.post('/verify-email', { token, csrf_token: csrf }));
+    await expectUnchanged(before);
+    expect(await usedAt(token)).toBeNull();
+    expect(await verifiedAt(user.id)).toBeNull();
+    // The link's user, signed in, still can.
+    expect((await b.post('/verify-email', { csrf_token: csrf, token })).statusCode).toBe(200);
+    expect(await verifiedAt(user.id)).not.toBeNull();
+  });
+
+  it("signed in to another account: the error page (404), whatever the unknown fields say; the link unused, its user can still confirm", async () => {
+    const { user, token, b, csrf } = await setUp('verify-owner');
+    // Unverified too: a link that confirmed the wrong account would show here.
+    const strangerUser = await newUser('verify-stranger', { verified: false });
+    const stranger = await signedIn(strangerUser);
+    const strangerCsrf = await stranger.csrf('/dashboard');
+    const before = await snapshot();
+    expectBadLink(await stranger.post('/verify-email', { csrf_token: strangerCsrf, token }));
+    expectBadLink(await stranger.post('/verify-email', { csrf_token: strangerCsrf, token, user_id: String(user.id), email: user.email }));
+    await expectUnchanged(before);
+    expect(await usedAt(token)).toBeNull();
+    expect(await verifiedAt(user.id)).toBeNull();
+    expect(await verifiedAt(strangerUser.id)).toBeNull();
+    const res = await b.post('/verify-email', { csrf_token: csrf, token });
+    expect(res.statusCode, res.body.slice(0, 300)).toBe(200);
+    expect(await usedAt(token)).not.toBeNull();
+    expect(await verifiedAt(user.id)).not.toBeNull();
+    expect(await verifiedAt(strangerUser.id)).toBeNull();
+  });
+
+  it("signed in as the link's user: 200, the address confirmed, the link used; the second time the error page", async () => {
+    const { user, token, b, csrf } = await setUp('verify-own');
+    const res = await b.post('/verify-email', { csrf_token: csrf, token });
+    expect(res.statusCode, res.body.slice(0, 300)).toBe(200);
+    expectPageSecurityHeaders(res);
+    expect(res.body).toContain(`${user.email} is confirmed`);
+    expect(await usedAt(token)).not.toBeNull();
+    expect(await verifiedAt(user.id)).not.toBeNull();
+    const before = await snapshot();
+    expectBadLink(await b.post('/verify-email', { csrf_token: csrf, token }));
+    expectBadLink(await b.get(`/verify-email?token=${token}`));
+    await expectUnchanged(before);
+  });
+
+  it("signed in, without a CSRF token, with a pre-session one, another browser's or another session's: 403, the link unused", async () => {
     const { user, token, b } = await setUp('verify-csrf');
     const theirs = await preCsrf(browser());
+    // This browser's own pre-session token: what the form carried before sign-in was required.
+    const own = await preCsrf(b);
     const session = await (await signedIn(user)).csrf('/dashboard');
     const before = await snapshot();
     expectCsrfRefused(await b.post('/verify-email', { token }));
+    expectCsrfRefused(await b.post('/verify-email', { token, csrf_token: '' }));
+    expectCsrfRefused(await b.post('/verify-email', { token, csrf_token: own }));
     expectCsrfRefused(await b.post('/verify-email', { token, csrf_token: theirs }));
     expectCsrfRefused(await b.post('/verify-email', { token, csrf_token: session }));
     expectCsrfRefused(await new Browser(app, '10.16.2.1').post('/verify-email', { token, csrf_token: theirs }));
     await expectUnchanged(before);
     expect(await verifiedAt(user.id)).toBeNull();
-    await VERIFY.use(browser(), token);
+    await VERIFY.use(b, token);
     expect(await verifiedAt(user.id)).not.toBeNull();
   });
 
@@ -764,14 +898,14 @@ describe(`POST /verify-email with bad input on ${BACKEND}`, () => {
     expectFormRefused(await postRaw(b, '/verify-email', 'text/plain', `csrf_token=${csrf}&token=${token}`));
     await expectUnchanged(before);
     expect(await verifiedAt(user.id)).toBeNull();
-    await VERIFY.use(browser(), token);
+    await VERIFY.use(b, token);
   });
 
   it('a link to change the address to one another account has taken since: 409, nothing changed, the link unused', async () => {
     const user = await newUser('verify-change');
     const wanted = address('wanted');
     const token = await issueAccountToken(db(), { purpose: 'verify_email', userId: user.id, email: wanted, ttlSeconds: VERIFY_EMAIL_TTL_S });
-    const b = browser();
+    const b = await signedIn(user);
     const page = await b.get(`/verify-email?token=${token}`);
     expect(page.statusCode).toBe(200);
     expect(page.body).toContain(`Confirm <strong>${wanted}</strong> as the new email address`);
@@ -1069,8 +1203,8 @@ describe(`invitations accepted by the wrong person on ${BACKEND}`, () => {
     await expectUnchanged(before);
     expect(await membershipOf(orgA.organizationId, unverified.id)).toBeUndefined();
     expect((await invitationRow(invited.id)).accepted_at).toBeNull();
-    // Confirming the address (a link sent to it) lets the same link through.
-    await VERIFY.use(browser(), await issue('verify_email', unverified));
+    // Confirming the address (a link sent to it, followed signed in) lets the same link through.
+    await VERIFY.use(b, await issue('verify_email', unverified));
     expect((await b.post('/invitation/accept', { csrf_token: csrf, token: invited.token })).statusCode).toBe(303);
     expect(await membershipOf(orgA.organizationId, unverified.id)).toEqual({ role: 'member' });
   });
