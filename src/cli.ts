@@ -458,8 +458,12 @@ const COMMANDS: Record<string, Command> = {
   },
 };
 
-/** How long a command waits for an embedded database in use by a server that is starting, or by another command. */
-const IN_USE_WAIT_MS = 5000;
+/**
+ * How long a command waits for an embedded database in use by a server that is starting, or by
+ * other commands: each opens the database, runs and closes it in a second or two, more on a busy
+ * machine (three at once, on two loaded cores in CI, took more than 5 s).
+ */
+const IN_USE_WAIT_MS = 15_000;
 
 const GLOBAL_OPTIONS: Options = { json: { type: 'boolean' }, help: { type: 'boolean', short: 'h' } };
 
