@@ -123,8 +123,8 @@ export class MailOutbox {
     });
   }
 
-  /** Resolves when nothing is being sent (tests). */
-  async idle(): Promise<void> {
+  /** Resolves when nothing is being sent. */
+  private async idle(): Promise<void> {
     while (this.running) await this.running;
   }
 
