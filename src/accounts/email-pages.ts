@@ -26,7 +26,7 @@ import { findAccountToken } from './account-tokens.js';
 import { acceptInvitation, findOpenInvitation, InvitationUnavailableError, sameAddress, signUpFromInvitation } from './invitations.js';
 import { requestPasswordReset, resetPassword } from './password-reset.js';
 import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH } from './passwords.js';
-import { createSession, csrfToken, csrfTokenMatches, currentUser, deleteSession, ensurePreSession, preSessionBinding, setSessionCookie } from './sessions.js';
+import { createSession, CSRF_FAILED, csrfToken, csrfTokenMatches, currentUser, deleteSession, checkPreSessionCsrf, ensurePreSession, setSessionCookie } from './sessions.js';
 import { emailSchema, findUserByEmail } from './users.js';
 import { confirmEmail } from './verification.js';
 
@@ -37,7 +37,6 @@ export const RESET_REQUESTS_PER_IP = 20;
 /** Invalid links per client IP in 15 minutes before the link pages refuse it for a while. */
 export const BAD_LINKS_PER_IP = 30;
 
-const CSRF_FAILED = 'This form has expired or did not come from this site. Go back, reload the page and try again.';
 const BAD_RESET_LINK = 'This password reset link is not valid: it has expired (links work for 30 minutes), has been used, or a newer one was sent. Ask for a new link.';
 const BAD_VERIFY_LINK = 'This confirmation link is not valid: it has expired, has been used, or a newer one was sent. Sign in and ask for a new link on the Account page.';
 
@@ -60,9 +59,6 @@ export async function emailLinkPages(app: FastifyInstance, { db, config, mail, b
   const badLinks = new FailureThrottle(BAD_LINKS_PER_IP, 15 * 60_000);
 
   const preCsrf = (req: FastifyRequest, reply: FastifyReply) => csrfToken(config, { preSession: ensurePreSession(req, reply, config) });
-  function checkPreSessionCsrf(req: FastifyRequest, token: string | undefined): void {
-    if (!csrfTokenMatches(config, preSessionBinding(req, config), token)) throw new ForbiddenError(CSRF_FAILED);
-  }
   /** A link that did not work: counted per IP, so guessing (hopeless at 256 bits) is also slow. */
   function badLink(req: FastifyRequest, reply: FastifyReply, message: string, status = 404) {
     badLinks.recordFailure(req.ip);
@@ -77,8 +73,16 @@ export async function emailLinkPages(app: FastifyInstance, { db, config, mail, b
   function readLinkForm(req: FastifyRequest): { token: string; password: string; form: ReturnType<typeof readParams> } {
     refuseLinkGuessing(req);
     const form = readParams(req.body);
-    checkPreSessionCsrf(req, form.csrf_token);
+    checkPreSessionCsrf(req, config, form.csrf_token);
     return { token: form.token ?? '', password: form.password ?? '', form };
+  }
+  /** The same, posted by a signed-in user: their session's CSRF token instead. */
+  async function readSignedInLinkForm(req: FastifyRequest) {
+    refuseLinkGuessing(req);
+    const form = readParams(req.body);
+    const session = await currentUser(db, config, req);
+    if (!session || !csrfTokenMatches(config, { session: session.sessionId }, form.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
+    return { form, session };
   }
   const PASSWORD_LENGTH = `The password must be ${PASSWORD_MIN_LENGTH} to ${PASSWORD_MAX_LENGTH} characters long.`;
   const passwordFits = (password: string) => password.length >= PASSWORD_MIN_LENGTH && password.length <= PASSWORD_MAX_LENGTH;
@@ -91,7 +95,7 @@ export async function emailLinkPages(app: FastifyInstance, { db, config, mail, b
 
   app.post('/forgot-password', async (req, reply) => {
     const form = readParams(req.body);
-    checkPreSessionCsrf(req, form.csrf_token);
+    checkPreSessionCsrf(req, config, form.csrf_token);
     const email = (form.email ?? '').trim();
     if (!emailSchema.safeParse(email).success) return forgotPage(req, reply, 400, { email, error: 'Enter a valid email address.' });
     const key = email.toLowerCase();
@@ -167,10 +171,7 @@ export async function emailLinkPages(app: FastifyInstance, { db, config, mail, b
   });
 
   app.post('/verify-email', async (req, reply) => {
-    refuseLinkGuessing(req);
-    const form = readParams(req.body);
-    const session = await currentUser(db, config, req);
-    if (!session || !csrfTokenMatches(config, { session: session.sessionId }, form.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
+    const { form, session } = await readSignedInLinkForm(req);
     let confirmed;
     try {
       confirmed = await confirmEmail(db, mailDeps, form.token, session.userId);
@@ -214,10 +215,7 @@ export async function emailLinkPages(app: FastifyInstance, { db, config, mail, b
   });
 
   app.post('/invitation/accept', async (req, reply) => {
-    refuseLinkGuessing(req);
-    const form = readParams(req.body);
-    const session = await currentUser(db, config, req);
-    if (!session || !csrfTokenMatches(config, { session: session.sessionId }, form.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
+    const { form, session } = await readSignedInLinkForm(req);
     let invitation;
     try {
       invitation = await acceptInvitation(db, form.token, session.userId);

@@ -19,12 +19,13 @@ import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH, verifyPassword 
 import {
   clearSessionCookie,
   createSession,
+  CSRF_FAILED,
   csrfToken,
   csrfTokenMatches,
   currentUser,
   deleteSession,
   ensurePreSession,
-  preSessionBinding,
+  checkPreSessionCsrf,
   safeReturnTo,
   setSessionCookie,
 } from './sessions.js';
@@ -36,7 +37,6 @@ export const LOGIN_MAX_FAILURES_PER_EMAIL = 5;
 export const LOGIN_MAX_FAILURES_PER_IP = 20;
 
 const BAD_CREDENTIALS = 'Incorrect email or password.';
-const CSRF_FAILED = 'This form has expired or did not come from this site. Go back, reload the page and try again.';
 
 /**
  * A hash to verify against when the email is unknown, so that answer takes as long as a wrong
@@ -97,10 +97,6 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
     });
   }
 
-  /** Login CSRF: a form posted before sign-in must carry the token bound to the pre-session cookie. */
-  function checkPreSessionCsrf(req: FastifyRequest, token: string | undefined): void {
-    if (!csrfTokenMatches(config, preSessionBinding(req, config), token)) throw new ForbiddenError(CSRF_FAILED);
-  }
 
   /** Starts a new session (never reusing one the browser brought: no session fixation) and goes on. */
   async function signIn(req: FastifyRequest, reply: FastifyReply, userId: number, returnTo: string) {
@@ -118,7 +114,7 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
 
   app.post('/login', async (req, reply) => {
     const form = readParams(req.body);
-    checkPreSessionCsrf(req, form.csrf_token);
+    checkPreSessionCsrf(req, config, form.csrf_token);
     const returnTo = safeReturnTo(form.return_to);
     const email = (form.email ?? '').trim();
     const password = form.password ?? '';
@@ -154,7 +150,7 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
 
   app.post('/signup', async (req, reply) => {
     const form = readParams(req.body);
-    checkPreSessionCsrf(req, form.csrf_token);
+    checkPreSessionCsrf(req, config, form.csrf_token);
     const returnTo = safeReturnTo(form.return_to);
     const email = form.email ?? '';
     const password = form.password ?? '';

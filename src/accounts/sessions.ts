@@ -16,9 +16,13 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import { sql } from 'kysely';
 import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
+import { ForbiddenError } from '../errors.js';
 import { deriveKey, generateSecret, sha256Hex } from '../lib/crypto.js';
 
 export const SESSION_TTL_SECONDS = 12 * 3600;
+
+/** What a form whose CSRF token does not match is told (every page that posts). */
+export const CSRF_FAILED = 'This form has expired or did not come from this site. Go back, reload the page and try again.';
 const PRE_SESSION_TTL_SECONDS = 3600;
 
 export interface SessionUser {
@@ -163,6 +167,11 @@ export function csrfTokenMatches(config: Config, binding: CsrfBinding | undefine
   const expected = Buffer.from(csrfToken(config, binding), 'utf8');
   const actual = Buffer.from(token, 'utf8');
   return actual.length === expected.length && timingSafeEqual(actual, expected);
+}
+
+/** Login CSRF: a form posted before sign-in must carry the token bound to the pre-session cookie (403 otherwise). */
+export function checkPreSessionCsrf(req: FastifyRequest, config: Config, token: string | undefined): void {
+  if (!csrfTokenMatches(config, preSessionBinding(req, config), token)) throw new ForbiddenError(CSRF_FAILED);
 }
 
 /** The pre-session binding from the request's cookie, if it sent one. */

@@ -6,7 +6,7 @@
  * together with `ctx.organization.id`, never on their own.
  */
 import type { FastifyRequest } from 'fastify';
-import { csrfToken, csrfTokenMatches, currentUser, type SessionUser } from '../accounts/sessions.js';
+import { CSRF_FAILED, csrfToken, csrfTokenMatches, currentUser, type SessionUser } from '../accounts/sessions.js';
 import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
 import type { Role } from '../db/schema.js';
@@ -18,7 +18,7 @@ import { type CurrentOrganization, resolveCurrentOrganization } from './current-
 /** Rows per page of the dashboard's lists (keyset pagination: every page costs what the first does). */
 export const DASHBOARD_PAGE_SIZE = 100;
 
-export const CSRF_FAILED = 'This form has expired or did not come from this site. Go back, reload the page and try again.';
+export { CSRF_FAILED };
 const NOT_ALLOWED = 'Your role in this organization does not allow this.';
 
 export interface DashboardContext {
