@@ -11,6 +11,7 @@
  * random pre-session cookie: a signed double-submit cookie. A cross-site form cannot read our
  * page to learn the token, and SameSite=Lax keeps both cookies off cross-site POSTs as well.
  */
+import { isWellFormed } from '../lib/validate.js';
 import { createHmac, timingSafeEqual } from 'node:crypto';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { sql } from 'kysely';
@@ -186,8 +187,10 @@ export function preSessionBinding(req: FastifyRequest, config: Config): CsrfBind
  */
 export function safeReturnTo(value: unknown, fallback = '/dashboard'): string {
   if (typeof value !== 'string' || value.length > 4096) return fallback;
-  if (!value.startsWith('/') || value.startsWith('//') || /[\\\x00-\x1f\x7f]/.test(value)) return fallback;
+  if (!value.startsWith('/') || value.startsWith('//') || /[\\\x00-\x1f\x7f]/.test(value) || !isWellFormed(value)) return fallback;
   // Belt and braces: resolved against a dummy origin, it must stay on that origin.
   const base = 'http://orgauth.invalid';
-  return URL.canParse(value, base) && new URL(value, base).origin === base ? value : fallback;
+  if (!URL.canParse(value, base) || new URL(value, base).origin !== base) return fallback;
+  // A Location header must be ASCII: anything else is percent-encoded (UTF-8), as a browser would send it (found by fuzzing: a 500).
+  return value.replace(/[^\x21-\x7e]/gu, (c) => encodeURIComponent(c));
 }

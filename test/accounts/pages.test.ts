@@ -211,6 +211,17 @@ describe(`sign-in on ${BACKEND}`, () => {
     expect(res.headers.location).toBe('/oauth/authorize?client_id=x&state=y');
   });
 
+  it('percent-encodes a non-ASCII return_to for the Location header, (was a 500)', async () => {
+    const b = browser();
+    const res = await b.login(alice.email, PASSWORD, '/dashbo\u0924rd?q=é');
+    expect(res.statusCode).toBe(303);
+    expect(res.headers.location).toBe('/dashbo%E0%A4%A4rd?q=%C3%A9');
+    // Signed in, the login page sends the browser straight on.
+    const again = await b.get('/login?return_to=%2Fdashbo%E0%A4%Aard');
+    expect(again.statusCode).toBe(303);
+    expect(again.headers.location).toBe('/dashbo%E0%A4%AArd');
+  });
+
   it('starts a new session on sign-in and ends the one the browser had (no session fixation)', async () => {
     const b = browser();
     await b.login(alice.email, PASSWORD);
