@@ -18,13 +18,14 @@ import {
   listOrganizations,
   organizationIdSchema,
   removeMember,
-  ROLES,
 } from './accounts/organizations.js';
+import { createRole, deleteRole, listRoles, requireRole, updateRole } from './accounts/roles.js';
 import { createUser, getUserByEmail, listUsers } from './accounts/users.js';
 import { sendToAdminSocket, type CommandOutcome } from './admin-socket.js';
 import { applicationOut } from './api/applications.js';
 import { grantOut } from './api/grants.js';
 import { memberOut } from './api/members.js';
+import { roleOut } from './api/roles.js';
 import { decodeCursor, decodeDescendingCursor, listPage } from './api/pagination.js';
 import { ConfigError, loadConfig, type Config } from './config.js';
 import type { DB } from './db/connect.js';
@@ -79,7 +80,10 @@ function orgId(values: Values): number {
   return parseInput(organizationIdSchema, required(values, 'org'));
 }
 
-const roleSchema = z.enum(ROLES, { error: `--role must be one of ${ROLES.join(', ')}` });
+const splitList = (value: string) => value.split(/[\s,]+/).filter((p) => p !== '');
+
+/** --role: a built-in role or one of the organization's own, by name. */
+const cliRole = (db: DB, organizationId: number, name: string) => requireRole(db, organizationId, name, '--role');
 
 async function applicationByClientId(db: DB, clientId: string) {
   const application = await findApplicationByClientId(db, clientId);
@@ -193,12 +197,12 @@ const COMMANDS: Record<string, Command> = {
   },
 
   'member add': {
-    usage: 'orgauth member add --org ID --email E [--role owner|admin|member]',
+    usage: 'orgauth member add --org ID --email E [--role owner|admin|member|viewer|<custom role>]',
     summary: 'add an existing user to an organization (role member by default)',
     options: { org: { type: 'string' }, email: { type: 'string' }, role: { type: 'string' } },
     run: async ({ db }, v) => {
-      const role = parseInput(roleSchema, optionalString(v, 'role') ?? 'member');
       const { organizationId, user } = await memberByEmail(db, v);
+      const role = await cliRole(db, organizationId, optionalString(v, 'role') ?? 'member');
       const m = await addMember(db, { organizationId, userId: user.id, role });
       return { json: m, text: `added ${user.email} to organization ${m.organization_id} as ${m.role}` };
     },
@@ -221,12 +225,12 @@ const COMMANDS: Record<string, Command> = {
   },
 
   'member set-role': {
-    usage: 'orgauth member set-role --org ID --email E --role owner|admin|member',
+    usage: 'orgauth member set-role --org ID --email E --role owner|admin|member|viewer|<custom role>',
     summary: "change a member's role (the last owner cannot be demoted)",
     options: { org: { type: 'string' }, email: { type: 'string' }, role: { type: 'string' } },
     run: async ({ db }, v) => {
-      const role = parseInput(roleSchema, required(v, 'role'));
       const { organizationId, user } = await memberByEmail(db, v);
+      const role = await cliRole(db, organizationId, required(v, 'role'));
       const m = await changeMemberRole(db, { organizationId, userId: user.id, role });
       return { json: m, text: `${user.email} is now ${m.role} of organization ${organizationId}` };
     },
@@ -240,6 +244,52 @@ const COMMANDS: Record<string, Command> = {
       const { organizationId, user } = await memberByEmail(db, v);
       await removeMember(db, { organizationId, userId: user.id });
       return { json: { organization_id: organizationId, user_id: user.id, removed: true }, text: `removed ${user.email} from organization ${organizationId}` };
+    },
+  },
+
+  'role list': {
+    usage: 'orgauth role list --org ID',
+    summary: "list an organization's roles: the built-in ones, then its own",
+    options: { org: { type: 'string' } },
+    run: async ({ db }, v) => {
+      const roles = (await listRoles(db, orgId(v))).map(roleOut);
+      return { json: roles, text: table(['NAME', 'BUILTIN', 'PERMISSIONS'], roles.map((r) => [r.name, r.builtin ? 'yes' : 'no', r.permissions.join(' ')])) };
+    },
+  },
+
+  'role create': {
+    usage: 'orgauth role create --org ID --name N --permissions "contacts.read contacts.write" [--description D]',
+    summary: 'create a custom role',
+    options: { org: { type: 'string' }, name: { type: 'string' }, permissions: { type: 'string' }, description: { type: 'string' } },
+    run: async ({ db }, v) => {
+      const role = await createRole(db, orgId(v), { name: required(v, 'name'), permissions: splitList(optionalString(v, 'permissions') ?? ''), description: optionalString(v, 'description') });
+      return { json: roleOut(role), text: `created role ${role.name}: ${role.permissions.join(' ') || '(no permissions)'}` };
+    },
+  },
+
+  'role update': {
+    usage: 'orgauth role update --org ID --role NAME [--name NEW] [--permissions "…"] [--description D]',
+    summary: "rename a custom role or change its permissions; members' grants lose what it loses",
+    options: { org: { type: 'string' }, role: { type: 'string' }, name: { type: 'string' }, permissions: { type: 'string' }, description: { type: 'string' } },
+    run: async ({ db }, v) => {
+      const permissions = optionalString(v, 'permissions');
+      const role = await updateRole(db, orgId(v), required(v, 'role'), {
+        name: optionalString(v, 'name'),
+        description: optionalString(v, 'description'),
+        permissions: permissions === undefined ? undefined : splitList(permissions),
+      });
+      return { json: roleOut(role), text: `role ${role.name}: ${role.permissions.join(' ') || '(no permissions)'}` };
+    },
+  },
+
+  'role delete': {
+    usage: 'orgauth role delete --org ID --role NAME [--move-to ROLE]',
+    summary: 'delete a custom role; its members move to --move-to',
+    options: { org: { type: 'string' }, role: { type: 'string' }, 'move-to': { type: 'string' } },
+    run: async ({ db }, v) => {
+      const name = required(v, 'role');
+      const { moved } = await deleteRole(db, orgId(v), name, { moveTo: optionalString(v, 'move-to') });
+      return { json: { name, deleted: true, members_moved: moved }, text: `deleted role ${name}${moved > 0 ? `; ${moved} member(s) moved to ${optionalString(v, 'move-to')}` : ''}` };
     },
   },
 

@@ -118,7 +118,7 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
   it('member add refuses a bad role, an unknown organization and non-canonical ids', async () => {
     expect(await jsonError('member', 'add', '--org', String(orgId), '--email', 'member@example.com', '--role', 'god')).toEqual({
       error: 'invalid_request',
-      error_description: '--role must be one of owner, admin, member',
+      error_description: '--role: no role named "god" in this organization',
     });
     expect(await jsonError('member', 'add', '--org', '999999', '--email', 'member@example.com')).toEqual({
       error: 'not_found',
@@ -235,10 +235,27 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
     expect(await jsonError('member', 'remove', '--org', String(orgId), '--email', 'member@example.com')).toEqual({
       error: 'conflict', error_description: 'the last owner of an organization cannot be removed',
     });
-    expect((await jsonError('member', 'set-role', '--org', String(orgId), '--email', 'member@example.com', '--role', 'god')).error_description).toBe('--role must be one of owner, admin, member');
+    expect((await jsonError('member', 'set-role', '--org', String(orgId), '--email', 'member@example.com', '--role', 'god')).error_description).toBe('--role: no role named "god" in this organization');
     expect((await json('member', 'set-role', '--org', String(orgId), '--email', 'owner@example.com', '--role', 'owner')).role).toBe('owner');
     expect(await json('member', 'remove', '--org', String(orgId), '--email', 'member@example.com')).toEqual({ organization_id: orgId, user_id: expect.any(Number), removed: true });
     expect(await jsonError('member', 'remove', '--org', String(orgId), '--email', 'member@example.com')).toEqual({ error: 'not_found', error_description: 'no such member in this organization' });
+  });
+
+  it('role create, list, update and delete; members take custom roles by name', async () => {
+    expect(await json('role', 'create', '--org', String(orgId), '--name', 'Support', '--permissions', 'contacts.read tasks.read', '--description', 'Reads')).toMatchObject({
+      name: 'Support', builtin: false, permissions: ['contacts.read', 'tasks.read'], description: 'Reads',
+    });
+    const roles = (await json('role', 'list', '--org', String(orgId))) as unknown as { name: string; builtin: boolean }[];
+    expect(roles.map((r) => [r.name, r.builtin])).toEqual([['owner', true], ['admin', true], ['member', true], ['viewer', true], ['Support', false]]);
+    expect((await jsonError('role', 'create', '--org', String(orgId), '--name', 'support', '--permissions', 'contacts.read')).error).toBe('conflict');
+    expect((await jsonError('role', 'create', '--org', String(orgId), '--name', 'Bad', '--permissions', 'contacts.read everything')).error_description).toMatch(/unknown permission "everything"/);
+    expect((await jsonError('role', 'update', '--org', String(orgId), '--role', 'admin', '--permissions', 'contacts.read')).error).toBe('forbidden');
+    expect((await json('member', 'add', '--org', String(orgId), '--email', 'member@example.com', '--role', 'support')).role).toBe('Support');
+    expect((await json('role', 'update', '--org', String(orgId), '--role', 'Support', '--name', 'Helpdesk', '--permissions', 'contacts.read')).permissions).toEqual(['contacts.read']);
+    expect(((await json('member', 'list', '--org', String(orgId))).data as { role: string }[]).map((m) => m.role)).toContain('Helpdesk');
+    expect((await jsonError('role', 'delete', '--org', String(orgId), '--role', 'Helpdesk')).error).toBe('conflict');
+    expect(await json('role', 'delete', '--org', String(orgId), '--role', 'Helpdesk', '--move-to', 'member')).toEqual({ name: 'Helpdesk', deleted: true, members_moved: 1 });
+    expect(((await json('member', 'list', '--org', String(orgId))).data as { email: string; role: string }[]).find((m) => m.email === 'member@example.com')!.role).toBe('member');
   });
 
   it('app list, show, disable and delete; grant list and revoke', async () => {

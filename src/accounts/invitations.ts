@@ -19,14 +19,15 @@ import { sql } from 'kysely';
 import { type Actor, recordAuditEvent } from '../audit/events.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import { isUniqueViolation } from '../db/errors.js';
-import type { Role } from '../db/schema.js';
+import type { BuiltinRole, RoleKind } from '../db/schema.js';
 import { ConflictError, ForbiddenError, NotFoundError } from '../errors.js';
 import { generateSecret, secretMatches, sha256Hex } from '../lib/crypto.js';
 import { parseInput } from '../lib/validate.js';
 import { invitationMessage } from '../mail/messages.js';
 import type { MailOutbox } from '../mail/outbox.js';
 import { LINK_TOKEN_PATTERN } from './account-tokens.js';
-import { getOrganization, mayAssign, UnverifiedEmailError } from './organizations.js';
+import { asRoleRef, getOrganization, UnverifiedEmailError } from './organizations.js';
+import { lockRole, mayAssign, roleOf, type RoleRef } from './roles.js';
 import { emailSchema, type PreparedUser, insertUser } from './users.js';
 
 export const INVITATION_TTL_S = 7 * 24 * 3600;
@@ -38,7 +39,8 @@ export type InvitationStatus = 'pending' | 'expired';
 export interface PendingInvitation {
   id: number;
   email: string;
-  role: Role;
+  /** The role's name. */
+  role: string;
   invited_by_user_id: number | null;
   invited_by_email: string | null;
   invited_by_client_id: string | null;
@@ -51,7 +53,7 @@ export interface PendingInvitation {
 /** Who invites: the audit actor, the role they act with, and how the email names them. */
 export interface InvitationActor {
   actor: Actor;
-  actingAs: Role;
+  actingAs: RoleRef | BuiltinRole;
   /** "Ada Lovelace (ada@example.com)" or the application's name. */
   inviterLabel: string;
 }
@@ -69,6 +71,8 @@ const PENDING_COLUMNS = [
   'invitations.id',
   'invitations.email',
   'invitations.role',
+  'invitations.role_id',
+  'roles.name as role_name',
   'invitations.invited_by_user_id',
   'users.email as invited_by_email',
   'invitations.invited_by_client_id',
@@ -77,8 +81,9 @@ const PENDING_COLUMNS = [
   'invitations.expires_at',
 ] as const;
 
-function withStatus<T extends { expires_at: Date }>(row: T): T & { status: InvitationStatus } {
-  return { ...row, status: row.expires_at.getTime() > Date.now() ? 'pending' : 'expired' };
+function withStatus<T extends { expires_at: Date; role: RoleKind; role_id: number | null; role_name: string | null }>(row: T): PendingInvitation {
+  const { role, role_id, role_name, ...rest } = row;
+  return { ...rest, role: roleOf({ role, role_id, role_name }).name, status: row.expires_at.getTime() > Date.now() ? 'pending' : 'expired' } as unknown as PendingInvitation;
 }
 
 /** The organization's invitations not yet accepted or revoked (expired ones too, to re-send), with who sent them. */
@@ -86,6 +91,7 @@ function pending(db: DB, organizationId: number) {
   return db
     .selectFrom('invitations')
     .leftJoin('users', 'users.id', 'invitations.invited_by_user_id')
+    .leftJoin('roles', 'roles.id', 'invitations.role_id')
     .select(PENDING_COLUMNS)
     .where('invitations.organization_id', '=', organizationId)
     .where('invitations.accepted_at', 'is', null)
@@ -122,7 +128,7 @@ async function refuseFlood(trx: DB, organizationId: number): Promise<void> {
   if (Number(n) >= INVITATIONS_PER_HOUR) throw new ConflictError(`this organization has sent ${INVITATIONS_PER_HOUR} invitations in the last hour; try again later`);
 }
 
-async function queueInvitationEmail(trx: DB, deps: MailDeps, input: { organizationId: number; email: string; role: Role; token: string; expiresAt: Date; inviter: string }) {
+async function queueInvitationEmail(trx: DB, deps: MailDeps, input: { organizationId: number; email: string; role: string; token: string; expiresAt: Date; inviter: string }) {
   const org = await getOrganization(trx, input.organizationId);
   await deps.mail.queue(
     trx,
@@ -145,14 +151,16 @@ async function queueInvitationEmail(trx: DB, deps: MailDeps, input: { organizati
  */
 export async function createInvitation(
   db: DB,
-  input: { organizationId: number; email: string; role: Role },
+  input: { organizationId: number; email: string; role: RoleRef | BuiltinRole },
   by: InvitationActor,
   deps: MailDeps,
 ): Promise<PendingInvitation> {
   const email = parseInput(emailSchema, input.email);
-  if (!mayAssign(by.actingAs, input.role)) throw new ForbiddenError('only an owner may invite an owner');
+  const actingAs = asRoleRef(by.actingAs);
   const created = await inTransaction(db, async (trx) => {
     await getOrganization(trx, input.organizationId);
+    const role = await lockRole(trx, input.organizationId, asRoleRef(input.role));
+    if (!mayAssign(actingAs, role)) throw new ForbiddenError(role.kind === 'owner' ? 'only an owner may invite an owner' : `your role may not give the role ${role.name}: it holds permissions yours does not`);
     await refuseUnverifiedInviter(trx, by.actor);
     // The address's account (through the lower(email) index), then its membership by key: the
     // same two lookups however many members the organization has.
@@ -168,14 +176,15 @@ export async function createInvitation(
     // Replacing a pending invitation is revoking it: an owner's only by an owner.
     const pendingRoles = await trx
       .selectFrom('invitations')
-      .select('role')
-      .where('organization_id', '=', input.organizationId)
-      .where(sql<string>`lower(email)`, '=', sql<string>`lower(${email})`)
-      .where('accepted_at', 'is', null)
-      .where('revoked_at', 'is', null)
-      .forUpdate()
+      .leftJoin('roles', 'roles.id', 'invitations.role_id')
+      .select(['invitations.role', 'invitations.role_id', 'roles.name as role_name', 'roles.permissions as role_permissions'])
+      .where('invitations.organization_id', '=', input.organizationId)
+      .where(sql<string>`lower(invitations.email)`, '=', sql<string>`lower(${email})`)
+      .where('invitations.accepted_at', 'is', null)
+      .where('invitations.revoked_at', 'is', null)
+      .forUpdate('invitations')
       .execute();
-    if (!pendingRoles.every((p) => mayAssign(by.actingAs, p.role))) throw new ForbiddenError('only an owner may replace an invitation to become an owner');
+    if (!pendingRoles.every((p) => mayAssign(actingAs, roleOf(p)))) throw new ForbiddenError('only an owner may replace an invitation to become an owner, and only someone who may give its role any other');
     const replaced = await trx
       .updateTable('invitations')
       .set({ revoked_at: sql`now()` })
@@ -191,7 +200,8 @@ export async function createInvitation(
       .values({
         organization_id: input.organizationId,
         email,
-        role: input.role,
+        role: role.kind,
+        role_id: role.id,
         token_hash: sha256Hex(token),
         invited_by_user_id: by.actor.actorUserId ?? null,
         invited_by_client_id: by.actor.actorClientId ?? null,
@@ -203,9 +213,9 @@ export async function createInvitation(
       organizationId: input.organizationId,
       action: 'invitation.created',
       actor: by.actor,
-      details: { invitation_id: row.id, email, role: input.role, ...(replaced.length > 0 ? { replaced_invitation_id: replaced[0]!.id } : {}) },
+      details: { invitation_id: row.id, email, role: role.name, ...(replaced.length > 0 ? { replaced_invitation_id: replaced[0]!.id } : {}) },
     });
-    await queueInvitationEmail(trx, deps, { organizationId: input.organizationId, email, role: input.role, token, expiresAt: row.expires_at, inviter: by.inviterLabel });
+    await queueInvitationEmail(trx, deps, { organizationId: input.organizationId, email, role: role.name, token, expiresAt: row.expires_at, inviter: by.inviterLabel });
     return getPendingInvitation(trx, input.organizationId, row.id);
   }).catch((err: unknown) => {
     // Two invitations to one address at the same moment: the unique index lets one through.
@@ -217,19 +227,23 @@ export async function createInvitation(
 }
 
 /** The organization's pending invitation `id`, locked, if the acting role may handle its role (an owner's: only an owner). */
-async function lockPending(trx: DB, organizationId: number, id: number, actingAs: Role): Promise<{ email: string; role: Role }> {
+async function lockPending(trx: DB, organizationId: number, id: number, actingAs: RoleRef | BuiltinRole): Promise<{ email: string; role: string }> {
   const current = await trx
     .selectFrom('invitations')
-    .select(['email', 'role'])
-    .where('organization_id', '=', organizationId)
-    .where('id', '=', id)
-    .where('accepted_at', 'is', null)
-    .where('revoked_at', 'is', null)
-    .forUpdate()
+    .leftJoin('roles', 'roles.id', 'invitations.role_id')
+    .select(['invitations.email', 'invitations.role', 'invitations.role_id', 'roles.name as role_name', 'roles.permissions as role_permissions'])
+    .where('invitations.organization_id', '=', organizationId)
+    .where('invitations.id', '=', id)
+    .where('invitations.accepted_at', 'is', null)
+    .where('invitations.revoked_at', 'is', null)
+    .forUpdate('invitations')
     .executeTakeFirst();
   if (!current) throw new NotFoundError('no such pending invitation in this organization');
-  if (!mayAssign(actingAs, current.role)) throw new ForbiddenError('only an owner may send or revoke an invitation to become an owner');
-  return current;
+  const role = roleOf(current);
+  if (!mayAssign(asRoleRef(actingAs), role)) {
+    throw new ForbiddenError(role.kind === 'owner' ? 'only an owner may send or revoke an invitation to become an owner' : `your role may not send or revoke an invitation to the role ${role.name}`);
+  }
+  return { email: current.email, role: role.name };
 }
 
 /** Sends a pending (or expired) invitation again with a new link and a new expiry; the old link stops working. */
@@ -267,7 +281,10 @@ export interface OpenInvitation {
   organization_id: number;
   organization_name: string;
   email: string;
-  role: Role;
+  /** The role's name, and what joining stores. */
+  role: string;
+  role_kind: RoleKind;
+  role_id: number | null;
   expires_at: Date;
 }
 
@@ -276,7 +293,18 @@ async function findOpen(db: DB, token: unknown, lock: boolean): Promise<OpenInvi
   let query = db
     .selectFrom('invitations')
     .innerJoin('organizations', 'organizations.id', 'invitations.organization_id')
-    .select(['invitations.id', 'invitations.token_hash', 'invitations.organization_id', 'organizations.name as organization_name', 'invitations.email', 'invitations.role', 'invitations.expires_at'])
+    .leftJoin('roles', 'roles.id', 'invitations.role_id')
+    .select([
+      'invitations.id',
+      'invitations.token_hash',
+      'invitations.organization_id',
+      'organizations.name as organization_name',
+      'invitations.email',
+      'invitations.role as role_kind',
+      'invitations.role_id',
+      'roles.name as role_name',
+      'invitations.expires_at',
+    ])
     .where('invitations.token_hash', '=', sha256Hex(token))
     .where('invitations.accepted_at', 'is', null)
     .where('invitations.revoked_at', 'is', null)
@@ -284,8 +312,8 @@ async function findOpen(db: DB, token: unknown, lock: boolean): Promise<OpenInvi
   if (lock) query = query.forUpdate('invitations');
   const row = await query.executeTakeFirst();
   if (!row || !secretMatches(token, row.token_hash)) return undefined;
-  const { token_hash: _hash, ...open } = row;
-  return open;
+  const { token_hash: _hash, role_name, ...open } = row;
+  return { ...open, role: roleOf({ role: row.role_kind, role_id: row.role_id, role_name }).name };
 }
 
 /** The invitation a link names, if it can still be accepted (not expired, revoked, used or re-sent). */
@@ -308,12 +336,16 @@ export function sameAddress(a: string, b: string): boolean {
 async function join(trx: DB, invitation: OpenInvitation, userId: number): Promise<void> {
   const existing = await trx
     .selectFrom('memberships')
-    .select('role')
-    .where('organization_id', '=', invitation.organization_id)
-    .where('user_id', '=', userId)
+    .leftJoin('roles', 'roles.id', 'memberships.role_id')
+    .select(['memberships.role', 'memberships.role_id', 'roles.name as role_name'])
+    .where('memberships.organization_id', '=', invitation.organization_id)
+    .where('memberships.user_id', '=', userId)
     .executeTakeFirst();
   if (!existing) {
-    await trx.insertInto('memberships').values({ organization_id: invitation.organization_id, user_id: userId, role: invitation.role }).execute();
+    await trx
+      .insertInto('memberships')
+      .values({ organization_id: invitation.organization_id, user_id: userId, role: invitation.role_kind, role_id: invitation.role_id })
+      .execute();
     await recordAuditEvent(trx, {
       organizationId: invitation.organization_id,
       action: 'member.added',
@@ -326,7 +358,7 @@ async function join(trx: DB, invitation: OpenInvitation, userId: number): Promis
     organizationId: invitation.organization_id,
     action: 'invitation.accepted',
     actor: { actorUserId: userId },
-    details: { invitation_id: invitation.id, email: invitation.email, role: invitation.role, ...(existing ? { already_member_as: existing.role } : {}) },
+    details: { invitation_id: invitation.id, email: invitation.email, role: invitation.role, ...(existing ? { already_member_as: roleOf(existing).name } : {}) },
   });
 }
 

@@ -1,13 +1,12 @@
 import { z } from 'zod';
 import { type Actor, recordAuditEvent } from '../audit/events.js';
-import { revokeGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/grant-store.js';
+import { narrowGrantsInTransaction, revokeGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/grant-store.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import { isUniqueViolation } from '../db/errors.js';
-import type { Organization, Role } from '../db/schema.js';
+import type { BuiltinRole, Organization } from '../db/schema.js';
 import { ConflictError, ForbiddenError, NotFoundError } from '../errors.js';
 import { parseInput } from '../lib/validate.js';
-
-export const ROLES = ['owner', 'admin', 'member'] as const satisfies readonly Role[];
+import { builtinRole, lockRole, mayAssign, roleOf, type RoleRef } from './roles.js';
 
 export const organizationNameSchema = z
   .string()
@@ -64,29 +63,34 @@ export class UnverifiedEmailError extends ConflictError {
 export interface MembershipResult {
   organization_id: number;
   user_id: number;
-  role: Role;
+  /** The role's name: a built-in one, or the organization's own. */
+  role: string;
 }
 
 /**
- * Only an owner may make an owner, or change or remove one. Whoever acts for the organization
- * acts with a role: a dashboard user with theirs, an application through the management API as
- * an admin (ownership stays a human decision), the operator's CLI as an owner.
+ * Who changes a membership: the audit log's actor and the role they act with (see mayAssign); an
+ * owner by default. Whoever acts for the organization acts with a role: a dashboard user with
+ * theirs, an application through the management API as an admin (ownership stays a human
+ * decision), the operator's CLI as an owner.
  */
-export function mayAssign(actingAs: Role, role: Role): boolean {
-  return role !== 'owner' || actingAs === 'owner';
-}
-
-/** Who changes a membership: the audit log's actor and the role they act with (see mayAssign); an owner by default. */
 export interface MemberChangeOptions {
   actor?: Actor | undefined;
-  actingAs?: Role | undefined;
-  /** This instance's revoked set, told of the grants a removal revokes once it has committed. */
+  actingAs?: RoleRef | BuiltinRole | undefined;
+  /** This instance's revoked set, told of the grants a removal revokes or a role change narrows once it has committed. */
   revocations?: RevokedGrantsMemory | undefined;
 }
 
-function refuseUnlessAllowed(options: MemberChangeOptions, ...roles: Role[]): void {
-  const actingAs = options.actingAs ?? 'owner';
-  if (!roles.every((role) => mayAssign(actingAs, role))) throw new ForbiddenError('only an owner may make an owner, or change or remove one');
+/** A role given as a built-in's name, or as found (findRole). */
+export const asRoleRef = (role: RoleRef | BuiltinRole): RoleRef => (typeof role === 'string' ? builtinRole(role) : role);
+
+function refuseUnlessAllowed(options: MemberChangeOptions, ...roles: RoleRef[]): void {
+  const actingAs = asRoleRef(options.actingAs ?? 'owner');
+  for (const role of roles) {
+    if (mayAssign(actingAs, role)) continue;
+    throw new ForbiddenError(
+      role.kind === 'owner' ? 'only an owner may make an owner, or change or remove one' : `your role may not give or take away the role ${role.name}: it holds permissions yours does not`,
+    );
+  }
 }
 
 /**
@@ -97,30 +101,30 @@ function refuseUnlessAllowed(options: MemberChangeOptions, ...roles: Role[]): vo
  */
 export async function addMember(
   db: DB,
-  input: { organizationId: number; userId: number; role: Role },
+  input: { organizationId: number; userId: number; role: RoleRef | BuiltinRole },
   options: MemberChangeOptions = {},
 ): Promise<MembershipResult> {
-  refuseUnlessAllowed(options, input.role);
   return inTransaction(db, async (trx) => {
     await getOrganization(trx, input.organizationId);
+    const role = await lockRole(trx, input.organizationId, asRoleRef(input.role));
+    refuseUnlessAllowed(options, role);
     if (options.actor) {
       const user = await trx.selectFrom('users').select('email_verified_at').where('id', '=', input.userId).executeTakeFirst();
       if (!user) throw new NotFoundError(`user ${input.userId} not found`);
       if (user.email_verified_at === null) throw new UnverifiedEmailError();
     }
     try {
-      const membership = await trx
+      await trx
         .insertInto('memberships')
-        .values({ organization_id: input.organizationId, user_id: input.userId, role: input.role })
-        .returning(['organization_id', 'user_id', 'role'])
-        .executeTakeFirstOrThrow();
+        .values({ organization_id: input.organizationId, user_id: input.userId, role: role.kind, role_id: role.id })
+        .execute();
       await recordAuditEvent(trx, {
         actor: options.actor,
         organizationId: input.organizationId,
         action: 'member.added',
-        details: { user_id: input.userId, role: input.role },
+        details: { user_id: input.userId, role: role.name },
       });
-      return membership;
+      return { organization_id: input.organizationId, user_id: input.userId, role: role.name };
     } catch (err) {
       if (isUniqueViolation(err)) throw new ConflictError(`user ${input.userId} is already a member of organization ${input.organizationId}`);
       throw err;
@@ -129,37 +133,59 @@ export async function addMember(
 }
 
 /**
- * The organization's memberships, locked for the rest of the transaction, and the one of
- * `userId`. Changes that could leave the organization without an owner lock them all first, so
- * two concurrent demotions or removals cannot both pass the last-owner check (RO-3).
+ * The member `userId` with their role, and the organization's owners, locked for the rest of the
+ * transaction. Changes that could leave the organization without an owner lock every owner row
+ * first, so two concurrent demotions or removals cannot both pass the last-owner check (RO-3);
+ * the other members are not locked (an organization may have a million of them).
  */
 async function lockMemberships(trx: DB, organizationId: number, userId: number) {
-  const members = await trx.selectFrom('memberships').select(['user_id', 'role']).where('organization_id', '=', organizationId).forUpdate().execute();
-  const member = members.find((m) => m.user_id === userId);
-  if (!member) throw new NotFoundError('no such member in this organization');
-  return { member, isLastOwner: member.role === 'owner' && members.filter((m) => m.role === 'owner').length === 1 };
+  const rows = await trx
+    .selectFrom('memberships')
+    .leftJoin('roles', 'roles.id', 'memberships.role_id')
+    .select(['memberships.user_id', 'memberships.role', 'memberships.role_id', 'roles.name as role_name', 'roles.permissions as role_permissions'])
+    .where('memberships.organization_id', '=', organizationId)
+    .where((eb) => eb.or([eb('memberships.role', '=', 'owner'), eb('memberships.user_id', '=', userId)]))
+    .orderBy('memberships.user_id')
+    .forUpdate('memberships')
+    .execute();
+  const row = rows.find((m) => m.user_id === userId);
+  if (!row) throw new NotFoundError('no such member in this organization');
+  return { member: roleOf(row), isLastOwner: row.role === 'owner' && rows.filter((m) => m.role === 'owner').length === 1 };
 }
 
-/** Changes a member's role. The last owner cannot be demoted (RO-3). */
+/**
+ * Changes a member's role. The last owner cannot be demoted (RO-3). Permissions the new role
+ * lacks are taken from the member's grants in the organization in the same transaction
+ * (narrowGrantsInTransaction): their tokens lose them on every instance within a second.
+ */
 export async function changeMemberRole(
   db: DB,
-  input: { organizationId: number; userId: number; role: Role },
+  input: { organizationId: number; userId: number; role: RoleRef | BuiltinRole },
   options: MemberChangeOptions = {},
 ): Promise<MembershipResult> {
-  return inTransaction(db, async (trx) => {
+  const { result, revoked } = await inTransaction(db, async (trx) => {
     const { member, isLastOwner } = await lockMemberships(trx, input.organizationId, input.userId);
-    refuseUnlessAllowed(options, member.role, input.role);
-    if (member.role === input.role) return { organization_id: input.organizationId, user_id: input.userId, role: member.role };
+    const role = await lockRole(trx, input.organizationId, asRoleRef(input.role));
+    const result = { organization_id: input.organizationId, user_id: input.userId, role: role.name };
+    refuseUnlessAllowed(options, member, role);
+    if (member.kind === role.kind && member.id === role.id) return { result, revoked: [] };
     if (isLastOwner) throw new ConflictError('the last owner of an organization cannot be demoted; make someone else an owner first');
-    await trx.updateTable('memberships').set({ role: input.role }).where('organization_id', '=', input.organizationId).where('user_id', '=', input.userId).execute();
+    await trx
+      .updateTable('memberships')
+      .set({ role: role.kind, role_id: role.id })
+      .where('organization_id', '=', input.organizationId)
+      .where('user_id', '=', input.userId)
+      .execute();
     await recordAuditEvent(trx, {
       actor: options.actor,
       organizationId: input.organizationId,
       action: 'member.role_changed',
-      details: { user_id: input.userId, from: member.role, to: input.role },
+      details: { user_id: input.userId, from: member.name, to: role.name },
     });
-    return { organization_id: input.organizationId, user_id: input.userId, role: input.role };
+    return { result, revoked: await narrowGrantsInTransaction(trx, { organizationId: input.organizationId, userId: input.userId }, role.permissions, options.actor) };
   });
+  options.revocations?.noteRevoked(revoked, 'role_changed');
+  return result;
 }
 
 /**
@@ -170,14 +196,14 @@ export async function changeMemberRole(
 export async function removeMember(db: DB, input: { organizationId: number; userId: number }, options: MemberChangeOptions = {}): Promise<void> {
   const revoked = await inTransaction(db, async (trx) => {
     const { member, isLastOwner } = await lockMemberships(trx, input.organizationId, input.userId);
-    refuseUnlessAllowed(options, member.role);
+    refuseUnlessAllowed(options, member);
     if (isLastOwner) throw new ConflictError('the last owner of an organization cannot be removed');
     await trx.deleteFrom('memberships').where('organization_id', '=', input.organizationId).where('user_id', '=', input.userId).execute();
     await recordAuditEvent(trx, {
       actor: options.actor,
       organizationId: input.organizationId,
       action: 'member.removed',
-      details: { user_id: input.userId, role: member.role },
+      details: { user_id: input.userId, role: member.name },
     });
     return revokeGrantsInTransaction(trx, { organizationId: input.organizationId, userId: input.userId }, 'member_removed', options.actor);
   });
@@ -188,32 +214,34 @@ export interface Member {
   user_id: number;
   email: string;
   name: string;
-  role: Role;
+  /** The role's name. */
+  role: string;
   created_at: Date;
 }
 
-/** An organization's members in user id order, a page at a time (keyset on the memberships primary key). */
-export async function listMembers(db: DB, organizationId: number, page: { afterUserId: number; limit: number }): Promise<Member[]> {
+function members(db: DB, organizationId: number) {
   return db
     .selectFrom('memberships')
     .innerJoin('users', 'users.id', 'memberships.user_id')
-    .select(['memberships.user_id', 'users.email', 'users.name', 'memberships.role', 'memberships.created_at'])
-    .where('memberships.organization_id', '=', organizationId)
-    .where('memberships.user_id', '>', page.afterUserId)
-    .orderBy('memberships.user_id')
-    .limit(page.limit)
-    .execute();
+    .leftJoin('roles', 'roles.id', 'memberships.role_id')
+    .select(['memberships.user_id', 'users.email', 'users.name', 'memberships.role', 'memberships.role_id', 'roles.name as role_name', 'memberships.created_at'])
+    .where('memberships.organization_id', '=', organizationId);
+}
+
+const memberOf = ({ role, role_id, role_name, ...rest }: { role: RoleRef['kind']; role_id: number | null; role_name: string | null } & Omit<Member, 'role'>): Member => ({
+  ...rest,
+  role: roleOf({ role, role_id, role_name }).name,
+});
+
+/** An organization's members in user id order, a page at a time (keyset on the memberships primary key). */
+export async function listMembers(db: DB, organizationId: number, page: { afterUserId: number; limit: number }): Promise<Member[]> {
+  const rows = await members(db, organizationId).where('memberships.user_id', '>', page.afterUserId).orderBy('memberships.user_id').limit(page.limit).execute();
+  return rows.map(memberOf);
 }
 
 /** A member of the organization, or NotFoundError (also for another organization's). */
 export async function getMember(db: DB, organizationId: number, userId: number): Promise<Member> {
-  const member = await db
-    .selectFrom('memberships')
-    .innerJoin('users', 'users.id', 'memberships.user_id')
-    .select(['memberships.user_id', 'users.email', 'users.name', 'memberships.role', 'memberships.created_at'])
-    .where('memberships.organization_id', '=', organizationId)
-    .where('memberships.user_id', '=', userId)
-    .executeTakeFirst();
+  const member = await members(db, organizationId).where('memberships.user_id', '=', userId).executeTakeFirst();
   if (!member) throw new NotFoundError('no such member in this organization');
-  return member;
+  return memberOf(member);
 }

@@ -7,7 +7,7 @@
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { type DB, inTransaction } from '../db/connect.js';
-import type { Role } from '../db/schema.js';
+import { roleOf, type RoleRef } from './roles.js';
 import { ConflictError, InvalidRequestError } from '../errors.js';
 import { FailureThrottle } from '../lib/throttle.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
@@ -199,14 +199,27 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
   });
 }
 
+/** An organization of the user's, with their role there: `role` its name, `access` the role itself. */
+export interface UserOrganization {
+  id: number;
+  name: string;
+  role: string;
+  access: RoleRef;
+}
+
 /** The organizations a user belongs to, with their role in each (dashboard, consent page). */
-export async function listUserOrganizations(db: DB, userId: number): Promise<{ id: number; name: string; role: Role }[]> {
-  return db
+export async function listUserOrganizations(db: DB, userId: number): Promise<UserOrganization[]> {
+  const rows = await db
     .selectFrom('memberships')
     .innerJoin('organizations', 'organizations.id', 'memberships.organization_id')
-    .select(['organizations.id', 'organizations.name', 'memberships.role'])
+    .leftJoin('roles', 'roles.id', 'memberships.role_id')
+    .select(['organizations.id', 'organizations.name', 'memberships.role', 'memberships.role_id', 'roles.name as role_name', 'roles.permissions as role_permissions'])
     .where('memberships.user_id', '=', userId)
     .orderBy('organizations.name')
     .orderBy('organizations.id')
     .execute();
+  return rows.map((row) => {
+    const access = roleOf(row);
+    return { id: row.id, name: row.name, role: access.name, access };
+  });
 }

@@ -21,6 +21,7 @@ import { registerApiRateLimit } from './rate-limit.js';
 import { grantRoutes } from './grants.js';
 import { invitationRoutes } from './invitations.js';
 import { memberRoutes } from './members.js';
+import { roleRoutes } from './roles.js';
 import { errorResponses, orgParams, serializerCompiler } from './schemas.js';
 import { taskRoutes } from './tasks.js';
 
@@ -66,6 +67,7 @@ export async function apiRoutes(
   // The management API: the organization's own private applications administering it.
   await api.register(applicationRoutes, { db: options.db, revocations: options.revocations, applications: options.applications });
   await api.register(memberRoutes, { db: options.db, revocations: options.revocations });
+  await api.register(roleRoutes, { db: options.db, revocations: options.revocations });
   await api.register(invitationRoutes, { db: options.db, mail: options.mail, issuer: options.config.issuer });
   await api.register(grantRoutes, { db: options.db, revocations: options.revocations });
   await api.register(auditEventRoutes, { db: options.db });

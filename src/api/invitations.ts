@@ -14,7 +14,8 @@ import {
   resendInvitation,
   revokeInvitation,
 } from '../accounts/invitations.js';
-import { ROLES } from '../accounts/organizations.js';
+import { requireRole } from '../accounts/roles.js';
+import { roleField } from './members.js';
 import type { DB } from '../db/connect.js';
 import type { MailOutbox } from '../mail/outbox.js';
 import { actorOf, type ApiAuth, authOf, pathId } from './auth.js';
@@ -25,7 +26,7 @@ export const invitationSchema = z
   .object({
     id: z.number().int(),
     email: z.string(),
-    role: z.enum(ROLES),
+    role: z.string().describe('the role’s name'),
     status: z.enum(['pending', 'expired']).describe('expired invitations stay listed until revoked or re-sent'),
     invited_by_user_id: z.number().int().nullable(),
     invited_by_client_id: z.string().nullable(),
@@ -95,14 +96,15 @@ export const invitationRoutes: FastifyPluginAsyncZod<{ db: DB; mail: MailOutbox;
         params: orgParams,
         body: z.strictObject({
           email: z.string().max(254),
-          role: z.enum(ROLES).describe('owner is for people only: an application cannot invite an owner'),
+          role: roleField,
         }),
         response: { 201: invitationSchema, ...errorResponses, ...invitationConflict },
       },
     },
     async (req, reply) => {
       const auth = authOf(req);
-      const invitation = await createInvitation(db, { organizationId: auth.organizationId, email: req.body.email, role: req.body.role }, await asApplication(auth), mailDeps);
+      const role = await requireRole(db, auth.organizationId, req.body.role);
+      const invitation = await createInvitation(db, { organizationId: auth.organizationId, email: req.body.email, role }, await asApplication(auth), mailDeps);
       reply.code(201).header('location', `/api/v1/${auth.organizationId}/invitations/${invitation.id}`);
       return invitationOut(invitation);
     },

@@ -6,7 +6,8 @@
  */
 import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { addMember, changeMemberRole, getMember, listMembers, type Member, type MemberChangeOptions, removeMember, ROLES } from '../accounts/organizations.js';
+import { addMember, changeMemberRole, getMember, listMembers, type Member, type MemberChangeOptions, removeMember } from '../accounts/organizations.js';
+import { requireRole } from '../accounts/roles.js';
 import { emailSchema, findUserByEmail } from '../accounts/users.js';
 import type { DB } from '../db/connect.js';
 import { InvalidRequestError } from '../errors.js';
@@ -20,7 +21,7 @@ export const memberSchema = z
     user_id: z.number().int(),
     email: z.string(),
     name: z.string(),
-    role: z.enum(ROLES),
+    role: z.string().describe('the role’s name: owner, admin, member, viewer or one of the organization’s own (GET /roles)'),
     created_at: z.iso.datetime().describe('when the user joined the organization'),
   })
   .meta({ id: 'Member' });
@@ -29,7 +30,10 @@ export function memberOut(m: Member): z.infer<typeof memberSchema> {
   return { user_id: m.user_id, email: m.email, name: m.name, role: m.role, created_at: m.created_at.toISOString() };
 }
 
-const roleField = z.enum(ROLES).describe('owner is for people only: an application cannot make, change or remove an owner');
+export const roleField = z
+  .string()
+  .max(200)
+  .describe('a role’s name: owner, admin, member, viewer or one of the organization’s own (GET /roles); owner is for people only: an application cannot make, change or remove an owner');
 const userParams = orgParams.extend({ user_id: z.string() });
 
 export const memberRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: RevocationList }> = async (app, { db, revocations }) => {
@@ -72,7 +76,8 @@ export const memberRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Revocati
       const email = emailSchema.safeParse(req.body.email);
       const user = email.success ? await findUserByEmail(db, email.data) : undefined;
       if (!user) throw new InvalidRequestError('email: no user has this email address', { details: [{ path: 'email', message: 'no user has this email address' }] });
-      await addMember(db, { organizationId: auth.organizationId, userId: user.id, role: req.body.role }, asAdmin(auth));
+      const role = await requireRole(db, auth.organizationId, req.body.role);
+      await addMember(db, { organizationId: auth.organizationId, userId: user.id, role }, asAdmin(auth));
       reply.code(201).header('location', `/api/v1/${auth.organizationId}/members/${user.id}`);
       return memberOut(await getMember(db, auth.organizationId, user.id));
     },
@@ -93,7 +98,8 @@ export const memberRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Revocati
     async (req) => {
       const auth = authOf(req);
       const userId = pathId(req.params.user_id);
-      await changeMemberRole(db, { organizationId: auth.organizationId, userId, role: req.body.role }, asAdmin(auth));
+      const role = await requireRole(db, auth.organizationId, req.body.role);
+      await changeMemberRole(db, { organizationId: auth.organizationId, userId, role }, asAdmin(auth));
       return memberOut(await getMember(db, auth.organizationId, userId));
     },
   );

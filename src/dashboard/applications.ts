@@ -30,7 +30,7 @@ import type { RevocationList } from '../oauth/revocations.js';
 import { DATA_SCOPES, grantableScopes, mayHold, SCOPE_DESCRIPTIONS, type Scope, scopesForType } from '../oauth/scopes.js';
 import { issueClientToken, type TokenResponse } from '../oauth/token-response.js';
 import { renderPage } from '../pages/render.js';
-import { type ActionContext, DASHBOARD_PAGE_SIZE, dashboardContext, type DashboardContext, parseId, readForm, requireAction } from './context.js';
+import { type ActionContext, DASHBOARD_PAGE_SIZE, dashboardContext, type DashboardContext, parseId, readForm, requireAction, requireView } from './context.js';
 
 export interface DashboardDeps {
   db: DB;
@@ -63,6 +63,19 @@ function parseRedirectUris(text: string): { uris: string[]; errors: string[] } {
     if (problem) errors.push(`Redirect URI ${uri.slice(0, 100)} ${problem}.`);
   }
   return { uris, errors };
+}
+
+/**
+ * What a private application would get beyond the acting user's role: a user may delegate to an
+ * application acting on its own only what they hold (a public application gets nothing at
+ * registration: each user's consent is bounded by their own role).
+ */
+function beyondRole(ctx: ActionContext, type: ApplicationType, scopes: readonly Scope[]): Scope[] {
+  return type === 'private' ? scopes.filter((s) => !ctx.organization.access.permissions.includes(s)) : [];
+}
+
+function delegationError(beyond: readonly Scope[]): string {
+  return `Your role does not hold ${beyond.join(' ')}, so you cannot give it to an application.`;
 }
 
 function parseChosenScopes(chosen: readonly string[], type: ApplicationType): { scopes: Scope[]; errors: string[] } {
@@ -138,12 +151,13 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
 
   app.get<{ Querystring: { after?: unknown } }>('/dashboard/applications', async (req, reply) => {
     const ctx = dashboardContext(req);
+    requireView(ctx, 'applications.read');
     return renderList(reply, ctx, 200, { after: parseId(req.query.after) });
   });
 
   app.post('/dashboard/applications', async (req, reply) => {
     const { params, scopes: chosen } = readForm(req.body);
-    const ctx = requireAction(config, req, params, { manage: true });
+    const ctx = requireAction(config, req, params, { permission: 'applications.write' });
     const type = params.type === 'private' ? 'private' : 'public';
     const form: CreateForm = {
       type,
@@ -157,6 +171,8 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
     const redirects = type === 'public' ? parseRedirectUris(form.redirectUris) : { uris: [], errors: [] };
     const errors = [...name.errors, ...redirects.errors, ...scopes.errors];
     if (errors.length > 0) return renderList(reply, ctx, 400, { form, errors });
+    const beyond = beyondRole(ctx, type, scopes.scopes);
+    if (beyond.length > 0) return renderList(reply, ctx, 403, { form, errors: [delegationError(beyond)] });
 
     const created = await createApplication(db, {
       organizationId: ctx.organization.id,
@@ -175,14 +191,15 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
   app.get<{ Params: { clientId: string } }>('/dashboard/applications/:clientId', async (req, reply) => {
     const ctx = dashboardContext(req);
     if (!ctx.organization) throw new NotFoundError('There is no such application in this organization.');
+    requireView(ctx, 'applications.read');
     const application = await getApplication(db, ctx.organization.id, req.params.clientId);
     return renderApplication(reply, ctx, application);
   });
 
-  /** The application named in the URL, for an owner or admin of its organization. */
+  /** The application named in the URL, for someone whose role there manages applications. */
   async function managedApplication(req: FastifyRequest<{ Params: { clientId: string } }>) {
     const { params, scopes } = readForm(req.body);
-    const ctx = requireAction(config, req, params, { manage: true });
+    const ctx = requireAction(config, req, params, { permission: 'applications.write' });
     const application = await getApplication(db, ctx.organization.id, req.params.clientId);
     return { ctx, application, params, scopes };
   }
@@ -202,6 +219,8 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
     const redirects = application.type === 'public' ? parseRedirectUris(edit.redirectUris) : { uris: [], errors: [] };
     const errors = [...name.errors, ...redirects.errors, ...scopes.errors];
     if (errors.length > 0) return renderApplication(reply, ctx, application, 400, { edit, errors });
+    const added = beyondRole(ctx, application.type, scopes.scopes.filter((s) => !application.scopes.includes(s)));
+    if (added.length > 0) return renderApplication(reply, ctx, application, 403, { edit, errors: [delegationError(added)] });
 
     // Narrowing the scopes: grants holding a scope outside the new set are revoked, once the
     // user has seen how many and confirmed.
@@ -232,6 +251,8 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
       if (!(err instanceof InvalidScopeError)) throw err;
       return renderApplication(reply, ctx, application, 400, { errors: ['Choose at least one of the application’s scopes.'] });
     }
+    const beyond = beyondRole(ctx, application.type, scopes);
+    if (beyond.length > 0) return renderApplication(reply, ctx, application, 403, { errors: [delegationError(beyond)] });
     const token = await issueClientToken({ db, keys, config, clientGrants }, application, scopes);
     metrics.tokensIssued.inc({ grant_type: 'dashboard' });
     await recordAuditEvent(db, {

@@ -9,7 +9,7 @@ import type { FastifyRequest } from 'fastify';
 import { CSRF_FAILED, csrfToken, csrfTokenMatches, currentUser, type SessionUser } from '../accounts/sessions.js';
 import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
-import type { Role } from '../db/schema.js';
+import { hasPermission, type Permission, PERMISSIONS } from '../accounts/roles.js';
 import { ForbiddenError, InvalidRequestError } from '../errors.js';
 import { type Params, parseCanonicalId, readParams } from '../oauth/params.js';
 import { listUserOrganizations } from '../accounts/pages.js';
@@ -27,16 +27,20 @@ export interface DashboardContext {
   /** Undefined only when the user belongs to no organization at all. */
   organization: CurrentOrganization | undefined;
   csrfToken: string;
-  /** Owners and admins manage applications and members; members only look. */
-  canManage: boolean;
+  /**
+   * What the user's role in the current organization allows, by permission: `applications.write`
+   * manages applications, `members.write` members, invitations and roles, `grants.write` revokes
+   * anyone's connected apps, `audit.read` shows the audit log, and the .read ones show the lists.
+   */
+  can: Readonly<Record<Permission, boolean>>;
 }
 
 export interface ActionContext extends DashboardContext {
   organization: CurrentOrganization;
 }
 
-export function canManage(role: Role | undefined): boolean {
-  return role === 'owner' || role === 'admin';
+function abilities(organization: CurrentOrganization | undefined): Record<Permission, boolean> {
+  return Object.fromEntries(PERMISSIONS.map((p) => [p, hasPermission(organization?.access, p)])) as Record<Permission, boolean>;
 }
 
 /** The dashboard context for the request's session, or undefined when nobody is signed in. */
@@ -50,7 +54,7 @@ export async function loadContext(db: DB, config: Config, req: FastifyRequest): 
     organizations,
     organization,
     csrfToken: csrfToken(config, { session: session.sessionId }),
-    canManage: canManage(organization?.role),
+    can: abilities(organization),
   };
 }
 
@@ -68,16 +72,21 @@ export function dashboardContext(req: FastifyRequest): DashboardContext {
 }
 
 /**
- * Guards a POST: the session's CSRF token, a current organization and (with `manage`) an owner
- * or admin there. Every refusal is a 403. The plugin's hook has already required a session.
+ * Guards a POST: the session's CSRF token, a current organization and (with `permission`) a
+ * role there that holds it. Every refusal is a 403. The plugin's hook has already required a session.
  */
-export function requireAction(config: Config, req: FastifyRequest, form: Params, options: { manage: boolean }): ActionContext {
+export function requireAction(config: Config, req: FastifyRequest, form: Params, options: { permission: Permission | null }): ActionContext {
   const ctx = dashboardContext(req);
   if (!csrfTokenMatches(config, { session: ctx.session.sessionId }, form.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
   const { organization } = ctx;
   if (!organization) throw new ForbiddenError('You are not a member of any organization.');
-  if (options.manage && !ctx.canManage) throw new ForbiddenError(NOT_ALLOWED);
+  if (options.permission && !ctx.can[options.permission]) throw new ForbiddenError(NOT_ALLOWED);
   return { ...ctx, organization };
+}
+
+/** Guards a page that shows what `permission` allows: a 403 without it (the navigation does not offer it). */
+export function requireView(ctx: DashboardContext, permission: Permission): void {
+  if (ctx.organization && !ctx.can[permission]) throw new ForbiddenError(NOT_ALLOWED);
 }
 
 /**

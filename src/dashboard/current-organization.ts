@@ -4,14 +4,10 @@
  * user removed from an organization (or demoted) loses it, or the role, at their next click.
  */
 import type { DB } from '../db/connect.js';
-import type { Role } from '../db/schema.js';
+import type { UserOrganization } from '../accounts/pages.js';
 import { sha256Hex } from '../lib/crypto.js';
 
-export interface CurrentOrganization {
-  id: number;
-  name: string;
-  role: Role;
-}
+export type CurrentOrganization = UserOrganization;
 
 /**
  * The session's organization, while the user is still a member of it. Otherwise (none chosen

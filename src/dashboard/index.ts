@@ -12,6 +12,7 @@ import { accountRoutes } from './account.js';
 import { applicationRoutes, type DashboardDeps } from './applications.js';
 import { CSRF_FAILED, loadContext, setDashboardContext } from './context.js';
 import { organizationRoutes } from './organization.js';
+import { roleRoutes } from './roles.js';
 
 export type { DashboardDeps } from './applications.js';
 
@@ -28,5 +29,6 @@ export async function dashboardPages(app: FastifyInstance, deps: DashboardDeps):
   });
   await applicationRoutes(app, deps);
   await organizationRoutes(app, deps);
+  await roleRoutes(app, deps);
   await accountRoutes(app, deps);
 }

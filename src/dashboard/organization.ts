@@ -4,23 +4,32 @@
  * organization.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { addMember, changeMemberRole, listMembers, removeMember, ROLES, UnverifiedEmailError } from '../accounts/organizations.js';
+import { addMember, changeMemberRole, listMembers, removeMember, UnverifiedEmailError } from '../accounts/organizations.js';
+import { findRole, listRoles, mayAssign, type RoleRef } from '../accounts/roles.js';
 import { createInvitation, type InvitationActor, listPendingInvitations, resendInvitation, revokeInvitation } from '../accounts/invitations.js';
 import { emailSchema, findUserByEmail } from '../accounts/users.js';
 import { listAuditEvents } from '../audit/events.js';
-import type { Role } from '../db/schema.js';
+import type { DB } from '../db/connect.js';
 import { ConflictError, ForbiddenError, NotFoundError } from '../errors.js';
 import { findLiveGrant, listLiveGrants } from '../oauth/grant-store.js';
 import type { Params } from '../oauth/params.js';
 import { renderPage } from '../pages/render.js';
 import type { DashboardDeps } from './applications.js';
-import { type ActionContext, DASHBOARD_PAGE_SIZE, dashboardContext, type DashboardContext, parseId, readForm, requireAction } from './context.js';
+import { type ActionContext, DASHBOARD_PAGE_SIZE, dashboardContext, type DashboardContext, parseId, readForm, requireAction, requireView } from './context.js';
 import { selectOrganization } from './current-organization.js';
 
 export const AUDIT_PAGE_SIZE = 50;
 
-function parseRole(value: string | undefined): Role | undefined {
-  return ROLES.find((r) => r === value);
+/** The organization's role named in a form, or undefined. */
+async function roleFromForm(db: DB, organizationId: number, value: string | undefined): Promise<RoleRef | undefined> {
+  return value === undefined ? undefined : findRole(db, organizationId, value, { forShare: false });
+}
+
+/** The roles `ctx`'s user may give (mayAssign), for the Members page's selects. */
+export async function assignableRoles(db: DB, ctx: DashboardContext): Promise<RoleRef[]> {
+  if (!ctx.organization || !ctx.can['members.write']) return [];
+  const access = ctx.organization.access;
+  return (await listRoles(db, ctx.organization.id)).filter((r) => mayAssign(access, r));
 }
 
 export async function organizationRoutes(app: FastifyInstance, deps: DashboardDeps): Promise<void> {
@@ -34,7 +43,7 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
     const { params } = readForm(req.body);
     const ctx = dashboardContext(req);
     // Switching needs only the CSRF token and membership of the target (checked in the UPDATE).
-    requireAction(config, req, params, { manage: false });
+    requireAction(config, req, params, { permission: null });
     const organizationId = parseId(params.organization_id);
     const selected =
       organizationId !== undefined && (await selectOrganization(db, { sessionId: ctx.session.sessionId, userId: ctx.session.userId, organizationId }));
@@ -42,11 +51,13 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
     return reply.redirect('/dashboard', 303);
   });
 
-  // Connected apps: the live grants of the current organization, newest first.
+  // Connected apps: the live grants of the current organization, newest first; without
+  // grants.read, only the ones the user gave.
   app.get<{ Querystring: { before?: unknown } }>('/dashboard/connected-apps', async (req, reply) => {
     const ctx = dashboardContext(req);
     const before = parseId(req.query.before);
-    const rows = ctx.organization ? await listLiveGrants(db, ctx.organization.id, { beforeId: before, limit: DASHBOARD_PAGE_SIZE + 1 }) : [];
+    const userId = ctx.can['grants.read'] ? undefined : ctx.session.userId;
+    const rows = ctx.organization ? await listLiveGrants(db, ctx.organization.id, { beforeId: before, limit: DASHBOARD_PAGE_SIZE + 1, userId }) : [];
     return renderPage(reply, 200, 'dashboard/connected-apps', {
       title: 'Connected apps',
       ctx,
@@ -59,12 +70,12 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
 
   app.post<{ Params: { grantId: string } }>('/dashboard/connected-apps/:grantId/revoke', async (req, reply) => {
     const { params } = readForm(req.body);
-    const ctx = requireAction(config, req, params, { manage: false });
+    const ctx = requireAction(config, req, params, { permission: null });
     const grantId = parseId(req.params.grantId);
     const grant = grantId === undefined ? undefined : await findLiveGrant(db, ctx.organization.id, grantId);
     if (!grant) throw new NotFoundError('There is no such connected app in this organization.');
-    // Owners and admins revoke any grant; a member only one they authorized themselves.
-    if (!ctx.canManage && grant.user_id !== ctx.session.userId) throw new ForbiddenError('You may revoke only the apps you authorized yourself.');
+    // grants.write (owners, admins) revokes any grant; anyone else only one they authorized themselves.
+    if (!ctx.can['grants.write'] && grant.user_id !== ctx.session.userId) throw new ForbiddenError('You may revoke only the apps you authorized yourself.');
     await revocations.revoke(grant.id, 'revoked_by_user', { actorUserId: ctx.session.userId });
     return reply.redirect('/dashboard/connected-apps', 303);
   });
@@ -76,9 +87,11 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
     status = 200,
     view: { errors?: string[]; email?: string; inviteEmail?: string; message?: string; after?: number | undefined } = {},
   ) {
+    requireView(ctx, 'members.read');
+    const roles = (await assignableRoles(db, ctx)).map((r) => r.name);
     const rows = ctx.organization ? await listMembers(db, ctx.organization.id, { afterUserId: view.after ?? 0, limit: DASHBOARD_PAGE_SIZE + 1 }) : [];
-    // Pending invitations: the first page, to owners and admins (a longer list is the API's).
-    const invitations = ctx.organization && ctx.canManage ? await listPendingInvitations(db, ctx.organization.id, { afterId: 0, limit: DASHBOARD_PAGE_SIZE + 1 }) : [];
+    // Pending invitations: the first page, to those who manage members (a longer list is the API's).
+    const invitations = ctx.organization && ctx.can['members.write'] ? await listPendingInvitations(db, ctx.organization.id, { afterId: 0, limit: DASHBOARD_PAGE_SIZE + 1 }) : [];
     return renderPage(reply, status, 'dashboard/members', {
       title: 'Members',
       ctx,
@@ -86,7 +99,8 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
       members: rows.slice(0, DASHBOARD_PAGE_SIZE),
       first: view.after === undefined ? '' : '/dashboard/members',
       next: rows.length > DASHBOARD_PAGE_SIZE ? `/dashboard/members?after=${rows[DASHBOARD_PAGE_SIZE - 1]!.user_id}` : '',
-      roles: ROLES,
+      roles,
+      defaultRole: roles.includes('member') ? 'member' : roles.at(-1),
       errors: view.errors ?? [],
       email: view.email ?? '',
       inviteEmail: view.inviteEmail ?? '',
@@ -97,7 +111,7 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
   }
 
   /** The acting user, with their role, for the domain's permission and audit. */
-  const memberChange = (ctx: ActionContext) => ({ actor: { actorUserId: ctx.session.userId }, actingAs: ctx.organization.role, revocations });
+  const memberChange = (ctx: ActionContext) => ({ actor: { actorUserId: ctx.session.userId }, actingAs: ctx.organization.access, revocations });
 
   app.get<{ Querystring: { after?: unknown } }>('/dashboard/members', async (req, reply) =>
     renderMembers(reply, dashboardContext(req), 200, { after: parseId(req.query.after) }),
@@ -105,9 +119,9 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
 
   app.post('/dashboard/members', async (req, reply) => {
     const { params } = readForm(req.body);
-    const ctx = requireAction(config, req, params, { manage: true });
+    const ctx = requireAction(config, req, params, { permission: 'members.write' });
     const email = (params.email ?? '').trim();
-    const role = parseRole(params.role);
+    const role = await roleFromForm(db, ctx.organization.id, params.role);
     const refuse = (message: string) => renderMembers(reply, ctx, 400, { errors: [message], email });
     if (!role) return refuse('Choose a role.');
     const user = email === '' || email.length > 254 ? undefined : await findUserByEmail(db, email);
@@ -117,6 +131,7 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
     } catch (err) {
       if (err instanceof UnverifiedEmailError) return refuse('This user has not confirmed their email address yet. Invite them instead.');
       if (err instanceof ConflictError) return refuse('This user is already a member.');
+      if (err instanceof ForbiddenError) return renderMembers(reply, ctx, 403, { errors: [err.description], email });
       throw err;
     }
     return reply.redirect('/dashboard/members', 303);
@@ -125,16 +140,16 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
   // Invitations: by email, with a role; the invitee joins from the emailed link.
   const inviter = (ctx: ActionContext): InvitationActor => ({
     actor: { actorUserId: ctx.session.userId },
-    actingAs: ctx.organization.role,
+    actingAs: ctx.organization.access,
     inviterLabel: ctx.session.name ? `${ctx.session.name} (${ctx.session.email})` : ctx.session.email,
   });
   const mailDeps = { mail: deps.mail, issuer: config.issuer };
 
   app.post('/dashboard/invitations', async (req, reply) => {
     const { params } = readForm(req.body);
-    const ctx = requireAction(config, req, params, { manage: true });
+    const ctx = requireAction(config, req, params, { permission: 'members.write' });
     const email = (params.email ?? '').trim();
-    const role = parseRole(params.role);
+    const role = await roleFromForm(db, ctx.organization.id, params.role);
     const refuse = (status: number, message: string) => renderMembers(reply, ctx, status, { errors: [message], inviteEmail: email });
     if (!role) return refuse(400, 'Choose a role.');
     if (!emailSchema.safeParse(email).success) return refuse(400, 'Enter a valid email address.');
@@ -147,10 +162,10 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
     return renderMembers(reply, ctx, 200, { message: `Invitation sent to ${email}.` });
   });
 
-  /** The pending invitation named in the URL, for an owner or admin. */
+  /** The pending invitation named in the URL, for someone who manages members. */
   function managedInvitation(req: FastifyRequest<{ Params: { id: string } }>): { ctx: ActionContext; id: number } {
     const { params } = readForm(req.body);
-    const ctx = requireAction(config, req, params, { manage: true });
+    const ctx = requireAction(config, req, params, { permission: 'members.write' });
     const id = parseId(req.params.id);
     if (id === undefined) throw new NotFoundError('There is no such pending invitation in this organization.');
     return { ctx, id };
@@ -168,10 +183,10 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
     return reply.redirect('/dashboard/members', 303);
   });
 
-  /** The member named in the URL, for an owner or admin (the domain checks what their role allows). */
+  /** The member named in the URL, for someone who manages members (the domain checks which roles theirs may give). */
   function managedMember(req: FastifyRequest<{ Params: { userId: string } }>): { ctx: ActionContext; userId: number; params: Params } {
     const { params } = readForm(req.body);
-    const ctx = requireAction(config, req, params, { manage: true });
+    const ctx = requireAction(config, req, params, { permission: 'members.write' });
     const userId = parseId(req.params.userId);
     if (userId === undefined) throw new NotFoundError('There is no such member in this organization.');
     return { ctx, userId, params };
@@ -179,7 +194,7 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
 
   app.post<{ Params: { userId: string } }>('/dashboard/members/:userId/role', async (req, reply) => {
     const { ctx, userId, params } = managedMember(req);
-    const role = parseRole(params.role);
+    const role = await roleFromForm(db, ctx.organization.id, params.role);
     if (!role) throw new ForbiddenError('Choose a role.');
     await changeMemberRole(db, { organizationId: ctx.organization.id, userId, role }, memberChange(ctx));
     return reply.redirect('/dashboard/members', 303);
@@ -195,6 +210,7 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
   // Audit log: newest first, keyset pagination on id (`?before=<id>`).
   app.get<{ Querystring: { before?: unknown } }>('/dashboard/audit', async (req, reply) => {
     const ctx = dashboardContext(req);
+    requireView(ctx, 'audit.read');
     const before = parseId(req.query.before);
     const rows = ctx.organization ? await listAuditEvents(db, ctx.organization.id, { beforeId: before, limit: AUDIT_PAGE_SIZE + 1 }) : [];
     const events = rows.slice(0, AUDIT_PAGE_SIZE).map((e) => ({ ...e, detailsText: JSON.stringify(e.details) }));

@@ -12,6 +12,11 @@ export function isUniqueViolation(err: unknown, constraint?: string): boolean {
   return typeof err === 'object' && err !== null && 'constraint' in err && err.constraint === constraint;
 }
 
+/** 23514: a check constraint rejected the row. */
+export function isCheckViolation(err: unknown): boolean {
+  return sqlState(err) === '23514';
+}
+
 /** 23503: a foreign key names a row that does not exist. */
 export function isForeignKeyViolation(err: unknown): boolean {
   return sqlState(err) === '23503';

@@ -13,7 +13,9 @@ type NullableTimestamp = ColumnType<Date | null, Date | string | null | undefine
 type TextArray = ColumnType<string[], string[], string[]>;
 type Json<T> = ColumnType<T, string, string>;
 
-export type Role = 'owner' | 'admin' | 'member';
+/** The roles every organization has (src/accounts/roles.ts); 'custom' in a row means role_id names one of the organization's own. */
+export type BuiltinRole = 'owner' | 'admin' | 'member' | 'viewer';
+export type RoleKind = BuiltinRole | 'custom';
 export type ApplicationType = 'public' | 'private';
 export type TaskStatus = 'open' | 'done';
 
@@ -48,7 +50,9 @@ export interface InvitationsTable {
   id: Generated<number>;
   organization_id: number;
   email: string;
-  role: Role;
+  role: RoleKind;
+  /** The custom role, when role is 'custom'. */
+  role_id: ColumnType<number | null, number | null | undefined, number | null>;
   token_hash: string;
   invited_by_user_id: number | null;
   invited_by_client_id: string | null;
@@ -88,8 +92,21 @@ export interface OrganizationsTable {
 export interface MembershipsTable {
   organization_id: number;
   user_id: number;
-  role: Role;
+  role: RoleKind;
+  /** The custom role, when role is 'custom'. */
+  role_id: ColumnType<number | null, number | null | undefined, number | null>;
   created_at: Generated<Date>;
+}
+
+/** An organization's own role (the built-in ones are in code: src/accounts/roles.ts). */
+export interface RolesTable {
+  id: Generated<number>;
+  organization_id: number;
+  name: string;
+  description: ColumnType<string, string | undefined, string>;
+  permissions: TextArray;
+  created_at: Generated<Date>;
+  updated_at: Timestamp;
 }
 
 export interface ApplicationsTable {
@@ -118,6 +135,8 @@ export interface GrantsTable {
   last_used_at: NullableTimestamp;
   revoked_at: NullableTimestamp;
   revoked_reason: string | null;
+  /** The grant this one replaced when its user's role narrowed it (see narrowGrantsInTransaction). */
+  narrowed_from_grant_id: ColumnType<number | null, number | null | undefined, number | null>;
 }
 
 /** An access token revoked by itself (its grant lives on), kept until it expires. */
@@ -220,6 +239,7 @@ export interface Database {
   users: UsersTable;
   organizations: OrganizationsTable;
   memberships: MembershipsTable;
+  roles: RolesTable;
   applications: ApplicationsTable;
   grants: GrantsTable;
   authorization_codes: AuthorizationCodesTable;
@@ -248,3 +268,4 @@ export type AuditEvent = Selectable<AuditEventsTable>;
 export type Contact = Selectable<ContactsTable>;
 export type Task = Selectable<TasksTable>;
 export type Invitation = Selectable<InvitationsTable>;
+export type CustomRole = Selectable<RolesTable>;

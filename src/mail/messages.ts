@@ -3,7 +3,6 @@
  * src/pages/views/mail (the HTML escaped as pages are). Every value that comes from a user
  * (names, addresses, organization names) goes through the templates, never into markup by hand.
  */
-import type { Role } from '../db/schema.js';
 import { renderHtml, renderText } from '../pages/render.js';
 
 export interface MailMessage {
@@ -46,7 +45,7 @@ export function invitationMessage(input: {
   to: string;
   inviter: string;
   organizationName: string;
-  role: Role;
+  role: string;
   link: string;
   expiresAt: Date;
 }): MailMessage {

@@ -8,7 +8,8 @@
  * check, verifies the CSRF token and the chosen organization (AZ-8), and answers with a 303.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { listUserOrganizations, loginPath } from '../accounts/pages.js';
+import { listUserOrganizations, loginPath, type UserOrganization } from '../accounts/pages.js';
+import type { RoleRef } from '../accounts/roles.js';
 import { csrfToken, csrfTokenMatches, currentUser, type SessionUser } from '../accounts/sessions.js';
 import type { Config } from '../config.js';
 import { type DB, inTransaction } from '../db/connect.js';
@@ -147,6 +148,14 @@ export function redirectLocation(redirectUri: string, params: Record<string, str
   return `${base}${separator}${query.toString()}`;
 }
 
+/**
+ * What the user may grant in an organization: the scopes asked for (already within the
+ * application's) that their role there holds, and the ones it does not.
+ */
+export function grantableByRole(requested: readonly Scope[], role: RoleRef): { granted: Scope[]; refused: Scope[] } {
+  return { granted: requested.filter((s) => role.permissions.includes(s)), refused: requested.filter((s) => !role.permissions.includes(s)) };
+}
+
 export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { db: DB; config: Config }): Promise<void> {
   await setUpPages(app, config);
 
@@ -156,20 +165,37 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
       303,
     );
 
+  const described = (scopes: readonly Scope[]) => scopes.map((name) => ({ name, description: SCOPE_DESCRIPTIONS[name] }));
+
   async function renderConsent(reply: FastifyReply, user: SessionUser, request: AuthorizationRequest) {
-    const organizations = await listUserOrganizations(db, user.userId);
-    if (organizations.length === 0) {
+    const memberships = await listUserOrganizations(db, user.userId);
+    if (memberships.length === 0) {
       return renderPage(reply, 403, 'error', {
         title: 'No organization',
         message: `You are not a member of any organization, so ${request.application.name} cannot be given access. Ask an administrator to add you to one.`,
+      });
+    }
+    // Per organization, what the user's role there lets them grant; an organization where it
+    // allows nothing asked for cannot be chosen, and when none can, the request ends here.
+    const organizations = memberships.map((o: UserOrganization) => {
+      const { granted, refused } = grantableByRole(request.scopes, o.access);
+      return { id: o.id, name: o.name, role: o.role, granted: described(granted), refused: described(refused), choosable: granted.length > 0 };
+    });
+    const choosable = organizations.filter((o) => o.choosable);
+    if (choosable.length === 0) {
+      return redirectError(reply, request.redirectUri, {
+        error: 'access_denied',
+        description: 'the user’s role allows none of the requested scopes in any of their organizations',
+        state: request.state,
       });
     }
     return renderPage(reply, 200, 'consent', {
       title: `Authorize ${request.application.name}`,
       applicationName: request.application.name,
       userLabel: user.name ? `${user.name} (${user.email})` : user.email,
-      scopes: request.scopes.map((name) => ({ name, description: SCOPE_DESCRIPTIONS[name] })),
+      scopes: described(request.scopes),
       organizations,
+      preselected: choosable.length === 1 ? choosable[0]!.id : undefined,
       hidden: request.carried,
       redirectOrigin: new URL(request.redirectUri).origin,
       csrfToken: csrfToken(config, { session: user.sessionId }),
@@ -200,19 +226,22 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
     if ('error' in request) return redirectError(reply, target.redirectUri, request);
 
     const decision = raw.decision;
-    const audit = (executor: DB, organizationId: number, action: string) =>
+    const audit = (executor: DB, organizationId: number, action: string, granted?: readonly Scope[]) =>
       recordAuditEvent(executor, {
         organizationId,
         action,
         actor: { actorUserId: user.userId, actorClientId: request.application.client_id },
-        details: { client_id: request.application.client_id, application_id: request.application.id, scopes: request.scopes.join(' ') },
+        details: {
+          client_id: request.application.client_id,
+          application_id: request.application.id,
+          scopes: (granted ?? request.scopes).join(' '),
+          ...(granted && granted.length < request.scopes.length ? { requested_scopes: request.scopes.join(' ') } : {}),
+        },
       });
     // AZ-8: the organization comes from the form, so it is checked against the user's memberships.
     const organizationId = typeof raw.organization_id === 'string' ? parseCanonicalId(raw.organization_id) : undefined;
-    const isMember =
-      organizationId !== undefined &&
-      (await db.selectFrom('memberships').select('role').where('user_id', '=', user.userId).where('organization_id', '=', organizationId).executeTakeFirst()) !==
-        undefined;
+    const membership = organizationId === undefined ? undefined : (await listUserOrganizations(db, user.userId)).find((o) => o.id === organizationId);
+    const isMember = membership !== undefined;
     if (decision === 'deny') {
       // Audited in the organization the form had selected, when it is one of the user's.
       if (organizationId !== undefined && isMember) await audit(db, organizationId, 'authorization.denied');
@@ -220,7 +249,10 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
     }
     if (decision !== 'approve') throw new InvalidRequestError('Choose Allow or Deny.');
     if (organizationId === undefined) throw new InvalidRequestError('Choose an organization.');
-    if (!isMember) throw new ForbiddenError('You are not a member of the organization you chose.');
+    if (!membership) throw new ForbiddenError('You are not a member of the organization you chose.');
+    // The role as it is now, not as the page showed it.
+    const { granted } = grantableByRole(request.scopes, membership.access);
+    if (granted.length === 0) throw new ForbiddenError(`Your role in ${membership.name} (${membership.role}) allows none of the access ${request.application.name} asks for.`);
 
     // The user's decision is what the audit log records (the grant row itself records the code's
     // redemption), so the token endpoint writes no audit row of its own.
@@ -230,11 +262,11 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
         applicationId: request.application.id,
         userId: user.userId,
         redirectUri: request.redirectUri,
-        scopes: request.scopes,
+        scopes: granted,
         codeChallenge: request.codeChallenge,
         ttlSeconds: config.authCodeTtl,
       });
-      await audit(trx, organizationId, 'authorization.approved');
+      await audit(trx, organizationId, 'authorization.approved', granted);
       return issued;
     });
     req.log.info({ client_id: request.application.client_id, organization_id: organizationId }, 'authorization code issued');

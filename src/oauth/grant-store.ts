@@ -24,7 +24,9 @@ export type RevocationReason =
   | 'refresh_token_reuse'
   | 'application_disabled'
   | 'member_removed'
-  | 'scopes_narrowed';
+  | 'scopes_narrowed'
+  /** A role change took a scope from the grant's user: the grant was replaced by a narrower one, or revoked when nothing was left. */
+  | 'role_changed';
 
 export interface NewGrant {
   organizationId: number;
@@ -193,6 +195,120 @@ export async function revokeGrantsInTransaction(trx: Transaction<Database>, sele
   }
 }
 
+/** Whose grants a role change narrows: one member's, or those of every member holding a custom role. */
+export type NarrowSelection = { organizationId: number; userId: number } | { organizationId: number; roleId: number };
+
+/**
+ * Narrows up to REVOKE_BATCH of the selected users' live grants that hold a scope outside
+ * `allowed` (their role no longer allows it), by re-issue: each is replaced by a successor grant
+ * holding only the allowed scopes, which takes over its refresh tokens (narrowed the same way)
+ * and its consumed codes (a replayed code still revokes what it led to); the old grant is then
+ * revoked with reason role_changed and published like any revocation, so every instance refuses
+ * its access tokens within a second (RevocationList), and the next refresh returns the narrower
+ * scope. A grant left with no scope is simply revoked. Audited as grant.narrowed (or
+ * grant.revoked). Returns the ids of the grants revoked; none when no selected grant is left.
+ *
+ * Why re-issue rather than a per-token scope check: access tokens are verified without a query,
+ * against the revoked set that already reaches every instance within a second and stays compact
+ * at a million entries; re-issue reuses that path, so the API's hot path gains nothing, and the
+ * refresh token (the user's consent) survives with the scope the role now allows.
+ */
+async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelection, allowed: readonly string[], actor: Actor): Promise<number[]> {
+  const allowedArray = sql<string[]>`${[...allowed]}::text[]`;
+  const old = await trx
+    .selectFrom('grants')
+    .select(['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'created_at', 'last_used_at'])
+    .where('organization_id', '=', selection.organizationId)
+    .where('revoked_at', 'is', null)
+    .$if('userId' in selection, (qb) => qb.where('user_id', '=', 'userId' in selection ? selection.userId : 0))
+    .$if('roleId' in selection, (qb) =>
+      qb.where('user_id', 'in', (eb) =>
+        eb
+          .selectFrom('memberships')
+          .select('user_id')
+          .where('organization_id', '=', selection.organizationId)
+          .where('role_id', '=', 'roleId' in selection ? selection.roleId : 0),
+      ),
+    )
+    .where('user_id', 'is not', null)
+    .where(sql<boolean>`not (scopes <@ ${allowedArray})`)
+    .orderBy('id')
+    .limit(REVOKE_BATCH)
+    .forUpdate()
+    .execute();
+  if (old.length === 0) return [];
+  const narrowed = old.map((g) => ({ ...g, kept: g.scopes.filter((s) => allowed.includes(s)) }));
+  const replaced = narrowed.filter((g) => g.kept.length > 0);
+  const successors =
+    replaced.length === 0
+      ? []
+      : await trx
+          .insertInto('grants')
+          .values(
+            replaced.map((g) => ({
+              organization_id: g.organization_id,
+              application_id: g.application_id,
+              user_id: g.user_id,
+              scopes: g.kept,
+              created_at: g.created_at,
+              last_used_at: g.last_used_at,
+              narrowed_from_grant_id: g.id,
+            })),
+          )
+          .returning(['id', 'narrowed_from_grant_id'])
+          .execute();
+  const oldIds = old.map((g) => g.id);
+  const moves = successors.map((s) => ({ from: s.narrowed_from_grant_id!, to: s.id }));
+  if (moves.length > 0) {
+    const pairs = sql`unnest(${moves.map((m) => m.from)}::bigint[], ${moves.map((m) => m.to)}::bigint[]) as m(from_id, to_id)`;
+    // Every refresh token of the grant, used ones too: a retired token replayed later still revokes the family.
+    await sql`update refresh_tokens r set grant_id = m.to_id,
+        scopes = array(select s from unnest(r.scopes) s where s = any(${allowedArray})),
+        revoked_at = case when r.scopes && ${allowedArray} then r.revoked_at else coalesce(r.revoked_at, now()) end
+      from ${pairs} where r.grant_id = m.from_id`.execute(trx);
+    await sql`update authorization_codes c set grant_id = m.to_id from ${pairs} where c.grant_id = m.from_id`.execute(trx);
+  }
+  await trx.updateTable('grants').set({ revoked_at: sql`now()`, revoked_reason: 'role_changed' }).where('id', '=', sql<number>`any(${oldIds}::bigint[])`).execute();
+  // Grants left with nothing: their refresh tokens end with them.
+  const emptied = narrowed.filter((g) => g.kept.length === 0).map((g) => g.id);
+  if (emptied.length > 0) {
+    await trx.updateTable('refresh_tokens').set({ revoked_at: sql`now()` }).where('grant_id', '=', sql<number>`any(${emptied}::bigint[])`).where('revoked_at', 'is', null).execute();
+  }
+  const successorOf = new Map(moves.map((m) => [m.from, m.to]));
+  await trx
+    .insertInto('audit_events')
+    .values(
+      narrowed.map((g) => ({
+        organization_id: g.organization_id,
+        action: g.kept.length > 0 ? 'grant.narrowed' : 'grant.revoked',
+        actor_user_id: actor.actorUserId ?? null,
+        actor_client_id: actor.actorClientId ?? null,
+        details: JSON.stringify(
+          g.kept.length > 0
+            ? { grant_id: successorOf.get(g.id), replaced_grant_id: g.id, application_id: g.application_id, user_id: g.user_id, scopes: g.kept.join(' '), removed_scopes: g.scopes.filter((s) => !allowed.includes(s)).join(' '), reason: 'role_changed' }
+            : { grant_id: g.id, application_id: g.application_id, user_id: g.user_id, reason: 'role_changed' },
+        ),
+      })),
+    )
+    .execute();
+  await sql`select pg_notify(${REVOCATION_CHANNEL}, ${oldIds.join(',')})`.execute(trx);
+  return oldIds;
+}
+
+/**
+ * Narrows the selected users' grants to `allowed` (see narrowBatch), a batch at a time, within
+ * the caller's transaction (the role change that causes it). Returns the revoked grant ids, for
+ * the caller to tell its memory once the transaction has committed.
+ */
+export async function narrowGrantsInTransaction(trx: Transaction<Database>, selection: NarrowSelection, allowed: readonly string[], actor: Actor = {}): Promise<number[]> {
+  const revoked: number[] = [];
+  for (;;) {
+    const ids = await narrowBatch(trx, selection, allowed, actor);
+    revoked.push(...ids);
+    if (ids.length === 0) return revoked;
+  }
+}
+
 /** Revokes one grant (see revokeBatch). Returns false when it was already revoked or does not exist. */
 export async function revokeGrant(db: DB, grantId: number, reason: RevocationReason, actor: Actor = {}): Promise<boolean> {
   return (await inTransaction(db, (trx) => revokeBatch(trx, { grantId }, reason, actor))).length > 0;
@@ -267,8 +383,13 @@ function liveGrants(db: DB, organizationId: number) {
  * The organization's connected apps (live grants), newest first, a page at a time: keyset on
  * the partial index of live grants, so a page costs the same however many were revoked.
  */
-export async function listLiveGrants(db: DB, organizationId: number, page: { beforeId: number | undefined; limit: number }): Promise<LiveGrant[]> {
+export async function listLiveGrants(
+  db: DB,
+  organizationId: number,
+  page: { beforeId: number | undefined; limit: number; /** Only the grants this user gave. */ userId?: number | undefined },
+): Promise<LiveGrant[]> {
   return liveGrants(db, organizationId)
+    .$if(page.userId !== undefined, (qb) => qb.where('grants.user_id', '=', page.userId ?? 0))
     .$if(page.beforeId !== undefined, (qb) => qb.where('grants.id', '<', page.beforeId ?? 0))
     .orderBy('grants.id', 'desc')
     .limit(page.limit)

@@ -8,6 +8,7 @@ import { sql } from 'kysely';
 import { sha256Hex } from '../../src/lib/crypto.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember } from '../../src/accounts/organizations.js';
+import { createRole } from '../../src/accounts/roles.js';
 import { createApplication } from '../../src/oauth/applications.js';
 import { createGrant } from '../../src/oauth/grant-store.js';
 import { KNOWN_SCOPES } from '../../src/oauth/scopes.js';
@@ -34,6 +35,8 @@ interface Ids {
   email: string;
   grant: number;
   invitation: number;
+  /** A custom role's name. */
+  role: string;
 }
 
 const token = (fixture: OrgFixture, scope?: string) => clientCredentialsToken(app, fixture, scope);
@@ -64,6 +67,7 @@ async function stateOfB() {
     grants: await db.selectFrom('grants').selectAll().where('organization_id', '=', org).orderBy('id').execute(),
     audit: await db.selectFrom('audit_events').selectAll().where('organization_id', '=', org).orderBy('id').execute(),
     invitations: await db.selectFrom('invitations').selectAll().where('organization_id', '=', org).orderBy('id').execute(),
+    roles: await db.selectFrom('roles').selectAll().where('organization_id', '=', org).orderBy('id').execute(),
   };
 }
 let bBefore: Awaited<ReturnType<typeof stateOfB>>;
@@ -103,7 +107,10 @@ async function freshIds(org: OrgFixture): Promise<Ids> {
       sent_at: new Date(Date.now() - 2 * 3600_000) })
     .returning('id')
     .executeTakeFirstOrThrow();
-  return { contact: contact.id, task: task.id, clientId: target.client_id, userId: member.id, email: outsider.email, grant: grant!.id, invitation: invitation.id };
+  // Earlier tests' roles go first: an organization holds at most 100.
+  await db.deleteFrom('roles').where('organization_id', '=', org.organizationId).execute();
+  const role = await createRole(db, org.organizationId, { name: `Matrix ${i}`, permissions: ['contacts.read'] });
+  return { contact: contact.id, task: task.id, clientId: target.client_id, userId: member.id, email: outsider.email, grant: grant!.id, invitation: invitation.id, role: role.name };
 }
 
 type Method = 'GET' | 'POST' | 'PATCH' | 'DELETE';
@@ -116,6 +123,7 @@ interface Route {
   body?: (ids: Ids) => object;
   ok?: number;
 }
+let made = 0;
 const ROUTES: Route[] = [
   { method: 'GET', path: () => '', scope: null },
   { method: 'GET', path: () => '/contacts', scope: 'contacts.read' },
@@ -145,6 +153,11 @@ const ROUTES: Route[] = [
   { method: 'GET', path: (i) => `/invitations/${i.invitation}`, scope: 'members.read', names: true },
   { method: 'POST', path: (i) => `/invitations/${i.invitation}/resend`, scope: 'members.write', names: true, ok: 200 },
   { method: 'DELETE', path: (i) => `/invitations/${i.invitation}`, scope: 'members.write', names: true },
+  { method: 'GET', path: () => '/roles', scope: 'members.read' },
+  { method: 'POST', path: () => '/roles', scope: 'members.write', body: () => ({ name: `Made ${++made}`, permissions: ['contacts.read'] }) },
+  { method: 'GET', path: (i) => `/roles/${encodeURIComponent(i.role)}`, scope: 'members.read', names: true },
+  { method: 'PATCH', path: (i) => `/roles/${encodeURIComponent(i.role)}`, scope: 'members.write', names: true, body: () => ({ description: 'Changed' }) },
+  { method: 'DELETE', path: (i) => `/roles/${encodeURIComponent(i.role)}`, scope: 'members.write', names: true },
   { method: 'GET', path: () => '/grants', scope: 'grants.read' },
   { method: 'GET', path: (i) => `/grants/${i.grant}`, scope: 'grants.read', names: true },
   { method: 'DELETE', path: (i) => `/grants/${i.grant}`, scope: 'grants.write', names: true },
@@ -159,6 +172,7 @@ const MISSING: Ids = {
   email: 'nobody@example.com',
   grant: 987_654_321,
   invitation: 987_654_321,
+  role: 'No such role',
 };
 
 const call = (target: FastifyInstance, route: Route, org: number, ids: Ids, bearer: string) =>
@@ -170,7 +184,7 @@ const call = (target: FastifyInstance, route: Route, org: number, ids: Ids, bear
   });
 
 const success = (route: Route) => route.ok ?? (route.method === 'POST' ? 201 : route.method === 'DELETE' ? 204 : 200);
-const label = (route: Route) => `${route.method} ${route.path({ contact: 0, task: 0, clientId: ':client_id', userId: 0, email: '', grant: 0, invitation: 0 }) || '/'}`;
+const label = (route: Route) => `${route.method} ${route.path({ contact: 0, task: 0, clientId: ':client_id', userId: 0, email: '', grant: 0, invitation: 0, role: ':role' }) || '/'}`;
 
 describe(`the scope matrix on ${BACKEND} (BR-2)`, () => {
   it.each(ROUTES.map((r) => [label(r), r] as const))('%s', async (_name, route) => {

@@ -9,12 +9,13 @@ import { BACKEND, createEmptyDatabase, type TestDatabase } from '../helpers/db.j
 const EXPECTED_COLUMNS: Record<string, string[]> = {
   users: ['id', 'email', 'password_hash', 'name', 'created_at', 'updated_at', 'email_verified_at'],
   organizations: ['id', 'name', 'created_at', 'updated_at'],
-  memberships: ['organization_id', 'user_id', 'role', 'created_at'],
+  memberships: ['organization_id', 'user_id', 'role', 'created_at', 'role_id'],
+  roles: ['id', 'organization_id', 'name', 'description', 'permissions', 'created_at', 'updated_at'],
   applications: [
     'id', 'organization_id', 'client_id', 'client_secret_hash', 'type', 'name', 'redirect_uris', 'scopes',
     'require_pkce', 'disabled', 'secret_rotated_at', 'created_at', 'updated_at',
   ],
-  grants: ['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'created_at', 'last_used_at', 'revoked_at', 'revoked_reason'],
+  grants: ['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'created_at', 'last_used_at', 'revoked_at', 'revoked_reason', 'narrowed_from_grant_id'],
   authorization_codes: [
     'id', 'code_hash', 'organization_id', 'application_id', 'user_id', 'redirect_uri', 'scopes', 'code_challenge',
     'code_challenge_method', 'expires_at', 'consumed_at', 'grant_id', 'created_at',
@@ -29,14 +30,14 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   account_tokens: ['id', 'token_hash', 'purpose', 'user_id', 'email', 'created_at', 'expires_at', 'used_at'],
   invitations: [
     'id', 'organization_id', 'email', 'role', 'token_hash', 'invited_by_user_id', 'invited_by_client_id', 'created_at', 'sent_at',
-    'expires_at', 'accepted_at', 'accepted_by_user_id', 'revoked_at',
+    'expires_at', 'accepted_at', 'accepted_by_user_id', 'revoked_at', 'role_id',
   ],
   mail_outbox: [
     'id', 'recipient', 'subject', 'body_encrypted', 'created_at', 'attempts', 'next_attempt_at', 'last_error', 'sent_at', 'failed_at', 'expires_at',
   ],
 };
 
-const ORG_OWNED = ['memberships', 'applications', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations'];
+const ORG_OWNED = ['memberships', 'roles', 'applications', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations'];
 const HASH = 'a'.repeat(64);
 
 let database: TestDatabase;
@@ -73,6 +74,7 @@ const MIGRATIONS = [
   '20261123_0009_contact_search_probe',
   '20261123_0010_session_details',
   '20261123_0011_account_lifecycle',
+  '20261123_0012_organization_roles',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {

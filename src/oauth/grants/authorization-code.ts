@@ -7,6 +7,10 @@ import { requireParam } from '../params.js';
 import { PKCE_VALUE, s256, verifyPkce } from '../pkce.js';
 import { userTokenResponse, type TokenContext } from '../token-response.js';
 import type { GrantHandler } from './types.js';
+import { membershipPermissionsSql, roleOf } from '../../accounts/roles.js';
+
+/** The scopes the code's user may still grant: their role's permissions now (share-locked with the membership). */
+const MEMBER_PERMISSIONS = membershipPermissionsSql(sql`m.role`, sql`(select r.permissions from roles r where r.id = m.role_id for share)`);
 
 interface Redeemed {
   grant_id: number;
@@ -35,14 +39,15 @@ function expectedChallenge(verifier: string | undefined): string | null {
  * Consumes the code and creates its grant and the first refresh token, in one statement (one
  * round trip; all or nothing, R-5), when the code is this client's,
  * unused, unexpired, for this redirect_uri and PKCE verifier, its user still a member of the
- * organization (the membership row is share-locked, so a removal waits for us and then revokes
- * the new grant) and its scopes still allowed to the application. Returns undefined otherwise,
+ * organization whose role still allows every scope of it (the membership row, and a custom
+ * role's, are share-locked, so a removal or a role change waits for us and then revokes or
+ * narrows the new grant) and its scopes still allowed to the application. Returns undefined otherwise,
  * changing nothing. Of concurrent redemptions exactly one updates the code (R-1).
  */
 async function redeemCode(db: DB, application: Application, presented: Presented, refreshToken: string, ttlSeconds: number): Promise<Redeemed | undefined> {
   const { rows } = await sql<Redeemed>`${prepared('redeem_code')}
     with found as (
-      select c.id, c.organization_id, c.user_id
+      select c.id, c.organization_id, c.user_id, c.scopes
       from authorization_codes c
       where c.code_hash = ${sha256Hex(presented.code)} and c.application_id = ${application.id}
         and c.consumed_at is null and c.expires_at > now() and c.redirect_uri = ${presented.redirectUri}
@@ -52,6 +57,8 @@ async function redeemCode(db: DB, application: Application, presented: Presented
     ),
     member as (
       select m.organization_id from memberships m join found f on m.organization_id = f.organization_id and m.user_id = f.user_id
+      -- The role as it is now: changed since consent (a role change locks the row; we then see the new one), it must still allow every scope.
+      where f.scopes <@ ${MEMBER_PERMISSIONS}
       for share of m
     ),
     consumed as (
@@ -107,11 +114,14 @@ async function refusal(ctx: TokenContext, application: Application, presented: P
   if (!row.scopes.every((s) => application.scopes.includes(s))) return new InvalidGrantError('the application may no longer use the scope granted');
   const member = await ctx.db
     .selectFrom('memberships')
-    .select('role')
-    .where('organization_id', '=', row.organization_id)
-    .where('user_id', '=', row.user_id)
+    .leftJoin('roles', 'roles.id', 'memberships.role_id')
+    .select(['memberships.role', 'memberships.role_id', 'roles.permissions as role_permissions'])
+    .where('memberships.organization_id', '=', row.organization_id)
+    .where('memberships.user_id', '=', row.user_id)
     .executeTakeFirst();
   if (!member) return new InvalidGrantError('the user is no longer a member of the organization');
+  const allowed = roleOf(member).permissions as readonly string[];
+  if (!row.scopes.every((s) => allowed.includes(s))) return new InvalidGrantError("the user's role in the organization no longer allows the scope granted; start a new authorization");
   return new InvalidGrantError('the authorization code could not be redeemed; start a new authorization');
 }
 

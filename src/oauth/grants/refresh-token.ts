@@ -73,8 +73,10 @@ async function rotateRefreshToken(
 /**
  * Why a refresh token was not rotated, as the error to answer with. A retired token presented
  * after the grace period is taken as stolen and its whole grant is revoked (RFC 9700 §4.14.2).
+ * Undefined when the token is live and unused now: a role change moved it to a narrower grant
+ * while we were rotating it (narrowGrantsInTransaction), and rotating again succeeds.
  */
-async function refusal(ctx: TokenContext, application: Application, presented: string, asked: readonly string[] | null): Promise<Error> {
+async function refusal(ctx: TokenContext, application: Application, presented: string, asked: readonly string[] | null): Promise<Error | undefined> {
   const token = await findRefreshToken(ctx.db, presented);
   // RT-1: another client's refresh token is as good as unknown to this one.
   if (!token || token.application_id !== application.id || token.user_id === null) return new InvalidGrantError();
@@ -90,8 +92,7 @@ async function refusal(ctx: TokenContext, application: Application, presented: s
     return new InvalidGrantError('the refresh token was already used');
   }
   if (asked !== null && !asked.every((s) => token.scopes.includes(s))) return new InvalidScopeError('scope may only narrow the scope of the refresh token');
-  // Live when we looked again: a concurrent refresh or revocation got there first.
-  return new InvalidGrantError('the refresh token was already used');
+  return undefined;
 }
 
 /** RT-2: `scope` may narrow the refresh token's scope, never widen it; null when not sent. */
@@ -117,14 +118,15 @@ export const refreshToken: GrantHandler = {
     const asked = askedScopes(params);
     const signingKey = await ctx.keys.signingKey();
     const successor = generateSecret(32);
-    const rotated = await rotateRefreshToken(ctx.db, {
-      presented,
-      applicationId: application.id,
-      asked,
-      successor,
-      ttlSeconds: ctx.config.refreshTokenTtl,
-    });
-    if (!rotated) throw await refusal(ctx, application, presented, asked);
+    const rotate = () => rotateRefreshToken(ctx.db, { presented, applicationId: application.id, asked, successor, ttlSeconds: ctx.config.refreshTokenTtl });
+    let rotated = await rotate();
+    if (!rotated) {
+      const refused = await refusal(ctx, application, presented, asked);
+      if (refused) throw refused;
+      rotated = await rotate();
+      // Live when we looked again, yet not rotated: a concurrent refresh or revocation got there first.
+      if (!rotated) throw new InvalidGrantError('the refresh token was already used');
+    }
     return userTokenResponse(ctx, signingKey, {
       grantId: rotated.grant_id,
       organizationId: rotated.organization_id,

@@ -1,0 +1,398 @@
+/**
+ * Organization roles: what a member may do in an organization, and so what they may grant an
+ * application there. A role is a set of permissions, and a permission is a scope name: the data
+ * scopes are what a user can delegate to a third-party application at consent; the management
+ * scopes are the dashboard's abilities (manage applications, manage members and roles, revoke
+ * anyone's connected apps, view the audit log), the same names the management API asks an
+ * application's token for. One vocabulary, so a role that may manage members in the dashboard is
+ * exactly one that may give a private application `members.write`.
+ *
+ * Every organization has the built-in roles (below, not editable or deletable) and up to
+ * MAX_CUSTOM_ROLES of its own (the roles table). Whoever assigns, edits or deletes a role may only
+ * hand out what they hold themselves (mayAssign): delegation is bounded by the delegator's role.
+ */
+import { type Expression, type RawBuilder, sql } from 'kysely';
+import { z } from 'zod';
+import { type Actor, recordAuditEvent } from '../audit/events.js';
+import { type DB, inTransaction } from '../db/connect.js';
+import { isCheckViolation, isUniqueViolation } from '../db/errors.js';
+import type { BuiltinRole, CustomRole, RoleKind } from '../db/schema.js';
+import { ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../errors.js';
+import { narrowGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/grant-store.js';
+import { DATA_SCOPES, isKnownScope, KNOWN_SCOPES, type Scope } from '../oauth/scopes.js';
+import { isWellFormed, parseInput } from '../lib/validate.js';
+
+export type Permission = Scope;
+export const PERMISSIONS: readonly Permission[] = KNOWN_SCOPES;
+
+/** What each permission lets a member do, as the Roles page and the API describe it. */
+export const PERMISSION_DESCRIPTIONS: Record<Permission, string> = {
+  'contacts.read': 'Read contacts, and let applications read them',
+  'contacts.write': 'Create, change and delete contacts, and let applications do so',
+  'tasks.read': 'Read tasks, and let applications read them',
+  'tasks.write': 'Create, change and delete tasks, and let applications do so',
+  'applications.read': 'See the organization’s applications',
+  'applications.write': 'Manage applications: create, change, disable, delete, rotate secrets, generate tokens',
+  'members.read': 'See the members, their roles and the roles',
+  'members.write': 'Manage members, invitations and roles',
+  'grants.read': 'See every member’s connected apps',
+  'grants.write': 'Revoke any member’s connected apps',
+  'audit.read': 'View the audit log',
+};
+
+export interface BuiltinRoleDefinition {
+  description: string;
+  permissions: readonly Permission[];
+}
+
+export const BUILTIN_ROLES: Readonly<Record<BuiltinRole, BuiltinRoleDefinition>> = {
+  owner: { description: 'Everything, including making, changing and removing owners', permissions: KNOWN_SCOPES },
+  admin: { description: 'Everything but making, changing or removing owners', permissions: KNOWN_SCOPES },
+  // What members could do before roles had permissions: the data, and a look at everything else.
+  member: { description: 'All data; sees applications, members, connected apps and the audit log', permissions: [...DATA_SCOPES, 'applications.read', 'members.read', 'grants.read', 'audit.read'] },
+  viewer: { description: 'Reads contacts and tasks', permissions: ['contacts.read', 'tasks.read'] },
+};
+
+export const BUILTIN_ROLE_NAMES = Object.keys(BUILTIN_ROLES) as BuiltinRole[];
+/** Custom roles per organization: the Roles page and GET /roles list them all at once. */
+export const MAX_CUSTOM_ROLES = 100;
+
+/** A role as everything outside the database sees it: built-in (id null) or one of the organization's own. */
+export interface RoleRef {
+  kind: RoleKind;
+  /** The custom role's id; null for a built-in role. */
+  id: number | null;
+  name: string;
+  permissions: readonly Permission[];
+}
+
+export function isBuiltinRole(name: string): name is BuiltinRole {
+  return Object.hasOwn(BUILTIN_ROLES, name);
+}
+
+/** Whether `name` could name one of an organization's own roles (anything else is not found without asking the database). */
+function mayBeRoleName(name: string): boolean {
+  return name.length <= 64 && isWellFormed(name) && !/[\x00-\x1f\x7f]/.test(name);
+}
+
+/**
+ * The forms of a name that must not be a built-in role's: lower-cased as JavaScript does, and
+ * without diacritics (PostgreSQL's lower() makes "ADMİN" "admin", JavaScript "admi̇n").
+ */
+function reservedForms(name: string): string[] {
+  const lower = name.toLowerCase();
+  return [lower, lower.normalize('NFKD').replace(/\p{M}/gu, '')];
+}
+
+export function builtinRole(kind: BuiltinRole): RoleRef {
+  return { kind, id: null, name: kind, permissions: BUILTIN_ROLES[kind].permissions };
+}
+
+/** Stored permissions in canonical order, anything no longer known dropped. */
+function canonical(permissions: readonly string[]): Permission[] {
+  return PERMISSIONS.filter((p) => permissions.includes(p));
+}
+
+/** A membership's (or invitation's) role from its row: `role`, and the custom role's name and permissions when role is 'custom'. */
+export function roleOf(row: { role: RoleKind; role_id: number | null; role_name?: string | null; role_permissions?: string[] | null }): RoleRef {
+  if (row.role !== 'custom') return builtinRole(row.role);
+  return { kind: 'custom', id: row.role_id, name: row.role_name ?? '', permissions: canonical(row.role_permissions ?? []) };
+}
+
+/**
+ * The permissions of a membership row in SQL, for statements that must decide in the database
+ * (createGrant checks a code's scopes against the role at the moment of redemption): the
+ * built-in roles' lists inline, a custom role's from `customPermissions`.
+ */
+export function membershipPermissionsSql(role: Expression<string>, customPermissions: Expression<string[] | null>): RawBuilder<string[]> {
+  const cases = BUILTIN_ROLE_NAMES.map((name) => sql`when ${sql.lit(name)} then ${sql.raw(`array[${BUILTIN_ROLES[name].permissions.map((p) => `'${p}'`).join(',')}]::text[]`)}`);
+  return sql<string[]>`(case ${role} ${sql.join(cases, sql` `)} else coalesce(${customPermissions}, array[]::text[]) end)`;
+}
+
+/**
+ * Whether someone acting with `actingAs` may give `role` to a member (or take it away): an owner
+ * only by an owner; any other role only by someone who holds every permission in it. An admin
+ * manages admins, members, viewers and any custom role; a custom role that may manage members
+ * hands out at most what it holds.
+ */
+export function mayAssign(actingAs: RoleRef, role: RoleRef): boolean {
+  if (role.kind === 'owner') return actingAs.kind === 'owner';
+  return role.permissions.every((p) => actingAs.permissions.includes(p));
+}
+
+export function hasPermission(role: RoleRef | undefined, permission: Permission): boolean {
+  return role !== undefined && role.permissions.includes(permission);
+}
+
+const IMPLIED_READ: Record<string, Permission> = { 'applications.write': 'applications.read', 'members.write': 'members.read', 'grants.write': 'grants.read' };
+
+export const roleNameSchema = z
+  .string()
+  .trim()
+  .min(1, 'must not be empty')
+  .max(64, 'must be at most 64 characters')
+  .regex(/^[\p{L}\p{N}][\p{L}\p{N} ._-]*$/u, 'letters, digits, spaces, dots, dashes and underscores, starting with a letter or digit')
+  .refine((name) => reservedForms(name).every((form) => !isBuiltinRole(form) && form !== 'custom'), 'is the name of a built-in role');
+
+export const roleDescriptionSchema = z
+  .string()
+  .trim()
+  .max(500, 'must be at most 500 characters')
+  .refine((d) => isWellFormed(d) && !/[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]/.test(d), 'must be text without control characters');
+
+export const permissionsSchema = z
+  .array(z.string().max(100))
+  .max(PERMISSIONS.length * 2, 'too many permissions')
+  .superRefine((list, ctx) => {
+    const unknown = list.filter((p) => !isKnownScope(p));
+    if (unknown.length > 0) ctx.addIssue({ code: 'custom', message: `unknown permission ${unknown.map((p) => JSON.stringify(p.slice(0, 40))).join(', ')}; known: ${PERMISSIONS.join(' ')}` });
+  })
+  // Managing a list means seeing it: a management write brings its read (the pages that manage show the list).
+  .transform((list) => canonical([...list, ...list.flatMap((p) => (IMPLIED_READ[p] ? [IMPLIED_READ[p]] : []))]));
+
+/** One field parsed, its problems reported under the field's name. */
+function parseField<T extends z.ZodType>(schema: T, value: unknown, name: string): z.output<T> {
+  return (parseInput(z.object({ [name]: schema }), { [name]: value }) as Record<string, z.output<T>>)[name]!;
+}
+
+function customRef(row: Pick<CustomRole, 'id' | 'name' | 'permissions'>): RoleRef {
+  return { kind: 'custom', id: row.id, name: row.name, permissions: canonical(row.permissions) };
+}
+
+/**
+ * The organization's role called `name`: a built-in one (by its exact lower-case name) or one of
+ * its own (ignoring case). `forUpdate` locks a custom role's row, so it cannot change or go while
+ * the caller's transaction gives it to someone.
+ */
+export async function findRole(db: DB, organizationId: number, name: string, options: { forShare?: boolean } = {}): Promise<RoleRef | undefined> {
+  if (isBuiltinRole(name)) return builtinRole(name);
+  if (!mayBeRoleName(name)) return undefined;
+  const row = await db
+    .selectFrom('roles')
+    .select(['id', 'name', 'permissions'])
+    .where('organization_id', '=', organizationId)
+    .where(sql<string>`lower(name)`, '=', sql<string>`lower(${name})`)
+    .$if(options.forShare === true, (qb) => qb.forShare())
+    .executeTakeFirst();
+  return row && customRef(row);
+}
+
+/** findRole, or an InvalidRequestError naming the field (dashboard forms, API bodies). */
+/**
+ * `role` as it is now, share-locked for the caller's transaction: a custom role read before the
+ * transaction may have been changed or deleted since (then an InvalidRequestError, as for a
+ * name that never existed). Built-in roles are returned as they are.
+ */
+export async function lockRole(trx: DB, organizationId: number, role: RoleRef, field = 'role'): Promise<RoleRef> {
+  if (role.kind !== 'custom') return role;
+  const row = await trx
+    .selectFrom('roles')
+    .select(['id', 'name', 'permissions'])
+    .where('organization_id', '=', organizationId)
+    .where('id', '=', role.id ?? 0)
+    .forShare()
+    .executeTakeFirst();
+  if (!row) throw new InvalidRequestError(`${field}: the role ${JSON.stringify(role.name)} no longer exists in this organization`, { details: [{ path: field, message: 'no such role in this organization' }] });
+  return customRef(row);
+}
+
+export async function requireRole(db: DB, organizationId: number, name: string, field = 'role'): Promise<RoleRef> {
+  const role = await findRole(db, organizationId, name, { forShare: true });
+  if (!role) throw new InvalidRequestError(`${field}: no role named ${JSON.stringify(name.slice(0, 64))} in this organization`, { details: [{ path: field, message: 'no such role in this organization' }] });
+  return role;
+}
+
+export interface RoleView extends RoleRef {
+  builtin: boolean;
+  description: string;
+  created_at: Date | null;
+  updated_at: Date | null;
+}
+
+/** Every role of the organization: the built-in ones, then its own in name order. */
+export async function listRoles(db: DB, organizationId: number): Promise<RoleView[]> {
+  const custom = await db
+    .selectFrom('roles')
+    .selectAll()
+    .where('organization_id', '=', organizationId)
+    .orderBy(sql`lower(name)`)
+    .orderBy('id')
+    .limit(MAX_CUSTOM_ROLES)
+    .execute();
+  return [
+    ...BUILTIN_ROLE_NAMES.map((kind) => ({ ...builtinRole(kind), builtin: true, description: BUILTIN_ROLES[kind].description, created_at: null, updated_at: null })),
+    ...custom.map((row) => ({ ...customRef(row), builtin: false, description: row.description, created_at: row.created_at, updated_at: row.updated_at })),
+  ];
+}
+
+export async function getRole(db: DB, organizationId: number, name: string): Promise<RoleView> {
+  const role = (await listRolesNamed(db, organizationId, name))[0];
+  if (!role) throw new NotFoundError('no such role in this organization');
+  return role;
+}
+
+async function listRolesNamed(db: DB, organizationId: number, name: string): Promise<RoleView[]> {
+  if (isBuiltinRole(name)) return [{ ...builtinRole(name), builtin: true, description: BUILTIN_ROLES[name].description, created_at: null, updated_at: null }];
+  if (!mayBeRoleName(name)) return [];
+  const row = await db.selectFrom('roles').selectAll().where('organization_id', '=', organizationId).where(sql<string>`lower(name)`, '=', sql<string>`lower(${name})`).executeTakeFirst();
+  return row ? [{ ...customRef(row), builtin: false, description: row.description, created_at: row.created_at, updated_at: row.updated_at }] : [];
+}
+
+/** Who changes roles: the audit log's actor, the role they act with (an owner by default: the operator), and this instance's revoked set. */
+export interface RoleChangeOptions {
+  actor?: Actor | undefined;
+  actingAs?: RoleRef | undefined;
+  revocations?: RevokedGrantsMemory | undefined;
+}
+
+const OWNER = builtinRole('owner');
+
+function refuseBeyond(actingAs: RoleRef, permissions: readonly Permission[], what: string): void {
+  const beyond = permissions.filter((p) => !actingAs.permissions.includes(p));
+  if (beyond.length > 0) throw new ForbiddenError(`${what}: your role does not hold ${beyond.join(' ')}, so you cannot give it`);
+}
+
+/** What a write of a role's name can run into: another role's name (409), or the table's check of built-in names (400). */
+function nameRefused(err: unknown, name: string): unknown {
+  if (isUniqueViolation(err)) return new ConflictError(`a role named ${JSON.stringify(name)} already exists in this organization`);
+  if (isCheckViolation(err)) return new InvalidRequestError('name: is the name of a built-in role', { details: [{ path: 'name', message: 'is the name of a built-in role' }] });
+  return err;
+}
+
+/** Creates a custom role holding at most what the creator holds. */
+export async function createRole(
+  db: DB,
+  organizationId: number,
+  input: { name: unknown; description?: unknown; permissions: unknown },
+  options: RoleChangeOptions = {},
+): Promise<RoleView> {
+  const name = parseField(roleNameSchema, input.name, 'name');
+  const description = parseField(roleDescriptionSchema, input.description ?? '', 'description');
+  const permissions = parseField(permissionsSchema, input.permissions, 'permissions');
+  refuseBeyond(options.actingAs ?? OWNER, permissions, 'permissions');
+  return inTransaction(db, async (trx) => {
+    // Serializes role creation in the organization, so the cap holds under concurrency.
+    await trx.selectFrom('organizations').select('id').where('id', '=', organizationId).forUpdate().executeTakeFirstOrThrow().catch(() => {
+      throw new NotFoundError(`organization ${organizationId} not found`);
+    });
+    const { count } = await trx.selectFrom('roles').select((eb) => eb.fn.countAll<number>().as('count')).where('organization_id', '=', organizationId).executeTakeFirstOrThrow();
+    if (Number(count) >= MAX_CUSTOM_ROLES) throw new ConflictError(`an organization has at most ${MAX_CUSTOM_ROLES} custom roles`);
+    let row: CustomRole;
+    try {
+      row = await trx.insertInto('roles').values({ organization_id: organizationId, name, description, permissions, updated_at: new Date() }).returningAll().executeTakeFirstOrThrow();
+    } catch (err) {
+      throw nameRefused(err, name);
+    }
+    await recordAuditEvent(trx, { organizationId, action: 'role.created', actor: options.actor, details: { role_id: row.id, name, permissions: permissions.join(' ') } });
+    return { ...customRef(row), builtin: false, description: row.description, created_at: row.created_at, updated_at: row.updated_at };
+  });
+}
+
+/** The custom role called `name`, locked for the transaction; built-in roles cannot be changed. */
+async function lockCustomRole(trx: DB, organizationId: number, name: string): Promise<CustomRole> {
+  if (isBuiltinRole(name)) throw new ForbiddenError(`${name} is a built-in role: it cannot be changed or deleted`);
+  if (!mayBeRoleName(name)) throw new NotFoundError('no such role in this organization');
+  const row = await trx.selectFrom('roles').selectAll().where('organization_id', '=', organizationId).where(sql<string>`lower(name)`, '=', sql<string>`lower(${name})`).forUpdate().executeTakeFirst();
+  if (!row) throw new NotFoundError('no such role in this organization');
+  return row;
+}
+
+/**
+ * Renames a custom role, changes its description or its permissions. Someone may edit only a
+ * role they could assign, and give it only what they hold. A permission taken away narrows, in
+ * the same transaction, every live grant its members gave in the organization
+ * (narrowGrantsInTransaction): their tokens lose it on every instance within a second.
+ */
+export async function updateRole(
+  db: DB,
+  organizationId: number,
+  name: string,
+  input: { name?: unknown; description?: unknown; permissions?: unknown },
+  options: RoleChangeOptions = {},
+): Promise<RoleView> {
+  const newName = input.name === undefined ? undefined : parseField(roleNameSchema, input.name, 'name');
+  const description = input.description === undefined ? undefined : parseField(roleDescriptionSchema, input.description, 'description');
+  const permissions = input.permissions === undefined ? undefined : parseField(permissionsSchema, input.permissions, 'permissions');
+  const actingAs = options.actingAs ?? OWNER;
+  const { view, revoked } = await inTransaction(db, async (trx) => {
+    const current = await lockCustomRole(trx, organizationId, name);
+    refuseBeyond(actingAs, canonical(current.permissions), 'this role');
+    if (permissions) refuseBeyond(actingAs, permissions, 'permissions');
+    let row: CustomRole;
+    try {
+      row = await trx
+        .updateTable('roles')
+        .set({ name: newName ?? current.name, description: description ?? current.description, permissions: permissions ?? current.permissions, updated_at: sql`now()` })
+        .where('id', '=', current.id)
+        .returningAll()
+        .executeTakeFirstOrThrow();
+    } catch (err) {
+      throw nameRefused(err, newName ?? name);
+    }
+    const removed = canonical(current.permissions).filter((p) => !row.permissions.includes(p));
+    const added = canonical(row.permissions).filter((p) => !current.permissions.includes(p));
+    await recordAuditEvent(trx, {
+      organizationId,
+      action: 'role.updated',
+      actor: options.actor,
+      details: {
+        role_id: row.id,
+        name: row.name,
+        ...(row.name !== current.name ? { previous_name: current.name } : {}),
+        ...(added.length > 0 ? { permissions_added: added.join(' ') } : {}),
+        ...(removed.length > 0 ? { permissions_removed: removed.join(' ') } : {}),
+      },
+    });
+    const revoked = removed.length > 0 ? await narrowGrantsInTransaction(trx, { organizationId, roleId: row.id }, row.permissions, options.actor) : [];
+    return { view: { ...customRef(row), builtin: false, description: row.description, created_at: row.created_at, updated_at: row.updated_at }, revoked };
+  });
+  options.revocations?.noteRevoked(revoked, 'role_changed');
+  return view;
+}
+
+/**
+ * Deletes a custom role. Members who hold it (and invitations to it) move to `moveTo` first,
+ * which the deleter must be allowed to assign; a role in use without `moveTo` is a
+ * ConflictError saying how many hold it. Moving narrows the moved members' grants.
+ */
+export async function deleteRole(db: DB, organizationId: number, name: string, input: { moveTo?: string | undefined }, options: RoleChangeOptions = {}): Promise<{ moved: number }> {
+  const actingAs = options.actingAs ?? OWNER;
+  const { moved, revoked } = await inTransaction(db, async (trx) => {
+    const current = await lockCustomRole(trx, organizationId, name);
+    refuseBeyond(actingAs, canonical(current.permissions), 'this role');
+    const target = input.moveTo === undefined ? undefined : await requireRole(trx, organizationId, input.moveTo, 'move_to');
+    if (target && target.kind === 'custom' && target.id === current.id) throw new InvalidRequestError('move_to: choose another role than the one being deleted', { details: [{ path: 'move_to', message: 'must be another role' }] });
+    if (target && !mayAssign(actingAs, target)) throw new ForbiddenError(`move_to: your role may not give ${target.name}`);
+    const holders = await trx
+      .selectFrom('memberships')
+      .select((eb) => eb.fn.countAll<number>().as('count'))
+      .where('organization_id', '=', organizationId)
+      .where('role_id', '=', current.id)
+      .executeTakeFirstOrThrow();
+    const members = Number(holders.count);
+    const invited = await trx.selectFrom('invitations').select('id').where('organization_id', '=', organizationId).where('role_id', '=', current.id).limit(1).executeTakeFirst();
+    if ((members > 0 || invited) && !target) {
+      throw new ConflictError(
+        `${members > 0 ? `${members} member(s) hold` : 'invitations name'} the role ${current.name}; choose a role to move ${members > 0 ? 'them' : 'the invitations'} to (move_to)`,
+      );
+    }
+    let revoked: number[] = [];
+    if (target) {
+      // Narrowed before the move, while the role still names them.
+      revoked = await narrowGrantsInTransaction(trx, { organizationId, roleId: current.id }, target.permissions, options.actor);
+      const set = { role: target.kind, role_id: target.id };
+      await trx.updateTable('memberships').set(set).where('organization_id', '=', organizationId).where('role_id', '=', current.id).execute();
+      await trx.updateTable('invitations').set(set).where('organization_id', '=', organizationId).where('role_id', '=', current.id).execute();
+    }
+    await trx.deleteFrom('roles').where('id', '=', current.id).execute();
+    await recordAuditEvent(trx, {
+      organizationId,
+      action: 'role.deleted',
+      actor: options.actor,
+      details: { role_id: current.id, name: current.name, ...(target ? { members_moved_to: target.name, members_moved: members } : {}) },
+    });
+    return { moved: members, revoked };
+  });
+  options.revocations?.noteRevoked(revoked, 'role_changed');
+  return { moved };
+}

@@ -1,0 +1,95 @@
+/**
+ * The Roles page: every role of the current organization with its permissions (members.read),
+ * and its own roles created, changed and deleted (members.write, within what the user's own role
+ * holds: see src/accounts/roles.ts). Roles are named in URLs by name.
+ */
+import type { FastifyInstance, FastifyReply } from 'fastify';
+import { createRole, deleteRole, listRoles, mayAssign, PERMISSION_DESCRIPTIONS, PERMISSIONS, type RoleChangeOptions, updateRole } from '../accounts/roles.js';
+import { AppError, ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../errors.js';
+import { DATA_SCOPES } from '../oauth/scopes.js';
+import { renderPage } from '../pages/render.js';
+import type { DashboardDeps } from './applications.js';
+import { type ActionContext, dashboardContext, type DashboardContext, readForm, requireAction, requireView } from './context.js';
+
+interface RoleForm {
+  name: string;
+  description: string;
+  permissions: string[];
+}
+
+const DATA = new Set<string>(DATA_SCOPES);
+const permissionChoices = PERMISSIONS.map((name) => ({ name, description: PERMISSION_DESCRIPTIONS[name], data: DATA.has(name) }));
+
+export async function roleRoutes(app: FastifyInstance, deps: DashboardDeps): Promise<void> {
+  const { db, config, revocations } = deps;
+
+  async function render(reply: FastifyReply, ctx: DashboardContext, status = 200, view: { errors?: string[]; form?: RoleForm; editing?: string; message?: string } = {}) {
+    requireView(ctx, 'members.read');
+    const roles = ctx.organization ? await listRoles(db, ctx.organization.id) : [];
+    const access = ctx.organization?.access;
+    const manage = ctx.can['members.write'];
+    return renderPage(reply, status, 'dashboard/roles', {
+      title: 'Roles',
+      ctx,
+      active: 'roles',
+      roles: roles.map((r) => ({
+        ...r,
+        // Someone may edit or delete a role only if they could give it (they hold all it holds).
+        editable: manage && !r.builtin && access !== undefined && mayAssign(access, r),
+        path: `/dashboard/roles/${encodeURIComponent(r.name)}`,
+      })),
+      moveTargets: access ? roles.filter((r) => mayAssign(access, r)).map((r) => r.name) : [],
+      choices: permissionChoices.map((c) => ({ ...c, allowed: access?.permissions.includes(c.name) ?? false })),
+      errors: view.errors ?? [],
+      form: view.form ?? { name: '', description: '', permissions: [] },
+      editing: view.editing,
+      message: view.message ?? '',
+    });
+  }
+
+  const options = (ctx: ActionContext): RoleChangeOptions => ({ actor: { actorUserId: ctx.session.userId }, actingAs: ctx.organization.access, revocations });
+
+  /** Runs a change; a refusal the user can fix is shown on the page with what they typed. */
+  async function attempt(reply: FastifyReply, ctx: ActionContext, form: RoleForm | undefined, editing: string | undefined, change: () => Promise<string>) {
+    try {
+      const message = await change();
+      return render(reply, ctx, 200, { message });
+    } catch (err) {
+      if (err instanceof InvalidRequestError || err instanceof ConflictError || err instanceof ForbiddenError || err instanceof NotFoundError) {
+        return render(reply, ctx, (err as AppError).statusCode, { errors: [err.description], ...(form ? { form } : {}), editing });
+      }
+      throw err;
+    }
+  }
+
+  app.get('/dashboard/roles', async (req, reply) => render(reply, dashboardContext(req)));
+
+  app.post('/dashboard/roles', async (req, reply) => {
+    const { params, scopes } = readForm(req.body);
+    const ctx = requireAction(config, req, params, { permission: 'members.write' });
+    const form = { name: params.name ?? '', description: params.description ?? '', permissions: scopes };
+    return attempt(reply, ctx, form, undefined, async () => {
+      const role = await createRole(db, ctx.organization.id, form, options(ctx));
+      return `Role ${role.name} created.`;
+    });
+  });
+
+  app.post<{ Params: { name: string } }>('/dashboard/roles/:name', async (req, reply) => {
+    const { params, scopes } = readForm(req.body);
+    const ctx = requireAction(config, req, params, { permission: 'members.write' });
+    const form = { name: params.name ?? '', description: params.description ?? '', permissions: scopes };
+    return attempt(reply, ctx, form, req.params.name, async () => {
+      const role = await updateRole(db, ctx.organization.id, req.params.name, form, options(ctx));
+      return `Role ${role.name} saved.`;
+    });
+  });
+
+  app.post<{ Params: { name: string } }>('/dashboard/roles/:name/delete', async (req, reply) => {
+    const { params } = readForm(req.body);
+    const ctx = requireAction(config, req, params, { permission: 'members.write' });
+    return attempt(reply, ctx, undefined, undefined, async () => {
+      const { moved } = await deleteRole(db, ctx.organization.id, req.params.name, { moveTo: params.move_to || undefined }, options(ctx));
+      return `Role ${req.params.name} deleted${moved > 0 ? `; ${moved} member(s) now have the role ${params.move_to}` : ''}.`;
+    });
+  });
+}
