@@ -7,45 +7,34 @@ import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
-import { connectDatabase, type DatabaseHandle } from '../../src/db/connect.js';
 import { createAuthorizationCode } from '../../src/oauth/codes.js';
 import { createGrant } from '../../src/oauth/grant-store.js';
-import { ensureSigningKey } from '../../src/oauth/keys.js';
 import { KNOWN_SCOPES, MANAGEMENT_SCOPES } from '../../src/oauth/scopes.js';
 import { Browser } from '../accounts/browser.js';
 import { signAccessToken } from '../../src/oauth/access-tokens.js';
 import { KeyStore } from '../../src/oauth/key-store.js';
-import { buildTestApp, TEST_SECRET_KEY, testConfig } from '../helpers/app.js';
-import { BACKEND, createTestDatabase } from '../helpers/db.js';
+import { testConfig } from '../helpers/app.js';
+import { BACKEND } from '../helpers/db.js';
+import { type InstancePair, startInstancePair } from '../helpers/instance-pair.js';
 import { basic, clientCredentialsToken, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
 
 const REDIRECT = 'https://made-by-api.example.com/cb';
 const PASSWORD = 'management-password-1';
 
-let t: Awaited<ReturnType<typeof createTestDatabase>>;
-/** On PostgreSQL the second instance has its own pool and LISTEN connection, as another process would. */
-let secondHandle: DatabaseHandle | undefined;
+let pair: InstancePair;
+let t: InstancePair['t'];
 let app: FastifyInstance;
 let second: FastifyInstance;
 let org: OrgFixture;
 let admin: string;
 
 beforeAll(async () => {
-  t = await createTestDatabase();
-  await ensureSigningKey(t.handle.db, { alg: 'ES256', secretKey: TEST_SECRET_KEY });
-  app = await buildTestApp(t.handle.db, { listen: t.handle.listen });
-  if (t.target.kind === 'postgres') secondHandle = await connectDatabase(t.target);
-  const other = secondHandle ?? t.handle;
-  second = await buildTestApp(other.db, { listen: other.listen });
+  pair = await startInstancePair();
+  ({ t, app, second } = pair);
   org = await createOrgFixture(t.handle.db, { scopes: KNOWN_SCOPES.join(' ') });
   admin = await clientCredentialsToken(app, org);
 });
-afterAll(async () => {
-  await app.close();
-  await second.close();
-  await secondHandle?.close();
-  await t.close();
-});
+afterAll(() => pair.close());
 
 const base = (fixture: OrgFixture = org) => `/api/v1/${fixture.organizationId}`;
 

@@ -1,0 +1,295 @@
+/**
+ * Organization roles decide what a user may grant (issue 15): the matrix of roles × requested
+ * scopes × application scopes through the real consent page and token endpoint, and role changes
+ * under live tokens on two instances (each with its own pool and LISTEN connection on PostgreSQL).
+ */
+import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { addMember, changeMemberRole, removeMember } from '../../src/accounts/organizations.js';
+import { createRole, requireRole, type RoleRef } from '../../src/accounts/roles.js';
+import { createUser } from '../../src/accounts/users.js';
+import { createApplication, type ApplicationWithSecret } from '../../src/oauth/applications.js';
+import { DATA_SCOPES, KNOWN_SCOPES } from '../../src/oauth/scopes.js';
+import { Browser } from '../accounts/browser.js';
+import { BACKEND } from '../helpers/db.js';
+import { deadlinePoll } from '../helpers/instances.js';
+import { type InstancePair, startInstancePair } from '../helpers/instance-pair.js';
+import { basic, clientCredentialsToken, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
+
+const PASSWORD = 'roles-password-1';
+const REDIRECT = 'https://roles-client.example.com/cb';
+const STATE = 'state-roles-0123456789';
+
+let pair: InstancePair;
+let t: InstancePair['t'];
+let app: FastifyInstance;
+let second: FastifyInstance;
+let org: OrgFixture;
+let admin: string;
+let n = 0;
+
+beforeAll(async () => {
+  pair = await startInstancePair();
+  ({ t, app, second } = pair);
+  org = await createOrgFixture(t.handle.db, { scopes: KNOWN_SCOPES.join(' ') });
+  admin = await clientCredentialsToken(app, org);
+});
+afterAll(() => pair.close());
+
+async function publicApp(scopes: readonly string[]): Promise<ApplicationWithSecret> {
+  return createApplication(t.handle.db, { organizationId: org.organizationId, type: 'public', name: `Roles app ${++n}`, redirectUris: [REDIRECT], scopes: scopes.join(' ') });
+}
+
+/** A signed-in user holding `role` in the organization. */
+async function memberWith(role: RoleRef | 'owner' | 'admin' | 'member' | 'viewer'): Promise<{ id: number; email: string; browser: Browser }> {
+  const email = `roles-${++n}-${Date.now()}@example.com`;
+  const user = await createUser(t.handle.db, { email, password: PASSWORD });
+  await addMember(t.handle.db, { organizationId: org.organizationId, userId: user.id, role });
+  const browser = new Browser(app);
+  expect((await browser.login(email, PASSWORD)).statusCode).toBe(303);
+  return { id: user.id, email, browser };
+}
+
+function hiddenFields(html: string): Record<string, string> {
+  const fields: Record<string, string> = {};
+  const unescape = (s: string) => s.replace(/&quot;/g, '"').replace(/&#39;/g, "'").replace(/&lt;/g, '<').replace(/&gt;/g, '>').replace(/&amp;/g, '&');
+  for (const m of html.matchAll(/<input type="hidden" name="([^"]+)" value="([^"]*)">/g)) fields[m[1] ?? ''] = unescape(m[2] ?? '');
+  return fields;
+}
+
+/** The scope names of one of the consent page's lists (granted or refused) for the organization. */
+function listed(html: string, list: 'granted' | 'refused'): string[] {
+  const block = html.split(`data-organization-id="${org.organizationId}"`)[1]?.split('</div>')[0] ?? '';
+  const ul = block.split(`<ul class="scopes ${list}">`)[1]?.split('</ul>')[0] ?? '';
+  return [...ul.matchAll(/<code>([^<]+)<\/code>/g)].map((m) => m[1]!);
+}
+
+type Outcome = { error: string } | { scope: string; access_token: string; refresh_token: string; page: { granted: string[]; refused: string[] } };
+
+/** The whole flow: the consent page, Allow for the organization, the code at the token endpoint. */
+async function authorize(browser: Browser, application: ApplicationWithSecret, scope: string): Promise<Outcome> {
+  const query = new URLSearchParams({ response_type: 'code', client_id: application.client_id, redirect_uri: REDIRECT, scope, state: STATE });
+  const page = await browser.get(`/oauth/authorize?${query}`);
+  if (page.statusCode === 303) return { error: new URL(page.headers.location as string).searchParams.get('error') ?? 'none' };
+  expect(page.statusCode, page.body).toBe(200);
+  const shown = { granted: listed(page.body, 'granted'), refused: listed(page.body, 'refused') };
+  const approved = await browser.post('/oauth/authorize', { ...hiddenFields(page.body), organization_id: String(org.organizationId), decision: 'approve' });
+  expect(approved.statusCode, approved.body).toBe(303);
+  const code = new URL(approved.headers.location as string).searchParams.get('code');
+  expect(code).toBeTruthy();
+  const token = await tokenRequest(application, { grant_type: 'authorization_code', code: code!, redirect_uri: REDIRECT });
+  expect(token.statusCode, token.body).toBe(200);
+  return { ...token.json(), page: shown };
+}
+
+function tokenRequest(application: ApplicationWithSecret, fields: Record<string, string>, target: FastifyInstance = app): Promise<LightMyRequestResponse> {
+  return target.inject({
+    method: 'POST',
+    url: '/oauth/token',
+    headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(application.client_id, application.client_secret) },
+    payload: form(fields),
+  });
+}
+
+const api = (target: FastifyInstance, token: string, method: 'GET' | 'POST' | 'PATCH' | 'DELETE', path: string, body?: object) =>
+  target.inject({ method, url: `/api/v1/${org.organizationId}${path}`, headers: { authorization: `Bearer ${token}` }, ...(body ? { payload: body } : {}) });
+
+const writeContact = (target: FastifyInstance, token: string) => api(target, token, 'POST', '/contacts', { name: 'Role probe' });
+const readContacts = (target: FastifyInstance, token: string) => api(target, token, 'GET', '/contacts');
+
+function expectInsufficientScope(res: LightMyRequestResponse): void {
+  expect(res.statusCode, res.body).toBe(403);
+  expect(res.headers['www-authenticate']).toMatch(/error="insufficient_scope"/);
+}
+
+const canonical = (scopes: readonly string[]) => KNOWN_SCOPES.filter((s) => scopes.includes(s));
+
+describe(`the consent matrix on ${BACKEND}: granted = requested ∩ application's scopes ∩ role's permissions`, () => {
+  const ROLE_NAMES = ['owner', 'admin', 'member', 'viewer', 'Sales', 'Tasks only'] as const;
+  const REQUESTS = ['contacts.read contacts.write', 'tasks.read', 'contacts.read tasks.write', DATA_SCOPES.join(' '), 'tasks.write'];
+  const APPS = { all: [...DATA_SCOPES], contacts: ['contacts.read', 'contacts.write'] };
+  const users = new Map<string, { browser: Browser; permissions: readonly string[] }>();
+  const apps = new Map<string, ApplicationWithSecret>();
+
+  beforeAll(async () => {
+    await createRole(t.handle.db, org.organizationId, { name: 'Sales', permissions: ['contacts.read', 'contacts.write'] });
+    await createRole(t.handle.db, org.organizationId, { name: 'Tasks only', permissions: ['tasks.read', 'tasks.write', 'audit.read'] });
+    for (const name of ROLE_NAMES) {
+      const role = await requireRole(t.handle.db, org.organizationId, name);
+      users.set(name, { browser: (await memberWith(role)).browser, permissions: role.permissions });
+    }
+    for (const [name, scopes] of Object.entries(APPS)) apps.set(name, await publicApp(scopes));
+  });
+
+  const cases = ROLE_NAMES.flatMap((role) => REQUESTS.flatMap((requested) => Object.keys(APPS).map((appName) => [role, requested, appName] as const)));
+
+  it.each(cases)('%s asking %j of the %s application', async (role, requested, appName) => {
+    const user = users.get(role)!;
+    const appScopes: readonly string[] = APPS[appName as keyof typeof APPS];
+    const asked = requested.split(' ');
+    const outcome = await authorize(user.browser, apps.get(appName)!, requested);
+    if (!asked.every((s) => appScopes.includes(s))) {
+      // Beyond what the application may ask for: the request is refused before any role counts.
+      expect(outcome).toEqual({ error: 'invalid_scope' });
+      return;
+    }
+    const granted = canonical(asked.filter((s) => user.permissions.includes(s)));
+    if (granted.length === 0) {
+      expect(outcome).toEqual({ error: 'access_denied' });
+      return;
+    }
+    if ('error' in outcome) throw new Error(`expected a token, got ${outcome.error}`);
+    expect(outcome.scope).toBe(granted.join(' '));
+    expect(outcome.page.granted).toEqual(granted);
+    expect(outcome.page.refused).toEqual(canonical(asked.filter((s) => !user.permissions.includes(s))));
+    // The access token holds what was granted, and the API agrees.
+    const payload = JSON.parse(Buffer.from(outcome.access_token.split('.')[1]!, 'base64url').toString());
+    expect(payload.scope).toBe(granted.join(' '));
+    if (granted.includes('contacts.read')) expect((await readContacts(app, outcome.access_token)).statusCode).toBe(200);
+    else expectInsufficientScope(await readContacts(app, outcome.access_token));
+    // Refreshing never widens it.
+    const refreshed = await tokenRequest(apps.get(appName)!, { grant_type: 'refresh_token', refresh_token: outcome.refresh_token });
+    expect(refreshed.statusCode).toBe(200);
+    expect(refreshed.json().scope).toBe(granted.join(' '));
+  });
+});
+
+describe(`issue 15's must-shows on ${BACKEND}`, () => {
+  it('a viewer approving contacts.read contacts.write gets scope "contacts.read"; creating a contact is 403 insufficient_scope', async () => {
+    const viewer = await memberWith('viewer');
+    const outcome = await authorize(viewer.browser, await publicApp(DATA_SCOPES), 'contacts.read contacts.write');
+    if ('error' in outcome) throw new Error(outcome.error);
+    expect(outcome.scope).toBe('contacts.read');
+    expect(outcome.page).toEqual({ granted: ['contacts.read'], refused: ['contacts.write'] });
+    expect((await readContacts(app, outcome.access_token)).statusCode).toBe(200);
+    expectInsufficientScope(await writeContact(app, outcome.access_token));
+  });
+
+  it('a custom role "Sales" (contacts only) cannot read tasks; given tasks.read, a new authorization includes it and the old grant stays as it was', async () => {
+    const sales = await createRole(t.handle.db, org.organizationId, { name: 'Sales team', permissions: ['contacts.read', 'contacts.write'] });
+    const member = await memberWith(sales);
+    const application = await publicApp(DATA_SCOPES);
+    const before = await authorize(member.browser, application, 'contacts.read tasks.read');
+    if ('error' in before) throw new Error(before.error);
+    expect(before.scope).toBe('contacts.read');
+    expectInsufficientScope(await api(app, before.access_token, 'GET', '/tasks'));
+    // Given tasks.read through the management API.
+    const patched = await api(app, admin, 'PATCH', `/roles/${encodeURIComponent('Sales team')}`, { permissions: ['contacts.read', 'contacts.write', 'tasks.read'] });
+    expect(patched.statusCode, patched.body).toBe(200);
+    expect(patched.json().permissions).toEqual(['contacts.read', 'contacts.write', 'tasks.read']);
+    const after = await authorize(member.browser, application, 'contacts.read tasks.read');
+    if ('error' in after) throw new Error(after.error);
+    expect(after.scope).toBe('contacts.read tasks.read');
+    expect((await api(app, after.access_token, 'GET', '/tasks')).statusCode).toBe(200);
+    // Widening a role widens no existing grant: the earlier refresh token keeps its scope.
+    const refreshed = await tokenRequest(application, { grant_type: 'refresh_token', refresh_token: before.refresh_token });
+    expect(refreshed.json().scope).toBe('contacts.read');
+  });
+
+  it('demoting a member to viewer: their write calls fail on a second instance within a second, and the next refresh returns only read scopes', async () => {
+    const member = await memberWith('member');
+    const application = await publicApp(DATA_SCOPES);
+    const tokens = await authorize(member.browser, application, DATA_SCOPES.join(' '));
+    if ('error' in tokens) throw new Error(tokens.error);
+    expect(tokens.scope).toBe(DATA_SCOPES.join(' '));
+    expect((await writeContact(second, tokens.access_token)).statusCode).toBe(201);
+    // A private application's own token is not a user's: it is unaffected.
+    const integration = await clientCredentialsToken(app, org, 'contacts.write');
+
+    const { honouredWithin } = deadlinePoll(1000);
+    const since = performance.now();
+    const demoted = await api(app, admin, 'PATCH', `/members/${member.id}`, { role: 'viewer' });
+    expect(demoted.statusCode, demoted.body).toBe(200);
+    expect(demoted.json().role).toBe('viewer');
+    await honouredWithin('write refused on the second instance', since, async () => {
+      const res = await writeContact(second, tokens.access_token);
+      return { status: res.statusCode, headers: new Headers(), body: res.body };
+    }, (o) => o.status === 401);
+    expect((await writeContact(app, tokens.access_token)).statusCode).toBe(401);
+
+    const refreshed = await tokenRequest(application, { grant_type: 'refresh_token', refresh_token: tokens.refresh_token }, second);
+    expect(refreshed.statusCode, refreshed.body).toBe(200);
+    expect(refreshed.json().scope).toBe('contacts.read tasks.read');
+    expect((await readContacts(second, refreshed.json().access_token)).statusCode).toBe(200);
+    expectInsufficientScope(await writeContact(second, refreshed.json().access_token));
+    expect((await writeContact(second, integration)).statusCode).toBe(201);
+
+    // The grant was replaced by a narrower one, and the audit log says so.
+    const grants = await t.handle.db.selectFrom('grants').selectAll().where('user_id', '=', member.id).orderBy('id').execute();
+    expect(grants.map((g) => [g.scopes.join(' '), g.revoked_reason])).toEqual([
+      [DATA_SCOPES.join(' '), 'role_changed'],
+      ['contacts.read tasks.read', null],
+    ]);
+    expect(grants[1]!.narrowed_from_grant_id).toBe(grants[0]!.id);
+    const events = await t.handle.db.selectFrom('audit_events').select(['action', 'details']).where('organization_id', '=', org.organizationId).orderBy('id', 'desc').limit(10).execute();
+    expect(events.map((e) => e.action)).toEqual(expect.arrayContaining(['member.role_changed', 'grant.narrowed']));
+    expect(events.find((e) => e.action === 'member.role_changed')!.details).toMatchObject({ user_id: member.id, from: 'member', to: 'viewer' });
+  });
+
+  it('a custom role losing a permission narrows its members’ tokens on both instances within a second', async () => {
+    await createRole(t.handle.db, org.organizationId, { name: 'Field', permissions: ['contacts.read', 'contacts.write', 'tasks.read'] });
+    const member = await memberWith(await requireRole(t.handle.db, org.organizationId, 'Field'));
+    const application = await publicApp(DATA_SCOPES);
+    const tokens = await authorize(member.browser, application, 'contacts.read contacts.write tasks.read');
+    if ('error' in tokens) throw new Error(tokens.error);
+    expect((await writeContact(second, tokens.access_token)).statusCode).toBe(201);
+    const { honouredWithin } = deadlinePoll(1000);
+    const since = performance.now();
+    expect((await api(app, admin, 'PATCH', '/roles/field', { permissions: ['contacts.read', 'tasks.read'] })).statusCode).toBe(200);
+    await honouredWithin('write refused on the second instance', since, async () => {
+      const res = await writeContact(second, tokens.access_token);
+      return { status: res.statusCode, headers: new Headers(), body: res.body };
+    }, (o) => o.status === 401);
+    const refreshed = await tokenRequest(application, { grant_type: 'refresh_token', refresh_token: tokens.refresh_token }, second);
+    expect(refreshed.json().scope).toBe('contacts.read tasks.read');
+    // Deleting the role moves its members, and narrows again.
+    expect((await api(app, admin, 'DELETE', '/roles/Field')).statusCode).toBe(409);
+    expect((await api(app, admin, 'DELETE', '/roles/Field?move_to=viewer')).statusCode).toBe(204);
+    const moved = await api(app, admin, 'GET', `/members/${member.id}`);
+    expect(moved.json().role).toBe('viewer');
+  });
+
+  it('a code issued before a demotion is refused after it (invalid_grant); one issued after carries the new role', async () => {
+    const member = await memberWith('member');
+    const application = await publicApp(DATA_SCOPES);
+    const query = new URLSearchParams({ response_type: 'code', client_id: application.client_id, redirect_uri: REDIRECT, scope: 'contacts.write', state: STATE });
+    const page = await member.browser.get(`/oauth/authorize?${query}`);
+    const approved = await member.browser.post('/oauth/authorize', { ...hiddenFields(page.body), organization_id: String(org.organizationId), decision: 'approve' });
+    const code = new URL(approved.headers.location as string).searchParams.get('code')!;
+    await changeMemberRole(t.handle.db, { organizationId: org.organizationId, userId: member.id, role: 'viewer' });
+    const res = await tokenRequest(application, { grant_type: 'authorization_code', code, redirect_uri: REDIRECT });
+    expect(res.statusCode).toBe(400);
+    expect(res.json()).toMatchObject({ error: 'invalid_grant', error_description: expect.stringContaining('role') });
+    expect(await authorize(member.browser, application, 'contacts.write')).toEqual({ error: 'access_denied' });
+  });
+
+  it('the last owner cannot be demoted or removed: domain, management API and dashboard', async () => {
+    const own = await createOrgFixture(t.handle.db, { scopes: KNOWN_SCOPES.join(' ') });
+    const token = await clientCredentialsToken(app, own);
+    const call = (method: 'PATCH' | 'DELETE', body?: object) =>
+      app.inject({ method, url: `/api/v1/${own.organizationId}/members/${own.ownerId}`, headers: { authorization: `Bearer ${token}` }, ...(body ? { payload: body } : {}) });
+    const ownerId = own.ownerId;
+    await expect(changeMemberRole(t.handle.db, { organizationId: own.organizationId, userId: ownerId, role: 'viewer' })).rejects.toThrow(/last owner/);
+    await expect(removeMember(t.handle.db, { organizationId: own.organizationId, userId: ownerId })).rejects.toThrow(/last owner/);
+    // An integration acts as an admin: it may not touch an owner at all.
+    expect((await call('PATCH', { role: 'viewer' })).statusCode).toBe(403);
+    expect((await call('DELETE')).statusCode).toBe(403);
+    // The owner themselves, in the dashboard.
+    const email = (await t.handle.db.selectFrom('users').select('email').where('id', '=', ownerId).executeTakeFirstOrThrow()).email;
+    const browser = new Browser(app);
+    await browser.login(email, 'owner-password-1');
+    const csrf_token = await browser.csrf('/dashboard/members');
+    expect((await browser.post(`/dashboard/members/${ownerId}/role`, { csrf_token, role: 'viewer' })).statusCode).toBe(409);
+    expect((await browser.post(`/dashboard/members/${ownerId}/remove`, { csrf_token })).statusCode).toBe(409);
+    const row = await t.handle.db.selectFrom('memberships').select('role').where('organization_id', '=', own.organizationId).where('user_id', '=', ownerId).executeTakeFirstOrThrow();
+    expect(row.role).toBe('owner');
+  });
+
+  it('removing a member still revokes their grants', async () => {
+    const member = await memberWith('viewer');
+    const tokens = await authorize(member.browser, await publicApp(DATA_SCOPES), 'contacts.read');
+    if ('error' in tokens) throw new Error(tokens.error);
+    expect((await api(app, admin, 'DELETE', `/members/${member.id}`)).statusCode).toBe(204);
+    expect((await readContacts(app, tokens.access_token)).statusCode).toBe(401);
+  });
+});
