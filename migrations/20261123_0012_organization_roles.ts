@@ -42,12 +42,20 @@ export async function up(db: Kysely<any>): Promise<void> {
       add constraint ${sql.id(`${table}_role_fkey`)} foreign key (organization_id, role_id) references roles (organization_id, id)`.execute(db);
   }
   await sql`alter table grants add column narrowed_from_grant_id bigint`.execute(db);
+  // The grant a narrowed one replaced: a replayed authorization code revokes the successor of the
+  // grant it made (partial: the grants that were never narrowed, nearly all, are not in it).
+  await sql`create index grants_narrowed_from_grant_id_idx on grants (narrowed_from_grant_id) where narrowed_from_grant_id is not null`.execute(db);
+  // An organization's owners, locked by every change that could leave it without one (a handful
+  // of rows, however many members it has).
+  await sql`create index memberships_owners_idx on memberships (organization_id, user_id) where role = 'owner'`.execute(db);
   // A custom role's members (narrowing their grants when it loses a permission; moving them when it is deleted), in user id order.
   await sql`create index memberships_role_id_idx on memberships (organization_id, role_id, user_id) where role_id is not null`.execute(db);
   await sql`create index invitations_role_id_idx on invitations (organization_id, role_id) where role_id is not null`.execute(db);
 }
 
 export async function down(db: Kysely<any>): Promise<void> {
+  await sql`drop index memberships_owners_idx`.execute(db);
+  await sql`drop index grants_narrowed_from_grant_id_idx`.execute(db);
   for (const table of ['memberships', 'invitations']) {
     await sql`update ${sql.table(table)} set role = 'member', role_id = null where role in ('viewer', 'custom')`.execute(db);
     await sql`alter table ${sql.table(table)} drop constraint ${sql.id(`${table}_role_fkey`)}, drop constraint ${sql.id(`${table}_role_check`)}`.execute(db);

@@ -139,18 +139,20 @@ export async function addMember(
  * the other members are not locked (an organization may have a million of them).
  */
 async function lockMemberships(trx: DB, organizationId: number, userId: number) {
-  const rows = await trx
+  const locked = (qb: ReturnType<typeof membershipsWithRoles>) => qb.orderBy('memberships.user_id').forUpdate('memberships').execute();
+  // The owners (their partial index), then the member by key: two short reads, never the whole organization.
+  const owners = await locked(membershipsWithRoles(trx, organizationId).where('memberships.role', '=', 'owner'));
+  const row = owners.find((m) => m.user_id === userId) ?? (await locked(membershipsWithRoles(trx, organizationId).where('memberships.user_id', '=', userId)))[0];
+  if (!row) throw new NotFoundError('no such member in this organization');
+  return { member: roleOf(row), isLastOwner: row.role === 'owner' && owners.length === 1 };
+}
+
+function membershipsWithRoles(trx: DB, organizationId: number) {
+  return trx
     .selectFrom('memberships')
     .leftJoin('roles', 'roles.id', 'memberships.role_id')
     .select(['memberships.user_id', 'memberships.role', 'memberships.role_id', 'roles.name as role_name', 'roles.permissions as role_permissions'])
-    .where('memberships.organization_id', '=', organizationId)
-    .where((eb) => eb.or([eb('memberships.role', '=', 'owner'), eb('memberships.user_id', '=', userId)]))
-    .orderBy('memberships.user_id')
-    .forUpdate('memberships')
-    .execute();
-  const row = rows.find((m) => m.user_id === userId);
-  if (!row) throw new NotFoundError('no such member in this organization');
-  return { member: roleOf(row), isLastOwner: row.role === 'owner' && rows.filter((m) => m.role === 'owner').length === 1 };
+    .where('memberships.organization_id', '=', organizationId);
 }
 
 /**
@@ -235,7 +237,14 @@ const memberOf = ({ role, role_id, role_name, ...rest }: { role: RoleRef['kind']
 
 /** An organization's members in user id order, a page at a time (keyset on the memberships primary key). */
 export async function listMembers(db: DB, organizationId: number, page: { afterUserId: number; limit: number }): Promise<Member[]> {
-  const rows = await members(db, organizationId).where('memberships.user_id', '>', page.afterUserId).orderBy('memberships.user_id').limit(page.limit).execute();
+  const rows = await members(db, organizationId)
+    .where('memberships.user_id', '>', page.afterUserId)
+    // Said of users too: PostgreSQL does not carry a range across the join, and without it a merge
+    // join read users from the first id (a page 900,000 deep read 900,000 users: 74 ms, not 1).
+    .where('users.id', '>', page.afterUserId)
+    .orderBy('memberships.user_id')
+    .limit(page.limit)
+    .execute();
   return rows.map(memberOf);
 }
 

@@ -201,8 +201,8 @@ export type NarrowSelection = { organizationId: number; userId: number } | { org
 /**
  * Narrows up to REVOKE_BATCH of the selected users' live grants that hold a scope outside
  * `allowed` (their role no longer allows it), by re-issue: each is replaced by a successor grant
- * holding only the allowed scopes, which takes over its refresh tokens (narrowed the same way)
- * and its consumed codes (a replayed code still revokes what it led to); the old grant is then
+ * holding only the allowed scopes, which takes over its refresh tokens (narrowed the same way;
+ * a replayed code follows the successors: liveSuccessor); the old grant is then
  * revoked with reason role_changed and published like any revocation, so every instance refuses
  * its access tokens within a second (RevocationList), and the next refresh returns the narrower
  * scope. A grant left with no scope is simply revoked. Audited as grant.narrowed (or
@@ -213,7 +213,7 @@ export type NarrowSelection = { organizationId: number; userId: number } | { org
  * at a million entries; re-issue reuses that path, so the API's hot path gains nothing, and the
  * refresh token (the user's consent) survives with the scope the role now allows.
  */
-async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelection, allowed: readonly string[], actor: Actor): Promise<number[]> {
+async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelection, allowed: readonly string[], actor: Actor, afterId: number): Promise<number[]> {
   const allowedArray = sql<string[]>`${[...allowed]}::text[]`;
   const old = await trx
     .selectFrom('grants')
@@ -232,6 +232,8 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
     )
     .where('user_id', 'is not', null)
     .where(sql<boolean>`not (scopes <@ ${allowedArray})`)
+    // Keyset: the grants already narrowed (revoked, before the cursor) are not read again.
+    .where('id', '>', afterId)
     .orderBy('id')
     .limit(REVOKE_BATCH)
     .forUpdate()
@@ -261,18 +263,24 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
   const moves = successors.map((s) => ({ from: s.narrowed_from_grant_id!, to: s.id }));
   if (moves.length > 0) {
     const pairs = sql`unnest(${moves.map((m) => m.from)}::bigint[], ${moves.map((m) => m.to)}::bigint[]) as m(from_id, to_id)`;
-    // Every refresh token of the grant, used ones too: a retired token replayed later still revokes the family.
+    // Every refresh token of the grant, used ones too: a retired token replayed later still
+    // revokes the family. By (organization_id, grant_id), the index refresh tokens have.
     await sql`update refresh_tokens r set grant_id = m.to_id,
         scopes = array(select s from unnest(r.scopes) s where s = any(${allowedArray})),
         revoked_at = case when r.scopes && ${allowedArray} then r.revoked_at else coalesce(r.revoked_at, now()) end
-      from ${pairs} where r.grant_id = m.from_id`.execute(trx);
-    await sql`update authorization_codes c set grant_id = m.to_id from ${pairs} where c.grant_id = m.from_id`.execute(trx);
+      from ${pairs} where r.organization_id = ${selection.organizationId} and r.grant_id = m.from_id`.execute(trx);
   }
   await trx.updateTable('grants').set({ revoked_at: sql`now()`, revoked_reason: 'role_changed' }).where('id', '=', sql<number>`any(${oldIds}::bigint[])`).execute();
   // Grants left with nothing: their refresh tokens end with them.
   const emptied = narrowed.filter((g) => g.kept.length === 0).map((g) => g.id);
   if (emptied.length > 0) {
-    await trx.updateTable('refresh_tokens').set({ revoked_at: sql`now()` }).where('grant_id', '=', sql<number>`any(${emptied}::bigint[])`).where('revoked_at', 'is', null).execute();
+    await trx
+      .updateTable('refresh_tokens')
+      .set({ revoked_at: sql`now()` })
+      .where('organization_id', '=', selection.organizationId)
+      .where('grant_id', '=', sql<number>`any(${emptied}::bigint[])`)
+      .where('revoked_at', 'is', null)
+      .execute();
   }
   const successorOf = new Map(moves.map((m) => [m.from, m.to]));
   await trx
@@ -303,10 +311,26 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
 export async function narrowGrantsInTransaction(trx: Transaction<Database>, selection: NarrowSelection, allowed: readonly string[], actor: Actor = {}): Promise<number[]> {
   const revoked: number[] = [];
   for (;;) {
-    const ids = await narrowBatch(trx, selection, allowed, actor);
+    const ids = await narrowBatch(trx, selection, allowed, actor, revoked.at(-1) ?? 0);
     revoked.push(...ids);
     if (ids.length === 0) return revoked;
   }
+}
+
+/**
+ * The live grant that `grantId` became: itself while live, else the successor a narrowing
+ * replaced it with (narrowBatch), followed as far as it goes; undefined when none is live. A
+ * replayed authorization code revokes this one, as RFC 6749 §4.1.2 wants the tokens it led to.
+ */
+export async function liveSuccessor(db: DB, grantId: number): Promise<number | undefined> {
+  const { rows } = await sql<{ id: number }>`
+    with recursive chain(id, depth) as (
+      select id, 0 from grants where id = ${grantId}
+      union all
+      select g.id, chain.depth + 1 from grants g join chain on g.narrowed_from_grant_id = chain.id where chain.depth < 100
+    )
+    select chain.id from chain join grants using (id) where grants.revoked_at is null order by chain.depth desc limit 1`.execute(db);
+  return rows[0]?.id;
 }
 
 /** Revokes one grant (see revokeBatch). Returns false when it was already revoked or does not exist. */

@@ -263,6 +263,26 @@ describe(`issue 15's must-shows on ${BACKEND}`, () => {
     expect(await authorize(member.browser, application, 'contacts.write')).toEqual({ error: 'access_denied' });
   });
 
+  it('a code replayed after its grant was narrowed revokes the narrower successor too (RFC 6749 §4.1.2)', async () => {
+    const member = await memberWith('member');
+    const application = await publicApp(DATA_SCOPES);
+    const query = new URLSearchParams({ response_type: 'code', client_id: application.client_id, redirect_uri: REDIRECT, scope: 'contacts.read contacts.write', state: STATE });
+    const page = await member.browser.get(`/oauth/authorize?${query}`);
+    const approved = await member.browser.post('/oauth/authorize', { ...hiddenFields(page.body), organization_id: String(org.organizationId), decision: 'approve' });
+    const code = new URL(approved.headers.location as string).searchParams.get('code')!;
+    const first = await tokenRequest(application, { grant_type: 'authorization_code', code, redirect_uri: REDIRECT });
+    expect(first.statusCode).toBe(200);
+    await changeMemberRole(t.handle.db, { organizationId: org.organizationId, userId: member.id, role: 'viewer' });
+    const refreshed = await tokenRequest(application, { grant_type: 'refresh_token', refresh_token: first.json().refresh_token });
+    expect(refreshed.json().scope).toBe('contacts.read');
+    expect((await readContacts(app, refreshed.json().access_token)).statusCode).toBe(200);
+    // The code again: refused, and what it led to (now the successor grant) is revoked.
+    expect((await tokenRequest(application, { grant_type: 'authorization_code', code, redirect_uri: REDIRECT })).json().error).toBe('invalid_grant');
+    expect((await readContacts(app, refreshed.json().access_token)).statusCode).toBe(401);
+    const again = await tokenRequest(application, { grant_type: 'refresh_token', refresh_token: refreshed.json().refresh_token });
+    expect(again.json()).toMatchObject({ error: 'invalid_grant' });
+  });
+
   it('the last owner cannot be demoted or removed: domain, management API and dashboard', async () => {
     const own = await createOrgFixture(t.handle.db, { scopes: KNOWN_SCOPES.join(' ') });
     const token = await clientCredentialsToken(app, own);

@@ -8,6 +8,7 @@ import { PKCE_VALUE, s256, verifyPkce } from '../pkce.js';
 import { userTokenResponse, type TokenContext } from '../token-response.js';
 import type { GrantHandler } from './types.js';
 import { membershipPermissionsSql, roleOf } from '../../accounts/roles.js';
+import { liveSuccessor } from '../grant-store.js';
 
 /** The scopes the code's user may still grant: their role's permissions now (share-locked with the membership). */
 const MEMBER_PERMISSIONS = membershipPermissionsSql(sql`m.role`, sql`(select r.permissions from roles r where r.id = m.role_id for share)`);
@@ -99,7 +100,11 @@ async function refusal(ctx: TokenContext, application: Application, presented: P
   // A code of another client is as good as unknown to this one (CD-3), and is left alone.
   if (!row || row.application_id !== application.id) return new InvalidGrantError();
   if (row.consumed_at !== null) {
-    if (row.grant_id !== null) await ctx.revocations.revoke(row.grant_id, 'code_replay', { actorClientId: application.client_id });
+    if (row.grant_id !== null) {
+      // The grant it made, or what a role change narrowed that into.
+      const live = (await liveSuccessor(ctx.db, row.grant_id)) ?? row.grant_id;
+      await ctx.revocations.revoke(live, 'code_replay', { actorClientId: application.client_id });
+    }
     return new InvalidGrantError('the authorization code was already used');
   }
   if (row.expired) return new InvalidGrantError('the authorization code expired');
