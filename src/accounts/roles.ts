@@ -88,6 +88,16 @@ export function builtinRole(kind: BuiltinRole): RoleRef {
   return { kind, id: null, name: kind, permissions: BUILTIN_ROLES[kind].permissions };
 }
 
+/**
+ * The role an application acts with when it manages its organization through the API: exactly
+ * the scopes its token holds, and never an owner. A private application with `members.write`
+ * gives a member no role holding a permission its token lacks, so an application cannot be used
+ * to widen the role of whoever configured it.
+ */
+export function applicationRole(scopes: Iterable<string>): RoleRef {
+  return { kind: 'custom', id: null, name: 'application', permissions: canonical([...scopes]) };
+}
+
 /** Stored permissions in canonical order, anything no longer known dropped. */
 function canonical(permissions: readonly string[]): Permission[] {
   return PERMISSIONS.filter((p) => permissions.includes(p));

@@ -11,6 +11,7 @@ import type { KeyStore } from '../oauth/key-store.js';
 import type { RevocationList } from '../oauth/revocations.js';
 import type { ApplicationCache } from '../oauth/application-cache.js';
 import { isManagementScope } from '../oauth/scopes.js';
+import { applicationRole, type RoleRef } from '../accounts/roles.js';
 
 export interface ApiAuth {
   organizationId: number;
@@ -120,6 +121,11 @@ export function authenticateApiRequest(ctx: { keys: KeyStore; revocations: Revoc
 /** Who acts in the audit log: the token's application, and its user when it acts for one. */
 export function actorOf(auth: ApiAuth): { actorUserId: number | null; actorClientId: string } {
   return { actorUserId: auth.userId, actorClientId: auth.claims.client_id };
+}
+
+/** The role the token's application manages its organization with: its scopes, never an owner's. */
+export function actingRoleOf(auth: ApiAuth): RoleRef {
+  return applicationRole(auth.scopes);
 }
 
 /** The authenticated request's auth; routes inside the API plugin always have it. */

@@ -1,7 +1,7 @@
 /**
  * The management API's invitations: invite an address with a role (members.write), list the
  * pending ones (members.read), send one again with a new link, revoke one. An application
- * invites as an admin would (never an owner); the email names the application as the inviter.
+ * invites to roles whose permissions its token holds (never an owner); the email names the application as the inviter.
  */
 import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import { z } from 'zod';
@@ -18,7 +18,7 @@ import { requireRole } from '../accounts/roles.js';
 import { roleField } from './members.js';
 import type { DB } from '../db/connect.js';
 import type { MailOutbox } from '../mail/outbox.js';
-import { actorOf, type ApiAuth, authOf, pathId } from './auth.js';
+import { actingRoleOf, actorOf, type ApiAuth, authOf, pathId } from './auth.js';
 import { decodeCursor, listPage, listQuery } from './pagination.js';
 import { errorResponses, errorSchema, listOf, orgParams } from './schemas.js';
 
@@ -58,7 +58,7 @@ export const invitationRoutes: FastifyPluginAsyncZod<{ db: DB; mail: MailOutbox;
 
   async function asApplication(auth: ApiAuth): Promise<InvitationActor> {
     const application = await db.selectFrom('applications').select('name').where('client_id', '=', auth.claims.client_id).executeTakeFirst();
-    return { actor: actorOf(auth), actingAs: 'admin', inviterLabel: application ? `The application “${application.name}”` : 'An application' };
+    return { actor: actorOf(auth), actingAs: actingRoleOf(auth), inviterLabel: application ? `The application “${application.name}”` : 'An application' };
   }
 
   app.get(
@@ -135,7 +135,7 @@ export const invitationRoutes: FastifyPluginAsyncZod<{ db: DB; mail: MailOutbox;
     },
     async (req, reply) => {
       const auth = authOf(req);
-      await revokeInvitation(db, auth.organizationId, pathId(req.params.id), { actor: actorOf(auth), actingAs: 'admin' });
+      await revokeInvitation(db, auth.organizationId, pathId(req.params.id), { actor: actorOf(auth), actingAs: actingRoleOf(auth) });
       return reply.code(204).send(null);
     },
   );

@@ -1,7 +1,9 @@
 /**
  * The management API's members: list, read, add (an existing user, by email), change a role,
- * remove. An application acts as an admin of its organization (mayAssign): it manages members
- * and admins, but creating, changing or removing an owner stays a person's decision. The last
+ * remove. An application acts with the scopes its token holds (applicationRole, mayAssign): it
+ * gives or takes away only roles whose every permission its token holds (so a private application
+ * with members.write cannot promote someone beyond its own scopes), and creating, changing or
+ * removing an owner stays a person's decision. The last
  * owner is protected by the domain (RO-3), whoever asks.
  */
 import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
@@ -12,7 +14,7 @@ import { emailSchema, findUserByEmail } from '../accounts/users.js';
 import type { DB } from '../db/connect.js';
 import { InvalidRequestError } from '../errors.js';
 import type { RevocationList } from '../oauth/revocations.js';
-import { actorOf, type ApiAuth, authOf, pathId } from './auth.js';
+import { actingRoleOf, actorOf, type ApiAuth, authOf, pathId } from './auth.js';
 import { decodeCursor, listPage, listQuery } from './pagination.js';
 import { conflictResponse, errorResponses, listOf, orgParams } from './schemas.js';
 
@@ -37,8 +39,8 @@ export const roleField = z
 const userParams = orgParams.extend({ user_id: z.string() });
 
 export const memberRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: RevocationList }> = async (app, { db, revocations }) => {
-  /** An application administers its organization as an admin would. */
-  const asAdmin = (auth: ApiAuth): MemberChangeOptions => ({ actor: actorOf(auth), actingAs: 'admin', revocations });
+  /** An application administers its organization with the permissions its token holds. */
+  const asApplication = (auth: ApiAuth): MemberChangeOptions => ({ actor: actorOf(auth), actingAs: actingRoleOf(auth), revocations });
 
   app.get(
     '/members',
@@ -77,7 +79,7 @@ export const memberRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Revocati
       const user = email.success ? await findUserByEmail(db, email.data) : undefined;
       if (!user) throw new InvalidRequestError('email: no user has this email address', { details: [{ path: 'email', message: 'no user has this email address' }] });
       const role = await requireRole(db, auth.organizationId, req.body.role);
-      await addMember(db, { organizationId: auth.organizationId, userId: user.id, role }, asAdmin(auth));
+      await addMember(db, { organizationId: auth.organizationId, userId: user.id, role }, asApplication(auth));
       reply.code(201).header('location', `/api/v1/${auth.organizationId}/members/${user.id}`);
       return memberOut(await getMember(db, auth.organizationId, user.id));
     },
@@ -99,7 +101,7 @@ export const memberRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Revocati
       const auth = authOf(req);
       const userId = pathId(req.params.user_id);
       const role = await requireRole(db, auth.organizationId, req.body.role);
-      await changeMemberRole(db, { organizationId: auth.organizationId, userId, role }, asAdmin(auth));
+      await changeMemberRole(db, { organizationId: auth.organizationId, userId, role }, asApplication(auth));
       return memberOut(await getMember(db, auth.organizationId, userId));
     },
   );
@@ -117,7 +119,7 @@ export const memberRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Revocati
     },
     async (req, reply) => {
       const auth = authOf(req);
-      await removeMember(db, { organizationId: auth.organizationId, userId: pathId(req.params.user_id) }, asAdmin(auth));
+      await removeMember(db, { organizationId: auth.organizationId, userId: pathId(req.params.user_id) }, asApplication(auth));
       return reply.code(204).send(null);
     },
   );

@@ -1,16 +1,17 @@
 /**
  * The management API's roles: the organization's built-in roles and its own (GET), and its own
  * created, changed and deleted (members.write). A role is named in the path by its name (built-in
- * ones by their lower-case name; the organization's own ignoring case). An application acts as an
- * admin: it holds every permission, so it may give any of them. Changing or deleting a role
+ * ones by their lower-case name; the organization's own ignoring case). An application acts with
+ * the scopes its token holds (applicationRole): it creates or edits a role only with permissions
+ * its token holds, so a token cannot be used to mint a role wider than itself. Changing or deleting a role
  * narrows the grants of its members that held a permission it lost (see src/accounts/roles.ts).
  */
 import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import { builtinRole, createRole, deleteRole, getRole, listRoles, PERMISSION_DESCRIPTIONS, PERMISSIONS, type RoleChangeOptions, type RoleView, updateRole } from '../accounts/roles.js';
+import { createRole, deleteRole, getRole, listRoles, PERMISSION_DESCRIPTIONS, PERMISSIONS, type RoleChangeOptions, type RoleView, updateRole } from '../accounts/roles.js';
 import type { DB } from '../db/connect.js';
 import type { RevocationList } from '../oauth/revocations.js';
-import { actorOf, type ApiAuth, authOf } from './auth.js';
+import { actingRoleOf, actorOf, type ApiAuth, authOf } from './auth.js';
 import { conflictResponse, errorResponses, orgParams } from './schemas.js';
 
 export const roleSchema = z
@@ -39,7 +40,7 @@ const roleParams = orgParams.extend({ role: z.string().max(200) });
 const permissionsField = z.array(z.string()).describe(`any of: ${PERMISSIONS.map((p) => `${p} (${PERMISSION_DESCRIPTIONS[p]})`).join('; ')}`);
 
 export const roleRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: RevocationList }> = async (app, { db, revocations }) => {
-  const asAdmin = (auth: ApiAuth): RoleChangeOptions => ({ actor: actorOf(auth), actingAs: builtinRole('admin'), revocations });
+  const asApplication = (auth: ApiAuth): RoleChangeOptions => ({ actor: actorOf(auth), actingAs: actingRoleOf(auth), revocations });
 
   app.get(
     '/roles',
@@ -78,7 +79,7 @@ export const roleRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Revocation
     },
     async (req, reply) => {
       const auth = authOf(req);
-      const role = await createRole(db, auth.organizationId, req.body, asAdmin(auth));
+      const role = await createRole(db, auth.organizationId, req.body, asApplication(auth));
       reply.code(201).header('location', `/api/v1/${auth.organizationId}/roles/${encodeURIComponent(role.name)}`);
       return roleOut(role);
     },
@@ -98,7 +99,7 @@ export const roleRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Revocation
     },
     async (req) => {
       const auth = authOf(req);
-      return roleOut(await updateRole(db, auth.organizationId, req.params.role, req.body, asAdmin(auth)));
+      return roleOut(await updateRole(db, auth.organizationId, req.params.role, req.body, asApplication(auth)));
     },
   );
 
@@ -116,7 +117,7 @@ export const roleRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Revocation
     },
     async (req, reply) => {
       const auth = authOf(req);
-      await deleteRole(db, auth.organizationId, req.params.role, { moveTo: req.query.move_to }, asAdmin(auth));
+      await deleteRole(db, auth.organizationId, req.params.role, { moveTo: req.query.move_to }, asApplication(auth));
       return reply.code(204).send(null);
     },
   );

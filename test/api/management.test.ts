@@ -6,7 +6,9 @@
 import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember } from '../../src/accounts/organizations.js';
+import { createRole } from '../../src/accounts/roles.js';
 import { createUser } from '../../src/accounts/users.js';
+import { createApplication } from '../../src/oauth/applications.js';
 import { createAuthorizationCode } from '../../src/oauth/codes.js';
 import { createGrant } from '../../src/oauth/grant-store.js';
 import { KNOWN_SCOPES, MANAGEMENT_SCOPES } from '../../src/oauth/scopes.js';
@@ -350,7 +352,7 @@ describe(`the management API on ${BACKEND}: members`, () => {
     expectError(await api('POST', '/members', { body: { email: user.email, role: 'king' } }), 400, 'invalid_request');
   });
 
-  it('acts as an admin: manages members and admins, but never makes, changes or removes an owner (403)', async () => {
+  it('with every scope it acts as an admin: manages members and admins, but never makes, changes or removes an owner (403)', async () => {
     const user = await newUser();
     expectError(await api('POST', '/members', { body: { email: user.email, role: 'owner' } }), 403, 'forbidden');
     expect((await api('POST', '/members', { body: { email: user.email, role: 'admin' } })).statusCode).toBe(201);
@@ -360,6 +362,49 @@ describe(`the management API on ${BACKEND}: members`, () => {
     expectError(await api('DELETE', `/members/${org.ownerId}`), 403, 'forbidden');
     const owner = await t.handle.db.selectFrom('memberships').select('role').where('organization_id', '=', org.organizationId).where('user_id', '=', org.ownerId).executeTakeFirstOrThrow();
     expect(owner.role).toBe('owner');
+  });
+
+  it('gives, changes, invites to and edits only roles whose every permission its token holds: a member who manages applications and members cannot promote themselves through an integration (403)', async () => {
+    const db = t.handle.db;
+    const fixture = await createOrgFixture(db, { scopes: KNOWN_SCOPES.join(' ') });
+    const managers = await createRole(db, fixture.organizationId, { name: 'App managers', permissions: ['applications.write', 'members.write'] });
+    const sales = await createRole(db, fixture.organizationId, { name: 'Sales', permissions: ['contacts.read', 'contacts.write'] });
+    const climber = await newUser();
+    const bystander = await newUser();
+    await addMember(db, { organizationId: fixture.organizationId, userId: climber.id, role: managers });
+    await addMember(db, { organizationId: fixture.organizationId, userId: bystander.id, role: 'member' });
+    // What the dashboard lets this member make: a private application with at most their role's permissions.
+    const integration = await createApplication(db, { organizationId: fixture.organizationId, type: 'private', name: 'Self-service', scopes: [...managers.permissions] });
+    const token = await clientCredentialsToken(app, { ...fixture, privateApp: integration });
+    const as = (method: 'POST' | 'PATCH' | 'DELETE', path: string, body?: object) =>
+      app.inject({ method, url: `${base(fixture)}${path}`, headers: { authorization: `Bearer ${token}` }, ...(body ? { payload: body } : {}) });
+
+    for (const role of ['admin', 'member', 'Sales']) {
+      expect(expectError(await as('PATCH', `/members/${climber.id}`, { role }), 403, 'forbidden').error_description).toMatch(/may not give/);
+      expectError(await as('POST', '/invitations', { email: `climb-${role}-${process.pid}@example.com`, role }), 403, 'forbidden');
+    }
+    // Taking a role away is giving it up: a member (data scopes) is out of this token's reach.
+    expectError(await as('PATCH', `/members/${bystander.id}`, { role: 'App managers' }), 403, 'forbidden');
+    expectError(await as('DELETE', `/members/${bystander.id}`), 403, 'forbidden');
+    // Nor can it mint or widen a role with what it lacks, or touch one that holds it.
+    expect(expectError(await as('POST', '/roles', { name: 'Everything', permissions: ['contacts.write'] }), 403, 'forbidden').error_description).toMatch(/contacts.write/);
+    expectError(await as('PATCH', '/roles/App%20managers', { permissions: ['applications.write', 'members.write', 'tasks.write'] }), 403, 'forbidden');
+    expectError(await as('PATCH', '/roles/Sales', { description: 'Ours now' }), 403, 'forbidden');
+    expectError(await as('DELETE', '/roles/Sales?move_to=App%20managers'), 403, 'forbidden');
+    const roles = await db.selectFrom('memberships').select(['user_id', 'role', 'role_id']).where('organization_id', '=', fixture.organizationId).where('user_id', 'in', [climber.id, bystander.id]).orderBy('user_id').execute();
+    expect(roles).toEqual([
+      { user_id: climber.id, role: 'custom', role_id: managers.id },
+      { user_id: bystander.id, role: 'member', role_id: null },
+    ]);
+    expect((await db.selectFrom('roles').select(['name', 'permissions']).where('organization_id', '=', fixture.organizationId).orderBy('id').execute())).toEqual([
+      { name: 'App managers', permissions: managers.permissions },
+      { name: 'Sales', permissions: sales.permissions },
+    ]);
+    // Within its scopes it manages as usual: gives its own role, makes a narrower one.
+    const newcomer = await newUser();
+    expect((await as('POST', '/members', { email: newcomer.email, role: 'App managers' })).statusCode).toBe(201);
+    expect((await as('POST', '/roles', { name: 'Readers of apps', permissions: ['applications.read'] })).statusCode).toBe(201);
+    expect((await as('PATCH', `/members/${newcomer.id}`, { role: 'Readers of apps' })).statusCode).toBe(200);
   });
 
   it('removes a member: every grant they gave here is revoked, on both instances', async () => {

@@ -37,6 +37,9 @@ interface Ids {
   invitation: number;
   /** A custom role's name. */
   role: string;
+  /** Roles without permissions, which any members.write token may give (an application gives only what its token holds). */
+  give: string;
+  giveOther: string;
 }
 
 const token = (fixture: OrgFixture, scope?: string) => clientCredentialsToken(app, fixture, scope);
@@ -97,20 +100,25 @@ async function freshIds(org: OrgFixture): Promise<Ids> {
       .executeTakeFirstOrThrow();
   const member = await user('member');
   const outsider = await user('outsider');
-  await addMember(db, { organizationId: org.organizationId, userId: member.id, role: 'member' });
+  const shared = async (name: string) =>
+    (await db.selectFrom('roles').select(['id', 'name']).where('organization_id', '=', org.organizationId).where('name', '=', name).executeTakeFirst()) ??
+    (await createRole(db, org.organizationId, { name, permissions: [] }));
+  const give = await shared('Shared none');
+  const giveOther = await shared('Shared other');
+  await addMember(db, { organizationId: org.organizationId, userId: member.id, role: { kind: 'custom', id: give.id, name: give.name, permissions: [] } });
   const appRow = await db.selectFrom('applications').select('id').where('client_id', '=', application.client_id).executeTakeFirstOrThrow();
   const grant = await createGrant(db, { organizationId: org.organizationId, applicationId: appRow.id, userId: member.id, scopes: ['contacts.read'] });
   const invitation = await db
     .insertInto('invitations')
-    .values({ organization_id: org.organizationId, email: `invited${i}-${process.pid}@example.com`, role: 'member', token_hash: sha256Hex(`invitation ${i} ${process.pid}`), expires_at: new Date(Date.now() + 3600_000),
+    .values({ organization_id: org.organizationId, email: `invited${i}-${process.pid}@example.com`, role: 'custom', role_id: give.id, token_hash: sha256Hex(`invitation ${i} ${process.pid}`), expires_at: new Date(Date.now() + 3600_000),
       // Sent long enough ago not to count toward the organization's hourly cap on invitations.
       sent_at: new Date(Date.now() - 2 * 3600_000) })
     .returning('id')
     .executeTakeFirstOrThrow();
   // Earlier tests' roles go first: an organization holds at most 100.
-  await db.deleteFrom('roles').where('organization_id', '=', org.organizationId).execute();
-  const role = await createRole(db, org.organizationId, { name: `Matrix ${i}`, permissions: ['contacts.read'] });
-  return { contact: contact.id, task: task.id, clientId: target.client_id, userId: member.id, email: outsider.email, grant: grant!.id, invitation: invitation.id, role: role.name };
+  await db.deleteFrom('roles').where('organization_id', '=', org.organizationId).where('name', 'like', 'M%').execute();
+  const role = await createRole(db, org.organizationId, { name: `Matrix ${i}`, permissions: [] });
+  return { contact: contact.id, task: task.id, clientId: target.client_id, userId: member.id, email: outsider.email, grant: grant!.id, invitation: invitation.id, role: role.name, give: give.name, giveOther: giveOther.name };
 }
 
 type Method = 'GET' | 'POST' | 'PATCH' | 'DELETE';
@@ -144,17 +152,17 @@ const ROUTES: Route[] = [
   { method: 'DELETE', path: (i) => `/applications/${i.clientId}`, scope: 'applications.write', names: true },
   { method: 'POST', path: (i) => `/applications/${i.clientId}/secret`, scope: 'applications.write', names: true, ok: 200 },
   { method: 'GET', path: () => '/members', scope: 'members.read' },
-  { method: 'POST', path: () => '/members', scope: 'members.write', body: (i) => ({ email: i.email, role: 'member' }) },
+  { method: 'POST', path: () => '/members', scope: 'members.write', body: (i) => ({ email: i.email, role: i.give }) },
   { method: 'GET', path: (i) => `/members/${i.userId}`, scope: 'members.read', names: true },
-  { method: 'PATCH', path: (i) => `/members/${i.userId}`, scope: 'members.write', names: true, body: () => ({ role: 'admin' }) },
+  { method: 'PATCH', path: (i) => `/members/${i.userId}`, scope: 'members.write', names: true, body: (i) => ({ role: i.giveOther }) },
   { method: 'DELETE', path: (i) => `/members/${i.userId}`, scope: 'members.write', names: true },
   { method: 'GET', path: () => '/invitations', scope: 'members.read' },
-  { method: 'POST', path: () => '/invitations', scope: 'members.write', body: (i) => ({ email: i.email, role: 'member' }) },
+  { method: 'POST', path: () => '/invitations', scope: 'members.write', body: (i) => ({ email: i.email, role: i.give }) },
   { method: 'GET', path: (i) => `/invitations/${i.invitation}`, scope: 'members.read', names: true },
   { method: 'POST', path: (i) => `/invitations/${i.invitation}/resend`, scope: 'members.write', names: true, ok: 200 },
   { method: 'DELETE', path: (i) => `/invitations/${i.invitation}`, scope: 'members.write', names: true },
   { method: 'GET', path: () => '/roles', scope: 'members.read' },
-  { method: 'POST', path: () => '/roles', scope: 'members.write', body: () => ({ name: `Made ${++made}`, permissions: ['contacts.read'] }) },
+  { method: 'POST', path: () => '/roles', scope: 'members.write', body: () => ({ name: `Made ${++made}`, permissions: [] }) },
   { method: 'GET', path: (i) => `/roles/${encodeURIComponent(i.role)}`, scope: 'members.read', names: true },
   { method: 'PATCH', path: (i) => `/roles/${encodeURIComponent(i.role)}`, scope: 'members.write', names: true, body: () => ({ description: 'Changed' }) },
   { method: 'DELETE', path: (i) => `/roles/${encodeURIComponent(i.role)}`, scope: 'members.write', names: true },
@@ -173,6 +181,9 @@ const MISSING: Ids = {
   grant: 987_654_321,
   invitation: 987_654_321,
   role: 'No such role',
+  // The roles to give exist in every organization: only the missing member or invitation differs.
+  give: 'Shared none',
+  giveOther: 'Shared other',
 };
 
 const call = (target: FastifyInstance, route: Route, org: number, ids: Ids, bearer: string) =>
@@ -184,7 +195,7 @@ const call = (target: FastifyInstance, route: Route, org: number, ids: Ids, bear
   });
 
 const success = (route: Route) => route.ok ?? (route.method === 'POST' ? 201 : route.method === 'DELETE' ? 204 : 200);
-const label = (route: Route) => `${route.method} ${route.path({ contact: 0, task: 0, clientId: ':client_id', userId: 0, email: '', grant: 0, invitation: 0, role: ':role' }) || '/'}`;
+const label = (route: Route) => `${route.method} ${route.path({ contact: 0, task: 0, clientId: ':client_id', userId: 0, email: '', grant: 0, invitation: 0, role: ':role', give: '', giveOther: '' }) || '/'}`;
 
 describe(`the scope matrix on ${BACKEND} (BR-2)`, () => {
   it.each(ROUTES.map((r) => [label(r), r] as const))('%s', async (_name, route) => {
