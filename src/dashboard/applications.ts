@@ -9,7 +9,7 @@ import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
 import type { MailOutbox } from '../mail/outbox.js';
 import type { Application, ApplicationType } from '../db/schema.js';
-import { NotFoundError } from '../errors.js';
+import { ForbiddenError, NotFoundError } from '../errors.js';
 import type { ApplicationCache } from '../oauth/application-cache.js';
 import {
   type ChangeOptions,
@@ -66,15 +66,16 @@ function parseRedirectUris(text: string): { uris: string[]; errors: string[] } {
 }
 
 /**
- * What a private application would get beyond the acting user's role: a user may delegate to an
- * application acting on its own only what they hold (a public application gets nothing at
- * registration: each user's consent is bounded by their own role).
+ * What an application would get beyond the acting user's role: a user may give an application
+ * only scopes they hold (the rule the management API applies to a token), whatever its type: a
+ * private application acts on its own with them, and a public one would be another member's
+ * to change later only if their role holds its scopes too.
  */
-function beyondRole(ctx: ActionContext, type: ApplicationType, scopes: readonly Scope[]): Scope[] {
-  return type === 'private' ? scopes.filter((s) => !ctx.organization.access.permissions.includes(s)) : [];
+function beyondRole(ctx: ActionContext, scopes: readonly string[]): string[] {
+  return scopes.filter((s) => !(ctx.organization.access.permissions as readonly string[]).includes(s));
 }
 
-function delegationError(beyond: readonly Scope[]): string {
+function delegationError(beyond: readonly string[]): string {
   return `Your role does not hold ${beyond.join(' ')}, so you cannot give it to an application.`;
 }
 
@@ -139,6 +140,8 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
       ctx,
       active: 'applications',
       application,
+      // Scopes of the application the viewer's role lacks: then it is not theirs to change.
+      outOfReach: application.scopes.filter((scope) => !(ctx.can as Record<string, boolean>)[scope]),
       scopeChoices: SCOPE_CHOICES[application.type],
       edit: view.edit ?? { name: application.name, redirectUris: application.redirect_uris.join('\n'), scopes: application.scopes },
       secret: view.secret ?? '',
@@ -171,7 +174,7 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
     const redirects = type === 'public' ? parseRedirectUris(form.redirectUris) : { uris: [], errors: [] };
     const errors = [...name.errors, ...redirects.errors, ...scopes.errors];
     if (errors.length > 0) return renderList(reply, ctx, 400, { form, errors });
-    const beyond = beyondRole(ctx, type, scopes.scopes);
+    const beyond = beyondRole(ctx, scopes.scopes);
     if (beyond.length > 0) return renderList(reply, ctx, 403, { form, errors: [delegationError(beyond)] });
 
     const created = await createApplication(db, {
@@ -196,11 +199,18 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
     return renderApplication(reply, ctx, application);
   });
 
-  /** The application named in the URL, for someone whose role there manages applications. */
+  /**
+   * The application named in the URL, for someone whose role there manages applications and
+   * holds every scope the application has: rotating the secret of (or generating a token for,
+   * or re-pointing the redirect URIs of) a wider application would hand its holder more than
+   * their role, and disabling or deleting one is for those who could have given it its scopes.
+   */
   async function managedApplication(req: FastifyRequest<{ Params: { clientId: string } }>) {
     const { params, scopes } = readForm(req.body);
     const ctx = requireAction(config, req, params, { permission: 'applications.write' });
     const application = await getApplication(db, ctx.organization.id, req.params.clientId);
+    const beyond = beyondRole(ctx, application.scopes);
+    if (beyond.length > 0) throw new ForbiddenError(`${application.name} holds ${beyond.join(' ')}, which your role does not, so you cannot change it.`);
     return { ctx, application, params, scopes };
   }
 
@@ -219,7 +229,7 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
     const redirects = application.type === 'public' ? parseRedirectUris(edit.redirectUris) : { uris: [], errors: [] };
     const errors = [...name.errors, ...redirects.errors, ...scopes.errors];
     if (errors.length > 0) return renderApplication(reply, ctx, application, 400, { edit, errors });
-    const added = beyondRole(ctx, application.type, scopes.scopes.filter((s) => !application.scopes.includes(s)));
+    const added = beyondRole(ctx, scopes.scopes.filter((s) => !application.scopes.includes(s)));
     if (added.length > 0) return renderApplication(reply, ctx, application, 403, { edit, errors: [delegationError(added)] });
 
     // Narrowing the scopes: grants holding a scope outside the new set are revoked, once the
@@ -251,7 +261,7 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
       if (!(err instanceof InvalidScopeError)) throw err;
       return renderApplication(reply, ctx, application, 400, { errors: ['Choose at least one of the application’s scopes.'] });
     }
-    const beyond = beyondRole(ctx, application.type, scopes);
+    const beyond = beyondRole(ctx, scopes);
     if (beyond.length > 0) return renderApplication(reply, ctx, application, 403, { errors: [delegationError(beyond)] });
     const token = await issueClientToken({ db, keys, config, clientGrants }, application, scopes);
     metrics.tokensIssued.inc({ grant_type: 'dashboard' });

@@ -1,5 +1,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BACKEND } from '../helpers/db.js';
+import { changeMemberRole } from '../../src/accounts/organizations.js';
+import { createRole } from '../../src/accounts/roles.js';
+import { createApplication } from '../../src/oauth/applications.js';
 import { expectPageSecurityHeaders } from '../accounts/browser.js';
 import {
   accessTokenIn,
@@ -148,6 +151,35 @@ describe(`dashboard applications on ${BACKEND}`, () => {
     const listed = await w.app.inject({ method: 'GET', url: `/api/v1/${org.id}/applications`, headers: { authorization: `Bearer ${token}` } });
     expect(listed.statusCode).toBe(200);
     expect(listed.json().data.map((a: { name: string }) => a.name)).toEqual(['Backend', 'Web', 'Admin bot']);
+  });
+
+  it('shows the forms only to a role holding all of an application’s scopes, and keeps a public application’s redirect URIs out of the reach of other roles', async () => {
+    const org = await newOrganization(w);
+    const role = await createRole(w.db, org.id, { name: 'Readers who manage apps', permissions: ['applications.write', 'contacts.read', 'tasks.read'] });
+    await changeMemberRole(w.db, { organizationId: org.id, userId: w.users.member.id, role });
+    // The public Web application holds contacts.write: re-pointing its redirect URIs would let
+    // this role collect codes of users whose roles hold more.
+    const page = await w.browsers.member.get(`/dashboard/applications/${org.publicApp.client_id}`);
+    expect(page.statusCode).toBe(200);
+    expect(page.body).toContain('out-of-reach');
+    expect(page.body).not.toContain('Save changes');
+    const edit = await submit(w.browsers.member, `/dashboard/applications/${org.publicApp.client_id}`, {
+      name: 'Web', redirect_uris: 'https://attacker.example.com/cb', scopes: ['contacts.read', 'contacts.write', 'tasks.read'],
+    });
+    expect(edit.statusCode).toBe(403);
+    const row = await w.db.selectFrom('applications').select('redirect_uris').where('client_id', '=', org.publicApp.client_id).executeTakeFirstOrThrow();
+    expect(row.redirect_uris).toEqual(['https://client.example.com/cb']);
+    // Nor may it register an application (public or private) with a scope it lacks.
+    for (const type of ['public', 'private']) {
+      const res = await submit(w.browsers.member, '/dashboard/applications', { type, name: `Wide ${type}`, redirect_uris: 'https://w.example.com/cb', scopes: ['contacts.write'] });
+      expect(res.statusCode, type).toBe(403);
+      expect(res.body).toContain('Your role does not hold contacts.write');
+    }
+    expect((await w.db.selectFrom('applications').select('name').where('organization_id', '=', org.id).where('name', 'like', 'Wide%').execute())).toEqual([]);
+    // The private Backend application (contacts.read tasks.read) is within the role: its forms show.
+    const backend = await w.browsers.member.get(`/dashboard/applications/${org.privateApp.client_id}`);
+    expect(backend.body).not.toContain('out-of-reach');
+    expect(backend.body).toContain('Rotate secret');
   });
 
   it('refuses members (403) and creates nothing', async () => {
@@ -302,6 +334,20 @@ describe(`dashboard applications on ${BACKEND}`, () => {
       const res = await submit(w.browsers[role], path(fresh.privateApp.client_id), fields);
       expect([200, 303], role).toContain(res.statusCode);
     }
+  });
+
+  it.each(actions)('$name: a role that manages applications but lacks one of the application’s scopes gets 403, and nothing changes', async ({ path, fields }) => {
+    const org = await newOrganization(w);
+    // Manages applications, reads contacts, but not tasks: the Backend application holds tasks.read.
+    const role = await createRole(w.db, org.id, { name: 'App managers', permissions: ['applications.write', 'contacts.read'] });
+    await changeMemberRole(w.db, { organizationId: org.id, userId: w.users.member.id, role });
+    const res = await submit(w.browsers.member, path(org.privateApp.client_id), fields);
+    expect(res.statusCode).toBe(403);
+    expect(res.body).toContain('tasks.read, which your role does not');
+    await unchanged(org.id, org.privateApp.client_id, org.privateApp.client_secret);
+    // An application within the role: the same action goes through.
+    const within = await createApplication(w.db, { organizationId: org.id, type: 'private', name: 'Reader', scopes: 'contacts.read' });
+    expect([200, 303]).toContain((await submit(w.browsers.member, path(within.client_id), { ...fields, scopes: ['contacts.read'] })).statusCode);
   });
 
   it.each(actions)('$name: CSRF token missing or of another session is refused with 403', async ({ path, fields }) => {
