@@ -10,7 +10,7 @@ import { createInvitation, type InvitationActor, listPendingInvitations, resendI
 import { emailSchema, findUserByEmail } from '../accounts/users.js';
 import { listAuditEvents } from '../audit/events.js';
 import type { DB } from '../db/connect.js';
-import { ConflictError, ForbiddenError, NotFoundError } from '../errors.js';
+import { ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../errors.js';
 import { findLiveGrant, listLiveGrants } from '../oauth/grant-store.js';
 import type { Params } from '../oauth/params.js';
 import { renderPage } from '../pages/render.js';
@@ -195,7 +195,7 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
   app.post<{ Params: { userId: string } }>('/dashboard/members/:userId/role', async (req, reply) => {
     const { ctx, userId, params } = managedMember(req);
     const role = await roleFromForm(db, ctx.organization.id, params.role);
-    if (!role) throw new ForbiddenError('Choose a role.');
+    if (!role) throw new InvalidRequestError('Choose a role.');
     await changeMemberRole(db, { organizationId: ctx.organization.id, userId, role }, memberChange(ctx));
     return reply.redirect('/dashboard/members', 303);
   });
