@@ -6,15 +6,17 @@
  * and its refresh token, and times, through the domain functions the dashboard and the API call:
  * one member's role change (narrowing their grant), the members list (first page and deep), a
  * user's organizations with their roles (the consent page), a custom role losing a permission
- * (narrowing every member's grant), and deleting the role with its members moved. The database
+ * (narrowing every member's grant), and deleting the role with its members moved, each with the
+ * longest wait meanwhile for the lock a code redemption takes. The database
  * is dropped at the end (unless --keep; --explain prints the deep members page's plan).
  */
-import { sql } from 'kysely';
+import { sql, type Transaction } from 'kysely';
 import { changeMemberRole, listMembers } from '../src/accounts/organizations.js';
 import { listUserOrganizations } from '../src/accounts/pages.js';
 import { deleteRole, updateRole } from '../src/accounts/roles.js';
 import { connectDatabase } from '../src/db/connect.js';
 import { migrateToLatest } from '../src/db/migrate.js';
+import type { Database } from '../src/db/schema.js';
 import pg from 'pg';
 
 const ADMIN_URL = process.env.BENCH_DATABASE_URL ?? 'postgres://postgres@127.0.0.1:5432/postgres';
@@ -94,11 +96,32 @@ async function main(): Promise<void> {
       console.log(plan.rows.map((r) => r['QUERY PLAN']).join('\n'));
     }
     rows.push(["a user's organizations with their roles (consent page)", `${(await medianOf(7, () => listUserOrganizations(db, someone))).toFixed(2)} ms`]);
-    const narrowed = await timed(() => updateRole(db, org, 'Field', { permissions: ['contacts.read', 'tasks.read'] }));
+    // What a code redemption or refresh of the role's members waits for meanwhile: the longest
+    // share lock on the role (narrowing) or on a member's row (moving), taken every 20 ms.
+    const longestWait = async <T>(lock: (trx: Transaction<Database>) => Promise<unknown>, work: () => Promise<T>) => {
+      let done = false;
+      let longest = 0;
+      const probe = (async () => {
+        while (!done) {
+          longest = Math.max(longest, (await timed(() => db.transaction().execute(lock))).ms);
+          await new Promise((r) => setTimeout(r, 20));
+        }
+      })();
+      const result = await timed(work);
+      done = true;
+      await probe;
+      return { ...result, longest };
+    };
+    const lockRole = (trx: Transaction<Database>) => sql`select permissions from roles where id = ${seeded.value.role} for share`.execute(trx);
+    const narrowed = await longestWait(lockRole, () => updateRole(db, org, 'Field', { permissions: ['contacts.read', 'tasks.read'] }));
     const live = (await sql<{ n: number }>`select count(*)::int as n from grants where revoked_at is null and 'contacts.write' = any(scopes)`.execute(db)).rows[0]!.n;
     rows.push([`the role loses contacts.write: ${GRANTS.toLocaleString('en')} grants narrowed (left holding it: ${live})`, `${(narrowed.ms / 1000).toFixed(1)} s (${Math.round(GRANTS / (narrowed.ms / 1000)).toLocaleString('en')} grants/s)`]);
-    const deleted = await timed(() => deleteRole(db, org, 'Field', { moveTo: 'viewer' }));
+    rows.push(['meanwhile, the longest wait for a share lock on the role (what a code redemption takes)', `${narrowed.longest.toFixed(1)} ms`]);
+    const last = (await sql<{ id: number }>`select max(user_id) as id from memberships where organization_id = ${org}`.execute(db)).rows[0]!.id;
+    const lockMember = (trx: Transaction<Database>) => sql`select role from memberships where organization_id = ${org} and user_id = ${last} for share`.execute(trx);
+    const deleted = await longestWait(lockMember, () => deleteRole(db, org, 'Field', { moveTo: 'viewer' }));
     rows.push([`the role deleted, ${deleted.value.moved.toLocaleString('en')} members moved to viewer`, `${(deleted.ms / 1000).toFixed(1)} s`]);
+    rows.push(['meanwhile, the longest wait for a share lock on a member moved last', `${deleted.longest.toFixed(1)} ms`]);
     console.log('\n| measure (PostgreSQL, median of 7 where repeated) | time |\n|---|---|');
     for (const [k, v] of rows) console.log(`| ${k} | ${v} |`);
   } finally {

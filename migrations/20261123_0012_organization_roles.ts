@@ -57,6 +57,8 @@ export async function down(db: Kysely<any>): Promise<void> {
   await sql`drop index memberships_owners_idx`.execute(db);
   await sql`drop index grants_narrowed_from_grant_id_idx`.execute(db);
   for (const table of ['memberships', 'invitations']) {
+    // Before roles had permissions, 'member' was the least a membership could be: viewers and
+    // custom roles become members again (they read and write the data) when this is undone.
     await sql`update ${sql.table(table)} set role = 'member', role_id = null where role in ('viewer', 'custom')`.execute(db);
     await sql`alter table ${sql.table(table)} drop constraint ${sql.id(`${table}_role_fkey`)}, drop constraint ${sql.id(`${table}_role_check`)}`.execute(db);
     await sql`alter table ${sql.table(table)} drop column role_id`.execute(db);

@@ -133,18 +133,25 @@ export async function addMember(
 }
 
 /**
- * The member `userId` with their role, and the organization's owners, locked for the rest of the
- * transaction. Changes that could leave the organization without an owner lock every owner row
- * first, so two concurrent demotions or removals cannot both pass the last-owner check (RO-3);
- * the other members are not locked (an organization may have a million of them).
+ * The member `userId` with their role, locked for the rest of the transaction, and whether they
+ * are the organization's last owner. Only a change to an owner can leave the organization without
+ * one, so only then is the organization row locked (FOR NO KEY UPDATE: inserts of members, which
+ * key-share it, go on) before the owners are counted: two concurrent demotions or removals of
+ * owners queue there, and the second counts what the first committed (RO-3). Nobody else is
+ * locked: an organization may have a million members, and changing a member's role does not wait
+ * for any other member's change.
  */
 async function lockMemberships(trx: DB, organizationId: number, userId: number) {
-  const locked = (qb: ReturnType<typeof membershipsWithRoles>) => qb.orderBy('memberships.user_id').forUpdate('memberships').execute();
-  // The owners (their partial index), then the member by key: two short reads, never the whole organization.
-  const owners = await locked(membershipsWithRoles(trx, organizationId).where('memberships.role', '=', 'owner'));
-  const row = owners.find((m) => m.user_id === userId) ?? (await locked(membershipsWithRoles(trx, organizationId).where('memberships.user_id', '=', userId)))[0];
+  const row = await membershipsWithRoles(trx, organizationId).where('memberships.user_id', '=', userId).forUpdate('memberships').executeTakeFirst();
   if (!row) throw new NotFoundError('no such member in this organization');
-  return { member: roleOf(row), isLastOwner: row.role === 'owner' && owners.length === 1 };
+  let isLastOwner = false;
+  if (row.role === 'owner') {
+    await trx.selectFrom('organizations').select('id').where('id', '=', organizationId).forNoKeyUpdate().execute();
+    // Off the owners' partial index: as many rows as there are owners.
+    const owners = await trx.selectFrom('memberships').select('user_id').where('organization_id', '=', organizationId).where('role', '=', 'owner').limit(2).execute();
+    isLastOwner = owners.length === 1;
+  }
+  return { member: roleOf(row), isLastOwner };
 }
 
 function membershipsWithRoles(trx: DB, organizationId: number) {

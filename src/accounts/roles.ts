@@ -11,14 +11,14 @@
  * MAX_CUSTOM_ROLES of its own (the roles table). Whoever assigns, edits or deletes a role may only
  * hand out what they hold themselves (mayAssign): delegation is bounded by the delegator's role.
  */
-import { type Expression, type RawBuilder, sql } from 'kysely';
+import { type Expression, type RawBuilder, sql, type Transaction } from 'kysely';
 import { z } from 'zod';
 import { type Actor, recordAuditEvent } from '../audit/events.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import { isCheckViolation, isUniqueViolation } from '../db/errors.js';
-import type { BuiltinRole, CustomRole, RoleKind } from '../db/schema.js';
+import type { BuiltinRole, CustomRole, Database, RoleKind } from '../db/schema.js';
 import { ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../errors.js';
-import { narrowGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/grant-store.js';
+import { narrowGrantsInBatches, narrowGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/grant-store.js';
 import { DATA_SCOPES, isKnownScope, KNOWN_SCOPES, type Scope } from '../oauth/scopes.js';
 import { isWellFormed, parseInput } from '../lib/validate.js';
 
@@ -171,7 +171,7 @@ function customRef(row: Pick<CustomRole, 'id' | 'name' | 'permissions'>): RoleRe
 
 /**
  * The organization's role called `name`: a built-in one (by its exact lower-case name) or one of
- * its own (ignoring case). `forUpdate` locks a custom role's row, so it cannot change or go while
+ * its own (ignoring case). `forShare` share-locks a custom role's row, so it cannot change or go while
  * the caller's transaction gives it to someone.
  */
 export async function findRole(db: DB, organizationId: number, name: string, options: { forShare?: boolean } = {}): Promise<RoleRef | undefined> {
@@ -187,7 +187,6 @@ export async function findRole(db: DB, organizationId: number, name: string, opt
   return row && customRef(row);
 }
 
-/** findRole, or an InvalidRequestError naming the field (dashboard forms, API bodies). */
 /**
  * `role` as it is now, share-locked for the caller's transaction: a custom role read before the
  * transaction may have been changed or deleted since (then an InvalidRequestError, as for a
@@ -206,6 +205,7 @@ export async function lockRole(trx: DB, organizationId: number, role: RoleRef, f
   return customRef(row);
 }
 
+/** findRole, or an InvalidRequestError naming the field (dashboard forms, API bodies). */
 export async function requireRole(db: DB, organizationId: number, name: string, field = 'role'): Promise<RoleRef> {
   const role = await findRole(db, organizationId, name, { forShare: true });
   if (!role) throw new InvalidRequestError(`${field}: no role named ${JSON.stringify(name.slice(0, 64))} in this organization`, { details: [{ path: field, message: 'no such role in this organization' }] });
@@ -281,10 +281,10 @@ export async function createRole(
   const permissions = parseField(permissionsSchema, input.permissions, 'permissions');
   refuseBeyond(options.actingAs ?? OWNER, permissions, 'permissions');
   return inTransaction(db, async (trx) => {
-    // Serializes role creation in the organization, so the cap holds under concurrency.
-    await trx.selectFrom('organizations').select('id').where('id', '=', organizationId).forUpdate().executeTakeFirstOrThrow().catch(() => {
-      throw new NotFoundError(`organization ${organizationId} not found`);
-    });
+    // Serializes role creation in the organization, so the cap holds under concurrency (NO KEY:
+    // members joining, which key-share the row, go on meanwhile).
+    const organization = await trx.selectFrom('organizations').select('id').where('id', '=', organizationId).forNoKeyUpdate().executeTakeFirst();
+    if (!organization) throw new NotFoundError(`organization ${organizationId} not found`);
     const { count } = await trx.selectFrom('roles').select((eb) => eb.fn.countAll<number>().as('count')).where('organization_id', '=', organizationId).executeTakeFirstOrThrow();
     if (Number(count) >= MAX_CUSTOM_ROLES) throw new ConflictError(`an organization has at most ${MAX_CUSTOM_ROLES} custom roles`);
     let row: CustomRole;
@@ -309,9 +309,11 @@ async function lockCustomRole(trx: DB, organizationId: number, name: string): Pr
 
 /**
  * Renames a custom role, changes its description or its permissions. Someone may edit only a
- * role they could assign, and give it only what they hold. A permission taken away narrows, in
- * the same transaction, every live grant its members gave in the organization
- * (narrowGrantsInTransaction): their tokens lose it on every instance within a second.
+ * role they could assign, and give it only what they hold. A permission taken away narrows
+ * every live grant its members gave in the organization (narrowRoleGrants): the change commits
+ * first, in a short transaction, so from then on no refresh or code redemption gives a token the
+ * permission; then the grants are narrowed in batches of their own, each published to every
+ * instance within a second as it commits. Returns once all are narrowed.
  */
 export async function updateRole(
   db: DB,
@@ -324,7 +326,7 @@ export async function updateRole(
   const description = input.description === undefined ? undefined : parseField(roleDescriptionSchema, input.description, 'description');
   const permissions = input.permissions === undefined ? undefined : parseField(permissionsSchema, input.permissions, 'permissions');
   const actingAs = options.actingAs ?? OWNER;
-  const { view, revoked } = await inTransaction(db, async (trx) => {
+  const { view, narrow } = await inTransaction(db, async (trx) => {
     const current = await lockCustomRole(trx, organizationId, name);
     refuseBeyond(actingAs, canonical(current.permissions), 'this role');
     if (permissions) refuseBeyond(actingAs, permissions, 'permissions');
@@ -353,55 +355,169 @@ export async function updateRole(
         ...(removed.length > 0 ? { permissions_removed: removed.join(' ') } : {}),
       },
     });
-    const revoked = removed.length > 0 ? await narrowGrantsInTransaction(trx, { organizationId, roleId: row.id }, row.permissions, options.actor) : [];
-    return { view: { ...customRef(row), builtin: false, description: row.description, created_at: row.created_at, updated_at: row.updated_at }, revoked };
+    return { view: { ...customRef(row), builtin: false, description: row.description, created_at: row.created_at, updated_at: row.updated_at }, narrow: removed.length > 0 };
   });
-  options.revocations?.noteRevoked(revoked, 'role_changed');
+  if (narrow) await narrowRoleGrants(db, organizationId, view.id!, options);
   return view;
 }
+
+/** The permissions of custom role `roleId` now, share-locked for the caller's transaction; undefined when it is gone. */
+async function rolePermissionsNow(trx: DB, organizationId: number, roleId: number): Promise<Permission[] | undefined> {
+  const row = await trx.selectFrom('roles').select('permissions').where('organization_id', '=', organizationId).where('id', '=', roleId).forShare().executeTakeFirst();
+  return row && canonical(row.permissions);
+}
+
+/** Narrows the grants of every member holding custom role `roleId` to its permissions now, in batches (narrowGrantsInBatches). */
+async function narrowRoleGrants(db: DB, organizationId: number, roleId: number, options: RoleChangeOptions): Promise<number> {
+  return narrowGrantsInBatches(db, { organizationId, roleId }, (trx) => rolePermissionsNow(trx, organizationId, roleId), options.actor, options.revocations);
+}
+
+/**
+ * Narrows one member's grants to what their role allows now: for a refresh that found its token
+ * holding more, because a role-wide narrowing has not reached it yet (or was interrupted).
+ */
+export async function narrowMemberGrants(db: DB, organizationId: number, userId: number, options: Pick<RoleChangeOptions, 'actor' | 'revocations'> = {}): Promise<number> {
+  return narrowGrantsInBatches(
+    db,
+    { organizationId, userId },
+    async (trx) => {
+      const row = await trx
+        .selectFrom('memberships')
+        .leftJoin('roles', 'roles.id', 'memberships.role_id')
+        .select(['memberships.role', 'memberships.role_id', 'roles.name as role_name', 'roles.permissions as role_permissions'])
+        .where('memberships.organization_id', '=', organizationId)
+        .where('memberships.user_id', '=', userId)
+        .forShare('memberships')
+        .executeTakeFirst();
+      // Not a member: removal revoked their grants already.
+      return row && roleOf(row).permissions;
+    },
+    options.actor,
+    options.revocations,
+  );
+}
+
+/** Members moved per transaction when a role is deleted (their grants narrowed with them). */
+const MOVE_BATCH = 500;
 
 /**
  * Deletes a custom role. Members who hold it (and invitations to it) move to `moveTo` first,
  * which the deleter must be allowed to assign; a role in use without `moveTo` is a
  * ConflictError saying how many hold it. Moving narrows the moved members' grants.
+ *
+ * A role may be held by a million members, so they move MOVE_BATCH at a time, each batch in a
+ * transaction of its own (each member's grants narrowed with them), and a last transaction moves
+ * whoever joined meanwhile, the invitations, and deletes the role. Locks are taken in one order
+ * everywhere: memberships, then invitations, then roles (by id), then grants; so a deletion
+ * never deadlocks with a role change, an invitation being accepted, a code being redeemed, or
+ * another deletion moving members the other way. Interrupted, it leaves the role with fewer
+ * members, each moved member consistent; deleting again finishes it.
  */
 export async function deleteRole(db: DB, organizationId: number, name: string, input: { moveTo?: string | undefined }, options: RoleChangeOptions = {}): Promise<{ moved: number }> {
   const actingAs = options.actingAs ?? OWNER;
-  const { moved, revoked } = await inTransaction(db, async (trx) => {
-    const current = await lockCustomRole(trx, organizationId, name);
-    refuseBeyond(actingAs, canonical(current.permissions), 'this role');
+  // Checked in a transaction that changes nothing: who may, where to, and whether anyone holds it.
+  const { current, target } = await inTransaction(db, async (trx) => {
+    if (isBuiltinRole(name)) throw new ForbiddenError(`${name} is a built-in role: it cannot be changed or deleted`);
+    const current = await findRole(trx, organizationId, name, { forShare: true });
+    if (!current) throw new NotFoundError('no such role in this organization');
+    refuseBeyond(actingAs, current.permissions, 'this role');
     const target = input.moveTo === undefined ? undefined : await requireRole(trx, organizationId, input.moveTo, 'move_to');
     if (target && target.kind === 'custom' && target.id === current.id) throw new InvalidRequestError('move_to: choose another role than the one being deleted', { details: [{ path: 'move_to', message: 'must be another role' }] });
     if (target && !mayAssign(actingAs, target)) throw new ForbiddenError(`move_to: your role may not give ${target.name}`);
-    const holders = await trx
-      .selectFrom('memberships')
-      .select((eb) => eb.fn.countAll<number>().as('count'))
-      .where('organization_id', '=', organizationId)
-      .where('role_id', '=', current.id)
-      .executeTakeFirstOrThrow();
-    const members = Number(holders.count);
-    const invited = await trx.selectFrom('invitations').select('id').where('organization_id', '=', organizationId).where('role_id', '=', current.id).limit(1).executeTakeFirst();
-    if ((members > 0 || invited) && !target) {
-      throw new ConflictError(
-        `${members > 0 ? `${members} member(s) hold` : 'invitations name'} the role ${current.name}; choose a role to move ${members > 0 ? 'them' : 'the invitations'} to (move_to)`,
-      );
+    if (!target) {
+      const holders = await trx
+        .selectFrom('memberships')
+        .select((eb) => eb.fn.countAll<number>().as('count'))
+        .where('organization_id', '=', organizationId)
+        .where('role_id', '=', current.id)
+        .executeTakeFirstOrThrow();
+      const members = Number(holders.count);
+      const invited = await trx.selectFrom('invitations').select('id').where('organization_id', '=', organizationId).where('role_id', '=', current.id).limit(1).executeTakeFirst();
+      if (members > 0 || invited) {
+        throw new ConflictError(
+          `${members > 0 ? `${members} member(s) hold` : 'invitations name'} the role ${current.name}; choose a role to move ${members > 0 ? 'them' : 'the invitations'} to (move_to)`,
+        );
+      }
     }
-    let revoked: number[] = [];
-    if (target) {
-      // Narrowed before the move, while the role still names them.
-      revoked = await narrowGrantsInTransaction(trx, { organizationId, roleId: current.id }, target.permissions, options.actor);
-      const set = { role: target.kind, role_id: target.id };
-      await trx.updateTable('memberships').set(set).where('organization_id', '=', organizationId).where('role_id', '=', current.id).execute();
-      await trx.updateTable('invitations').set(set).where('organization_id', '=', organizationId).where('role_id', '=', current.id).execute();
+    return { current: current as RoleRef & { id: number }, target };
+  });
+
+  /** Moves up to `limit` of the role's members (locked first) to the target, narrowing their grants; the roles as they are now. */
+  const moveMembers = async (trx: Transaction<Database>, limit: number | undefined, afterUserId = 0): Promise<{ userIds: number[]; revoked: number[] }> => {
+    if (!target) return { userIds: [], revoked: [] };
+    const userIds = (
+      await trx
+        .selectFrom('memberships')
+        .select('user_id')
+        .where('organization_id', '=', organizationId)
+        .where('role_id', '=', current.id)
+        // Keyset: the index entries of members already moved are dead until a vacuum, and are not walked again.
+        .where('user_id', '>', afterUserId)
+        .orderBy('user_id')
+        .$if(limit !== undefined, (qb) => qb.limit(limit ?? 0))
+        .forUpdate()
+        .execute()
+    ).map((m) => m.user_id);
+    if (userIds.length === 0) return { userIds, revoked: [] };
+    const to = await lockRole(trx, organizationId, target, 'move_to');
+    const revoked = await narrowGrantsInTransaction(trx, { organizationId, userIds }, to.permissions, options.actor);
+    await trx
+      .updateTable('memberships')
+      .set({ role: to.kind, role_id: to.id })
+      .where('organization_id', '=', organizationId)
+      .where('user_id', '=', sql<number>`any(${userIds}::bigint[])`)
+      .where('role_id', '=', current.id)
+      .execute();
+    return { userIds, revoked };
+  };
+
+  let moved = 0;
+  let cursor = 0;
+  for (;;) {
+    const batch = await inTransaction(db, (trx) => moveMembers(trx, MOVE_BATCH, cursor));
+    options.revocations?.noteRevoked(batch.revoked, 'role_changed');
+    moved += batch.userIds.length;
+    if (batch.userIds.length < MOVE_BATCH) break;
+    cursor = batch.userIds.at(-1)!;
+  }
+
+  const revoked = await inTransaction(db, async (trx) => {
+    // Whoever holds the role now (joined since the batches): their memberships locked first, as
+    // everywhere; then its invitations; then both roles by id (the one going exclusively, the one
+    // members move to shared), and only then does anyone move, so two deletions moving members
+    // in opposite directions queue on the lower id instead of deadlocking.
+    await trx.selectFrom('memberships').select('user_id').where('organization_id', '=', organizationId).where('role_id', '=', current.id).forUpdate().execute();
+    const set = target ? { role: target.kind, role_id: target.id } : undefined;
+    const invitations = trx.updateTable('invitations').where('organization_id', '=', organizationId).where('role_id', '=', current.id);
+    if (set) await invitations.set(set).execute();
+    const ids = [current.id, ...(target?.id != null ? [target.id] : [])].sort((a, b) => a - b);
+    for (const id of ids) {
+      const q = trx.selectFrom('roles').select('id').where('organization_id', '=', organizationId).where('id', '=', id);
+      const row = await (id === current.id ? q.forUpdate() : q.forShare()).executeTakeFirst();
+      if (!row) {
+        if (id === current.id) throw new NotFoundError('no such role in this organization');
+        throw new InvalidRequestError(`move_to: the role ${JSON.stringify(target!.name)} no longer exists in this organization`, { details: [{ path: 'move_to', message: 'no such role in this organization' }] });
+      }
+    }
+    // Everyone holding it, those who committed just before our lock included (their
+    // transactions have ended: nothing is waited for), and invitations sent meanwhile (an
+    // invitation share-locks its role, so none after).
+    const latest = await moveMembers(trx, undefined);
+    moved += latest.userIds.length;
+    if (set) await invitations.set(set).execute();
+    if (!target) {
+      const left = await trx.selectFrom('memberships').select('user_id').where('organization_id', '=', organizationId).where('role_id', '=', current.id).limit(1).executeTakeFirst();
+      const invited = await trx.selectFrom('invitations').select('id').where('organization_id', '=', organizationId).where('role_id', '=', current.id).limit(1).executeTakeFirst();
+      if (left || invited) throw new ConflictError(`the role ${current.name} was given to someone while it was being deleted; choose a role to move them to (move_to)`);
     }
     await trx.deleteFrom('roles').where('id', '=', current.id).execute();
     await recordAuditEvent(trx, {
       organizationId,
       action: 'role.deleted',
       actor: options.actor,
-      details: { role_id: current.id, name: current.name, ...(target ? { members_moved_to: target.name, members_moved: members } : {}) },
+      details: { role_id: current.id, name: current.name, ...(target ? { members_moved_to: target.name, members_moved: moved } : {}) },
     });
-    return { moved: members, revoked };
+    return latest.revoked;
   });
   options.revocations?.noteRevoked(revoked, 'role_changed');
   return { moved };

@@ -137,10 +137,13 @@ async function revokeBatch(trx: Transaction<Database>, selection: GrantSelection
     .execute();
   if (grants.length === 0) return [];
   const ids = grants.map((g) => g.id);
-  // Locked after the grants, the order the refresh grant locks them in (no deadlock).
+  const organizations = [...new Set(grants.map((g) => g.organization_id))];
+  // Locked after the grants, the order the refresh grant locks them in (no deadlock); found by
+  // the (organization_id, grant_id) index, the only one refresh tokens have on their grant.
   await trx
     .updateTable('refresh_tokens')
     .set({ revoked_at: sql`now()` })
+    .where('organization_id', '=', sql<number>`any(${organizations}::bigint[])`)
     .where('grant_id', '=', sql<number>`any(${ids}::bigint[])`)
     .where('revoked_at', 'is', null)
     .execute();
@@ -195,8 +198,8 @@ export async function revokeGrantsInTransaction(trx: Transaction<Database>, sele
   }
 }
 
-/** Whose grants a role change narrows: one member's, or those of every member holding a custom role. */
-export type NarrowSelection = { organizationId: number; userId: number } | { organizationId: number; roleId: number };
+/** Whose grants a role change narrows: one member's, some members', or those of every member holding a custom role. */
+export type NarrowSelection = { organizationId: number; userId: number } | { organizationId: number; userIds: readonly number[] } | { organizationId: number; roleId: number };
 
 /**
  * Narrows up to REVOKE_BATCH of the selected users' live grants that hold a scope outside
@@ -221,6 +224,7 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
     .where('organization_id', '=', selection.organizationId)
     .where('revoked_at', 'is', null)
     .$if('userId' in selection, (qb) => qb.where('user_id', '=', 'userId' in selection ? selection.userId : 0))
+    .$if('userIds' in selection, (qb) => qb.where('user_id', '=', sql<number>`any(${'userIds' in selection ? [...selection.userIds] : []}::bigint[])`))
     .$if('roleId' in selection, (qb) =>
       qb.where('user_id', 'in', (eb) =>
         eb
@@ -314,6 +318,36 @@ export async function narrowGrantsInTransaction(trx: Transaction<Database>, sele
     const ids = await narrowBatch(trx, selection, allowed, actor, revoked.at(-1) ?? 0);
     revoked.push(...ids);
     if (ids.length === 0) return revoked;
+  }
+}
+
+/**
+ * Narrows the selected users' grants a batch at a time, each batch in a transaction of its own
+ * (short locks: code redemptions and refreshes of the same members go on between batches), and
+ * tells `memory` of each batch once it has committed. `allowed` is read again inside each batch
+ * (it share-locks the role it reads), so a role changed again meanwhile is followed; undefined
+ * (the role is gone) ends the narrowing. For a role held by many members: the role's own change
+ * commits first, and refreshes and redemptions check the role from then on, so no new token
+ * carries a removed scope while the batches run. Returns the number of grants narrowed.
+ */
+export async function narrowGrantsInBatches(
+  db: DB,
+  selection: NarrowSelection,
+  allowed: (trx: Transaction<Database>) => Promise<readonly string[] | undefined>,
+  actor: Actor = {},
+  memory?: RevokedGrantsMemory,
+): Promise<number> {
+  let count = 0;
+  let cursor = 0;
+  for (;;) {
+    const ids = await db.transaction().execute(async (trx) => {
+      const now = await allowed(trx);
+      return now === undefined ? [] : narrowBatch(trx, selection, now, actor, cursor);
+    });
+    if (ids.length === 0) return count;
+    memory?.noteRevoked(ids, 'role_changed');
+    count += ids.length;
+    cursor = ids.at(-1)!;
   }
 }
 

@@ -4,6 +4,7 @@
  * under live tokens on two instances (each with its own pool and LISTEN connection on PostgreSQL).
  */
 import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
+import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember, changeMemberRole, removeMember } from '../../src/accounts/organizations.js';
 import { createRole, requireRole, type RoleRef } from '../../src/accounts/roles.js';
@@ -311,5 +312,96 @@ describe(`issue 15's must-shows on ${BACKEND}`, () => {
     if ('error' in tokens) throw new Error(tokens.error);
     expect((await api(app, admin, 'DELETE', `/members/${member.id}`)).statusCode).toBe(204);
     expect((await readContacts(app, tokens.access_token)).statusCode).toBe(401);
+  });
+});
+
+describe(`role changes at volume and under concurrency on ${BACKEND}`, () => {
+  it('a refresh whose grant no narrowing has reached yet (a role-wide narrowing still running, or interrupted) returns the narrower scope and ends the old access token', async () => {
+    const role = await createRole(t.handle.db, org.organizationId, { name: `Unreached ${++n}`, permissions: ['contacts.read', 'contacts.write'] });
+    const member = await memberWith(role);
+    const application = await publicApp(DATA_SCOPES);
+    const tokens = await authorize(member.browser, application, 'contacts.read contacts.write');
+    if ('error' in tokens) throw new Error(tokens.error);
+    // The role's change committed, its grants not narrowed: what a crash between the two leaves.
+    await t.handle.db.updateTable('roles').set({ permissions: ['contacts.read'] }).where('id', '=', role.id!).execute();
+    const refreshed = await tokenRequest(application, { grant_type: 'refresh_token', refresh_token: tokens.refresh_token }, second);
+    expect(refreshed.statusCode, refreshed.body).toBe(200);
+    expect(refreshed.json().scope).toBe('contacts.read');
+    expectInsufficientScope(await writeContact(second, refreshed.json().access_token));
+    // The refresh narrowed the grant itself: the old access token is refused on both instances.
+    await expect.poll(async () => (await writeContact(app, tokens.access_token)).statusCode, { timeout: 1000, interval: 20 }).toBe(401);
+    await expect.poll(async () => (await writeContact(second, tokens.access_token)).statusCode, { timeout: 1000, interval: 20 }).toBe(401);
+    // And a role that allows none of it any more: the refresh token is refused.
+    await t.handle.db.updateTable('roles').set({ permissions: ['tasks.read'] }).where('id', '=', role.id!).execute();
+    const none = await tokenRequest(application, { grant_type: 'refresh_token', refresh_token: refreshed.json().refresh_token });
+    expect(none.json()).toMatchObject({ error: 'invalid_grant' });
+  });
+
+  it('narrows and moves more members than one batch: a role losing a permission, then deleted with its members moved', async () => {
+    const db = t.handle.db;
+    const size = 1_234;
+    const role = await createRole(db, org.organizationId, { name: `Crowd ${++n}`, permissions: ['contacts.read', 'contacts.write', 'tasks.read'] });
+    const application = await publicApp(DATA_SCOPES);
+    const appRow = await db.selectFrom('applications').select('id').where('client_id', '=', application.client_id).executeTakeFirstOrThrow();
+    const users = await db
+      .insertInto('users')
+      .values(Array.from({ length: size }, (_, i) => ({ email: `crowd-${n}-${i}-${process.pid}@example.com`, password_hash: '$argon2id$crowd', email_verified_at: new Date() })))
+      .returning('id')
+      .execute();
+    const ids = users.map((u) => u.id);
+    await db.insertInto('memberships').values(ids.map((id) => ({ organization_id: org.organizationId, user_id: id, role: 'custom' as const, role_id: role.id }))).execute();
+    await db.insertInto('grants').values(ids.map((id) => ({ organization_id: org.organizationId, application_id: appRow.id, user_id: id, scopes: ['contacts.read', 'contacts.write', 'tasks.read'] }))).execute();
+    const live = () =>
+      db.selectFrom('grants').select(['scopes', (eb) => eb.fn.countAll<string>().as('count')]).where('application_id', '=', appRow.id).where('revoked_at', 'is', null).groupBy('scopes').execute();
+
+    const patched = await api(app, admin, 'PATCH', `/roles/${encodeURIComponent(role.name)}`, { permissions: ['contacts.read', 'tasks.read'] });
+    expect(patched.statusCode, patched.body).toBe(200);
+    expect((await live()).map((g) => [g.scopes, Number(g.count)])).toEqual([[['contacts.read', 'tasks.read'], size]]);
+
+    const tasksOnly = await createRole(db, org.organizationId, { name: `Tasks only ${++n}`, permissions: ['tasks.read'] });
+    const deleted = await api(app, admin, 'DELETE', `/roles/${encodeURIComponent(role.name)}?move_to=${encodeURIComponent(tasksOnly.name)}`);
+    expect(deleted.statusCode, deleted.body).toBe(204);
+    expect((await live()).map((g) => [g.scopes, Number(g.count)])).toEqual([[['tasks.read'], size]]);
+    const roles = await db.selectFrom('memberships').select(['role_id', (eb) => eb.fn.countAll<string>().as('count')]).where('user_id', '=', sql<number>`any(${ids}::bigint[])`).groupBy('role_id').execute();
+    expect(roles.map((r) => [r.role_id, Number(r.count)])).toEqual([[tasksOnly.id, size]]);
+    const event = await db.selectFrom('audit_events').select('details').where('organization_id', '=', org.organizationId).where('action', '=', 'role.deleted').orderBy('id', 'desc').limit(1).executeTakeFirstOrThrow();
+    expect(event.details).toMatchObject({ role_id: role.id, members_moved_to: tasksOnly.name, members_moved: size });
+  });
+
+  it('two owners demoting each other at once: exactly one succeeds, and the organization keeps an owner', async () => {
+    for (let i = 0; i < 5; i++) {
+      const own = await createOrgFixture(t.handle.db);
+      const second = await createUser(t.handle.db, { email: `co-owner-${++n}-${process.pid}@example.com`, password: PASSWORD });
+      await addMember(t.handle.db, { organizationId: own.organizationId, userId: second.id, role: 'owner' });
+      const results = await Promise.allSettled([
+        changeMemberRole(t.handle.db, { organizationId: own.organizationId, userId: own.ownerId, role: 'admin' }),
+        removeMember(t.handle.db, { organizationId: own.organizationId, userId: second.id }),
+      ]);
+      expect(results.filter((r) => r.status === 'fulfilled')).toHaveLength(1);
+      const refused = results.find((r) => r.status === 'rejected') as PromiseRejectedResult;
+      expect(String(refused.reason)).toMatch(/last owner/);
+      const owners = await t.handle.db.selectFrom('memberships').select('user_id').where('organization_id', '=', own.organizationId).where('role', '=', 'owner').execute();
+      expect(owners).toHaveLength(1);
+    }
+  });
+
+  it('two roles deleted at once, each moving its members to the other: no error but the honest one, nobody left on a deleted role', async () => {
+    for (let i = 0; i < 5; i++) {
+      const a = await createRole(t.handle.db, org.organizationId, { name: `Swap A ${++n}`, permissions: ['contacts.read'] });
+      const b = await createRole(t.handle.db, org.organizationId, { name: `Swap B ${n}`, permissions: ['contacts.read'] });
+      const inA = await memberWith(a);
+      const inB = await memberWith(b);
+      const [first, other] = await Promise.all([
+        api(app, admin, 'DELETE', `/roles/${encodeURIComponent(a.name)}?move_to=${encodeURIComponent(b.name)}`),
+        api(second, admin, 'DELETE', `/roles/${encodeURIComponent(b.name)}?move_to=${encodeURIComponent(a.name)}`),
+      ]);
+      const statuses = [first.statusCode, other.statusCode].sort();
+      // One goes through; the other finds its target (or itself) gone: 400 or 404, never a 5xx.
+      expect(statuses[0], `${first.body} ${other.body}`).toBe(204);
+      expect([204, 400, 404]).toContain(statuses[1]);
+      const left = await t.handle.db.selectFrom('roles').select('id').where('id', 'in', [a.id!, b.id!]).execute();
+      const holders = await t.handle.db.selectFrom('memberships').select(['user_id', 'role_id']).where('organization_id', '=', org.organizationId).where('user_id', 'in', [inA.id, inB.id]).execute();
+      for (const h of holders) expect(left.map((r) => r.id)).toContain(h.role_id);
+    }
   });
 });

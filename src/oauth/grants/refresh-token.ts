@@ -7,6 +7,10 @@ import { findRefreshToken } from '../refresh-tokens.js';
 import { type Params, requireParam } from '../params.js';
 import { userTokenResponse, type TokenContext } from '../token-response.js';
 import type { GrantHandler } from './types.js';
+import { membershipPermissionsSql, narrowMemberGrants } from '../../accounts/roles.js';
+
+/** The permissions of membership `m` now; the grant's narrowing locks what it changes, so no lock here. */
+const MEMBER_PERMISSIONS = membershipPermissionsSql(sql`m.role`, sql`(select rr.permissions from roles rr where rr.id = m.role_id)`);
 
 interface Rotated {
   grant_id: number;
@@ -37,7 +41,11 @@ async function rotateRefreshToken(
       select r.id, r.grant_id, r.organization_id, r.scopes, g.user_id
       from refresh_tokens r
       join grants g on g.id = r.grant_id and g.organization_id = r.organization_id
+      join memberships m on m.organization_id = r.organization_id and m.user_id = g.user_id
       where r.token_hash = ${sha256Hex(input.presented)}
+        -- The user's role allows all of it now (a role that lost a permission is narrowing its
+        -- members' grants, and may not have reached this one yet).
+        and r.scopes <@ ${MEMBER_PERMISSIONS}
         -- "+ 0": the grant is reached by its key from the token, never by the application's
         -- grants. Planned with its values (unnamed statements, as behind PgBouncer) and stale
         -- statistics (an application whose 200,000 grants came after the last ANALYZE looks
@@ -73,10 +81,13 @@ async function rotateRefreshToken(
 /**
  * Why a refresh token was not rotated, as the error to answer with. A retired token presented
  * after the grace period is taken as stolen and its whole grant is revoked (RFC 9700 §4.14.2).
- * Undefined when the token is live and unused now: a role change moved it to a narrower grant
- * while we were rotating it (narrowGrantsInTransaction), and rotating again succeeds.
+ * 'retry' when the token is live and unused now: a role change moved it to a narrower grant
+ * while we were rotating it (narrowBatch), and rotating again succeeds. 'narrow' when it holds
+ * scopes the user's role no longer allows and no narrowing has reached its grant yet (a role's
+ * members are narrowed in batches, or the narrowing was interrupted): `narrow` names whose
+ * grants to narrow first (narrowMemberGrants).
  */
-async function refusal(ctx: TokenContext, application: Application, presented: string, asked: readonly string[] | null): Promise<Error | undefined> {
+async function refusal(ctx: TokenContext, application: Application, presented: string, asked: readonly string[] | null): Promise<Error | 'retry' | { narrow: { organizationId: number; userId: number } }> {
   const token = await findRefreshToken(ctx.db, presented);
   // RT-1: another client's refresh token is as good as unknown to this one.
   if (!token || token.application_id !== application.id || token.user_id === null) return new InvalidGrantError();
@@ -92,7 +103,15 @@ async function refusal(ctx: TokenContext, application: Application, presented: s
     return new InvalidGrantError('the refresh token was already used');
   }
   if (asked !== null && !asked.every((s) => token.scopes.includes(s))) return new InvalidScopeError('scope may only narrow the scope of the refresh token');
-  return undefined;
+  const member = await ctx.db
+    .selectFrom('memberships as m')
+    .select(MEMBER_PERMISSIONS.as('permissions'))
+    .where('m.organization_id', '=', token.organization_id)
+    .where('m.user_id', '=', token.user_id)
+    .executeTakeFirst();
+  // No longer a member: the removal is revoking the grant.
+  if (!member) return new InvalidGrantError('the refresh token was revoked');
+  return token.scopes.every((s) => member.permissions.includes(s)) ? 'retry' : { narrow: { organizationId: token.organization_id, userId: token.user_id } };
 }
 
 /** RT-2: `scope` may narrow the refresh token's scope, never widen it; null when not sent. */
@@ -122,10 +141,14 @@ export const refreshToken: GrantHandler = {
     let rotated = await rotate();
     if (!rotated) {
       const refused = await refusal(ctx, application, presented, asked);
-      if (refused) throw refused;
+      if (refused instanceof Error) throw refused;
+      if (refused !== 'retry') await narrowMemberGrants(ctx.db, refused.narrow.organizationId, refused.narrow.userId, { revocations: ctx.revocations });
       rotated = await rotate();
-      // Live when we looked again, yet not rotated: a concurrent refresh or revocation got there first.
-      if (!rotated) throw new InvalidGrantError('the refresh token was already used');
+      if (!rotated) {
+        // Narrowed to nothing (the role allows none of it), or a concurrent refresh or revocation got there first.
+        const again = await refusal(ctx, application, presented, asked);
+        throw again instanceof Error ? again : new InvalidGrantError('the refresh token was already used');
+      }
     }
     return userTokenResponse(ctx, signingKey, {
       grantId: rotated.grant_id,
