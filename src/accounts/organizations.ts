@@ -174,10 +174,16 @@ export async function changeMemberRole(
 ): Promise<MembershipResult> {
   const { result, revoked } = await inTransaction(db, async (trx) => {
     const { member, isLastOwner } = await lockMemberships(trx, input.organizationId, input.userId);
-    const role = await lockRole(trx, input.organizationId, asRoleRef(input.role));
+    const asked = asRoleRef(input.role);
+    // The role they hold already: nothing to lock or change (and no wait on a role being deleted,
+    // which locks its members after the role).
+    if (member.kind === asked.kind && member.id === asked.id) {
+      refuseUnlessAllowed(options, member);
+      return { result: { organization_id: input.organizationId, user_id: input.userId, role: member.name }, revoked: [] };
+    }
+    const role = await lockRole(trx, input.organizationId, asked);
     const result = { organization_id: input.organizationId, user_id: input.userId, role: role.name };
     refuseUnlessAllowed(options, member, role);
-    if (member.kind === role.kind && member.id === role.id) return { result, revoked: [] };
     if (isLastOwner) throw new ConflictError('the last owner of an organization cannot be demoted; make someone else an owner first');
     await trx
       .updateTable('memberships')

@@ -15,7 +15,7 @@ import { type Expression, type RawBuilder, sql, type Transaction } from 'kysely'
 import { z } from 'zod';
 import { type Actor, recordAuditEvent } from '../audit/events.js';
 import { type DB, inTransaction } from '../db/connect.js';
-import { isCheckViolation, isUniqueViolation } from '../db/errors.js';
+import { isCheckViolation, isForeignKeyViolation, isTransactionConflict, isUniqueViolation } from '../db/errors.js';
 import type { BuiltinRole, CustomRole, Database, RoleKind } from '../db/schema.js';
 import { ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../errors.js';
 import { narrowGrantsInBatches, narrowGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/grant-store.js';
@@ -355,7 +355,10 @@ export async function updateRole(
         ...(removed.length > 0 ? { permissions_removed: removed.join(' ') } : {}),
       },
     });
-    return { view: { ...customRef(row), builtin: false, description: row.description, created_at: row.created_at, updated_at: row.updated_at }, narrow: removed.length > 0 };
+    const view = { ...customRef(row), builtin: false, description: row.description, created_at: row.created_at, updated_at: row.updated_at };
+    // Whenever permissions are sent, not only when one is removed: sending them again finishes a
+    // narrowing that was interrupted (a crash, a timeout) after the change committed.
+    return { view, narrow: permissions !== undefined };
   });
   if (narrow) await narrowRoleGrants(db, organizationId, view.id!, options);
   return view;
@@ -407,11 +410,15 @@ const MOVE_BATCH = 500;
  *
  * A role may be held by a million members, so they move MOVE_BATCH at a time, each batch in a
  * transaction of its own (each member's grants narrowed with them), and a last transaction moves
- * whoever joined meanwhile, the invitations, and deletes the role. Locks are taken in one order
- * everywhere: memberships, then invitations, then roles (by id), then grants; so a deletion
- * never deadlocks with a role change, an invitation being accepted, a code being redeemed, or
- * another deletion moving members the other way. Interrupted, it leaves the role with fewer
- * members, each moved member consistent; deleting again finishes it.
+ * whoever joined meanwhile, the invitations, and deletes the role. That one locks the
+ * organization row first (FOR NO KEY UPDATE: deletions queue there, so two moving members in
+ * opposite directions cannot deadlock), then the role going (FOR NO KEY UPDATE: a code
+ * redemption, which share-locks the role before the membership, waits; an invitation being
+ * accepted, which only key-shares it, does not) and the one members move to, then the
+ * memberships and invitations. A conflict the database still reports (a deadlock, or a member
+ * inserted by an accepted invitation just before the delete) runs that transaction again. Who
+ * may delete and move is checked again under those locks. Interrupted, it leaves the role with
+ * fewer members, each moved member consistent; deleting again finishes it.
  */
 export async function deleteRole(db: DB, organizationId: number, name: string, input: { moveTo?: string | undefined }, options: RoleChangeOptions = {}): Promise<{ moved: number }> {
   const actingAs = options.actingAs ?? OWNER;
@@ -460,6 +467,8 @@ export async function deleteRole(db: DB, organizationId: number, name: string, i
     ).map((m) => m.user_id);
     if (userIds.length === 0) return { userIds, revoked: [] };
     const to = await lockRole(trx, organizationId, target, 'move_to');
+    // Widened since the first check: the deleter may no longer give it.
+    if (!mayAssign(actingAs, to)) throw new ForbiddenError(`move_to: your role may not give ${to.name}`);
     const revoked = await narrowGrantsInTransaction(trx, { organizationId, userIds }, to.permissions, options.actor);
     await trx
       .updateTable('memberships')
@@ -481,44 +490,45 @@ export async function deleteRole(db: DB, organizationId: number, name: string, i
     cursor = batch.userIds.at(-1)!;
   }
 
-  const revoked = await inTransaction(db, async (trx) => {
-    // Whoever holds the role now (joined since the batches): their memberships locked first, as
-    // everywhere; then its invitations; then both roles by id (the one going exclusively, the one
-    // members move to shared), and only then does anyone move, so two deletions moving members
-    // in opposite directions queue on the lower id instead of deadlocking.
-    await trx.selectFrom('memberships').select('user_id').where('organization_id', '=', organizationId).where('role_id', '=', current.id).forUpdate().execute();
-    const set = target ? { role: target.kind, role_id: target.id } : undefined;
-    const invitations = trx.updateTable('invitations').where('organization_id', '=', organizationId).where('role_id', '=', current.id);
-    if (set) await invitations.set(set).execute();
-    const ids = [current.id, ...(target?.id != null ? [target.id] : [])].sort((a, b) => a - b);
-    for (const id of ids) {
-      const q = trx.selectFrom('roles').select('id').where('organization_id', '=', organizationId).where('id', '=', id);
-      const row = await (id === current.id ? q.forUpdate() : q.forShare()).executeTakeFirst();
-      if (!row) {
-        if (id === current.id) throw new NotFoundError('no such role in this organization');
-        throw new InvalidRequestError(`move_to: the role ${JSON.stringify(target!.name)} no longer exists in this organization`, { details: [{ path: 'move_to', message: 'no such role in this organization' }] });
+  const finish = () =>
+    inTransaction(db, async (trx) => {
+      await trx.selectFrom('organizations').select('id').where('id', '=', organizationId).forNoKeyUpdate().execute();
+      const going = await trx.selectFrom('roles').select('permissions').where('organization_id', '=', organizationId).where('id', '=', current.id).forNoKeyUpdate().executeTakeFirst();
+      if (!going) throw new NotFoundError('no such role in this organization');
+      refuseBeyond(actingAs, canonical(going.permissions), 'this role');
+      if (target?.id != null) {
+        const stays = await trx.selectFrom('roles').select('id').where('organization_id', '=', organizationId).where('id', '=', target.id).forShare().executeTakeFirst();
+        if (!stays) throw new InvalidRequestError(`move_to: the role ${JSON.stringify(target.name)} no longer exists in this organization`, { details: [{ path: 'move_to', message: 'no such role in this organization' }] });
       }
-    }
-    // Everyone holding it, those who committed just before our lock included (their
-    // transactions have ended: nothing is waited for), and invitations sent meanwhile (an
-    // invitation share-locks its role, so none after).
-    const latest = await moveMembers(trx, undefined);
-    moved += latest.userIds.length;
-    if (set) await invitations.set(set).execute();
-    if (!target) {
-      const left = await trx.selectFrom('memberships').select('user_id').where('organization_id', '=', organizationId).where('role_id', '=', current.id).limit(1).executeTakeFirst();
-      const invited = await trx.selectFrom('invitations').select('id').where('organization_id', '=', organizationId).where('role_id', '=', current.id).limit(1).executeTakeFirst();
-      if (left || invited) throw new ConflictError(`the role ${current.name} was given to someone while it was being deleted; choose a role to move them to (move_to)`);
-    }
-    await trx.deleteFrom('roles').where('id', '=', current.id).execute();
-    await recordAuditEvent(trx, {
-      organizationId,
-      action: 'role.deleted',
-      actor: options.actor,
-      details: { role_id: current.id, name: current.name, ...(target ? { members_moved_to: target.name, members_moved: moved } : {}) },
+      // Everyone holding it now (joined since the batches), and the invitations naming it.
+      const late = await moveMembers(trx, undefined);
+      const set = target ? { role: target.kind, role_id: target.id } : undefined;
+      if (set) await trx.updateTable('invitations').set(set).where('organization_id', '=', organizationId).where('role_id', '=', current.id).execute();
+      if (!target) {
+        const left = await trx.selectFrom('memberships').select('user_id').where('organization_id', '=', organizationId).where('role_id', '=', current.id).limit(1).executeTakeFirst();
+        const invited = await trx.selectFrom('invitations').select('id').where('organization_id', '=', organizationId).where('role_id', '=', current.id).limit(1).executeTakeFirst();
+        if (left || invited) throw new ConflictError(`the role ${current.name} was given to someone while it was being deleted; choose a role to move them to (move_to)`);
+      }
+      await trx.deleteFrom('roles').where('id', '=', current.id).execute();
+      await recordAuditEvent(trx, {
+        organizationId,
+        action: 'role.deleted',
+        actor: options.actor,
+        details: { role_id: current.id, name: current.name, ...(target ? { members_moved_to: target.name, members_moved: moved + late.userIds.length } : {}) },
+      });
+      return late;
     });
-    return latest.revoked;
-  });
+  let late: Awaited<ReturnType<typeof finish>>;
+  for (let attempt = 1; ; attempt++) {
+    try {
+      late = await finish();
+      break;
+    } catch (err) {
+      if (attempt >= 3 || !(isTransactionConflict(err) || isForeignKeyViolation(err))) throw err;
+    }
+  }
+  moved += late.userIds.length;
+  const revoked = late.revoked;
   options.revocations?.noteRevoked(revoked, 'role_changed');
   return { moved };
 }

@@ -9,6 +9,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember, changeMemberRole, removeMember } from '../../src/accounts/organizations.js';
 import { createRole, requireRole, type RoleRef } from '../../src/accounts/roles.js';
 import { createUser } from '../../src/accounts/users.js';
+import { acceptInvitation } from '../../src/accounts/invitations.js';
+import { generateSecret, sha256Hex } from '../../src/lib/crypto.js';
 import { createApplication, type ApplicationWithSecret } from '../../src/oauth/applications.js';
 import { DATA_SCOPES, KNOWN_SCOPES } from '../../src/oauth/scopes.js';
 import { Browser } from '../accounts/browser.js';
@@ -382,6 +384,42 @@ describe(`role changes at volume and under concurrency on ${BACKEND}`, () => {
       expect(String(refused.reason)).toMatch(/last owner/);
       const owners = await t.handle.db.selectFrom('memberships').select('user_id').where('organization_id', '=', own.organizationId).where('role', '=', 'owner').execute();
       expect(owners).toHaveLength(1);
+    }
+  });
+
+  it('a role deleted while a member redeems a code, an invitation to it is accepted and someone is given it: no 5xx, nobody left on it, no live grant beyond the new role', async () => {
+    const db = t.handle.db;
+    for (let i = 0; i < 5; i++) {
+      const role = await createRole(db, org.organizationId, { name: `Busy ${++n}`, permissions: ['contacts.read', 'contacts.write'] });
+      const member = await memberWith(role);
+      const joining = await memberWith('viewer');
+      const application = await publicApp(DATA_SCOPES);
+      const query = new URLSearchParams({ response_type: 'code', client_id: application.client_id, redirect_uri: REDIRECT, scope: 'contacts.read contacts.write', state: STATE });
+      const page = await member.browser.get(`/oauth/authorize?${query}`);
+      const approved = await member.browser.post('/oauth/authorize', { ...hiddenFields(page.body), organization_id: String(org.organizationId), decision: 'approve' });
+      const code = new URL(approved.headers.location as string).searchParams.get('code')!;
+      const invitee = await createUser(db, { email: `busy-invitee-${n}-${process.pid}@example.com`, password: PASSWORD });
+      await db.updateTable('users').set({ email_verified_at: new Date() }).where('id', '=', invitee.id).execute();
+      const link = generateSecret(32);
+      await db.insertInto('invitations').values({ organization_id: org.organizationId, email: invitee.email, role: 'custom', role_id: role.id, token_hash: sha256Hex(link), expires_at: new Date(Date.now() + 3600_000) }).execute();
+
+      const [deleted, redeemed, accepted, given] = await Promise.allSettled([
+        api(app, admin, 'DELETE', `/roles/${encodeURIComponent(role.name)}?move_to=viewer`),
+        tokenRequest(application, { grant_type: 'authorization_code', code, redirect_uri: REDIRECT }, second),
+        acceptInvitation(db, link, invitee.id),
+        api(second, admin, 'PATCH', `/members/${joining.id}`, { role: role.name }),
+      ]);
+      const status = (r: PromiseSettledResult<LightMyRequestResponse>) => (r.status === 'fulfilled' ? r.value.statusCode : 0);
+      expect(status(deleted), deleted.status === 'fulfilled' ? deleted.value.body : String(deleted.reason)).toBe(204);
+      expect([200, 400]).toContain(status(redeemed));
+      expect([200, 400]).toContain(status(given));
+      // Accepted before or after the move: either way the invitee is a member now.
+      expect(accepted.status, accepted.status === 'rejected' ? String(accepted.reason) : '').toBe('fulfilled');
+      expect(await db.selectFrom('roles').select('id').where('id', '=', role.id!).executeTakeFirst()).toBeUndefined();
+      const roles = await db.selectFrom('memberships').select(['user_id', 'role', 'role_id']).where('organization_id', '=', org.organizationId).where('user_id', 'in', [member.id, joining.id, invitee.id]).orderBy('user_id').execute();
+      expect(roles.map((r) => [r.role, r.role_id])).toEqual([['viewer', null], ['viewer', null], ['viewer', null]]);
+      const beyond = await db.selectFrom('grants').select('scopes').where('user_id', '=', member.id).where('revoked_at', 'is', null).execute();
+      for (const g of beyond) expect(g.scopes).toEqual(['contacts.read']);
     }
   });
 
