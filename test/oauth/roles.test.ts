@@ -85,6 +85,16 @@ async function authorize(browser: Browser, application: ApplicationWithSecret, s
   return { ...token.json(), page: shown };
 }
 
+/** A code approved on the consent page for the organization, not yet redeemed. */
+async function approvedCode(browser: Browser, application: ApplicationWithSecret, scope: string): Promise<string> {
+  const query = new URLSearchParams({ response_type: 'code', client_id: application.client_id, redirect_uri: REDIRECT, scope, state: STATE });
+  const page = await browser.get(`/oauth/authorize?${query}`);
+  const approved = await browser.post('/oauth/authorize', { ...hiddenFields(page.body), organization_id: String(org.organizationId), decision: 'approve' });
+  const code = new URL(approved.headers.location as string).searchParams.get('code');
+  expect(code).toBeTruthy();
+  return code!;
+}
+
 function tokenRequest(application: ApplicationWithSecret, fields: Record<string, string>, target: FastifyInstance = app): Promise<LightMyRequestResponse> {
   return target.inject({
     method: 'POST',
@@ -255,10 +265,7 @@ describe(`issue 15's must-shows on ${BACKEND}`, () => {
   it('a code issued before a demotion is refused after it (invalid_grant); one issued after carries the new role', async () => {
     const member = await memberWith('member');
     const application = await publicApp(DATA_SCOPES);
-    const query = new URLSearchParams({ response_type: 'code', client_id: application.client_id, redirect_uri: REDIRECT, scope: 'contacts.write', state: STATE });
-    const page = await member.browser.get(`/oauth/authorize?${query}`);
-    const approved = await member.browser.post('/oauth/authorize', { ...hiddenFields(page.body), organization_id: String(org.organizationId), decision: 'approve' });
-    const code = new URL(approved.headers.location as string).searchParams.get('code')!;
+    const code = await approvedCode(member.browser, application, 'contacts.write');
     await changeMemberRole(t.handle.db, { organizationId: org.organizationId, userId: member.id, role: 'viewer' });
     const res = await tokenRequest(application, { grant_type: 'authorization_code', code, redirect_uri: REDIRECT });
     expect(res.statusCode).toBe(400);
@@ -269,10 +276,7 @@ describe(`issue 15's must-shows on ${BACKEND}`, () => {
   it('a code replayed after its grant was narrowed revokes the narrower successor too (RFC 6749 §4.1.2)', async () => {
     const member = await memberWith('member');
     const application = await publicApp(DATA_SCOPES);
-    const query = new URLSearchParams({ response_type: 'code', client_id: application.client_id, redirect_uri: REDIRECT, scope: 'contacts.read contacts.write', state: STATE });
-    const page = await member.browser.get(`/oauth/authorize?${query}`);
-    const approved = await member.browser.post('/oauth/authorize', { ...hiddenFields(page.body), organization_id: String(org.organizationId), decision: 'approve' });
-    const code = new URL(approved.headers.location as string).searchParams.get('code')!;
+    const code = await approvedCode(member.browser, application, 'contacts.read contacts.write');
     const first = await tokenRequest(application, { grant_type: 'authorization_code', code, redirect_uri: REDIRECT });
     expect(first.statusCode).toBe(200);
     await changeMemberRole(t.handle.db, { organizationId: org.organizationId, userId: member.id, role: 'viewer' });
@@ -394,10 +398,7 @@ describe(`role changes at volume and under concurrency on ${BACKEND}`, () => {
       const member = await memberWith(role);
       const joining = await memberWith('viewer');
       const application = await publicApp(DATA_SCOPES);
-      const query = new URLSearchParams({ response_type: 'code', client_id: application.client_id, redirect_uri: REDIRECT, scope: 'contacts.read contacts.write', state: STATE });
-      const page = await member.browser.get(`/oauth/authorize?${query}`);
-      const approved = await member.browser.post('/oauth/authorize', { ...hiddenFields(page.body), organization_id: String(org.organizationId), decision: 'approve' });
-      const code = new URL(approved.headers.location as string).searchParams.get('code')!;
+      const code = await approvedCode(member.browser, application, 'contacts.read contacts.write');
       const invitee = await createUser(db, { email: `busy-invitee-${n}-${process.pid}@example.com`, password: PASSWORD });
       await db.updateTable('users').set({ email_verified_at: new Date() }).where('id', '=', invitee.id).execute();
       const link = generateSecret(32);
