@@ -71,8 +71,8 @@ function parseRedirectUris(text: string): { uris: string[]; errors: string[] } {
  * private application acts on its own with them, and a public one would be another member's
  * to change later only if their role holds its scopes too.
  */
-function beyondRole(ctx: ActionContext, scopes: readonly string[]): string[] {
-  return scopes.filter((s) => !(ctx.organization.access.permissions as readonly string[]).includes(s));
+function beyondRole(ctx: DashboardContext, scopes: readonly string[]): string[] {
+  return scopes.filter((s) => (ctx.can as Readonly<Record<string, boolean>>)[s] !== true);
 }
 
 function delegationError(beyond: readonly string[]): string {
@@ -141,7 +141,7 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
       active: 'applications',
       application,
       // Scopes of the application the viewer's role lacks: then it is not theirs to change.
-      outOfReach: application.scopes.filter((scope) => !(ctx.can as Record<string, boolean>)[scope]),
+      outOfReach: beyondRole(ctx, application.scopes),
       scopeChoices: SCOPE_CHOICES[application.type],
       edit: view.edit ?? { name: application.name, redirectUris: application.redirect_uris.join('\n'), scopes: application.scopes },
       secret: view.secret ?? '',
