@@ -8,7 +8,7 @@ import { contactOut, listContacts } from '../src/api/contacts.js';
 import { buildApp } from '../src/app.js';
 import { loadConfig } from '../src/config.js';
 import { createLogger } from '../src/logger.js';
-import { ensureSigningKey } from '../src/oauth/keys.js';
+import { ensureSigningKey } from '../src/oauth/models/signing-keys.js';
 import { limitHeapGrowth, openDatabase } from '../src/runtime.js';
 
 limitHeapGrowth();

@@ -4,7 +4,7 @@ import { type Kysely, sql } from 'kysely';
  * Every change to an application (secret rotated, disabled, edited, deleted), whoever makes it
  * (dashboard, CLI, an operator's SQL), is published on the channel `orgauth_applications` with
  * the client_id as payload, when the change commits. Instances cache applications for client
- * authentication and drop the entry on this signal (src/oauth/application-cache.ts).
+ * authentication and drop the entry on this signal (src/oauth/models/application-cache.ts).
  */
 export async function up(db: Kysely<any>): Promise<void> {
   await sql`

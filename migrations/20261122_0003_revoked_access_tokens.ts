@@ -2,9 +2,9 @@ import { type Kysely, sql } from 'kysely';
 
 /*
  * Access tokens revoked one by one, until they expire. The tokens a private application gets for
- * itself share one grant (src/oauth/client-grants.ts), so revoking one of them must not revoke
+ * itself share one grant (src/oauth/models/client-grants.ts), so revoking one of them must not revoke
  * the grant: its jti goes here instead, and instances load and follow this table as they do
- * revoked grants (src/oauth/revocations.ts). Rows past expires_at are useless and are pruned.
+ * revoked grants (src/oauth/models/revocation-list.ts). Rows past expires_at are useless and are pruned.
  */
 export async function up(db: Kysely<any>): Promise<void> {
   await db.schema

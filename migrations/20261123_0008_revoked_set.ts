@@ -2,7 +2,7 @@ import { type Kysely, sql } from 'kysely';
 
 /*
  * Each instance loads the revocations that can still matter at start, a batch at a time in
- * (revoked_at, id) order (keyset pagination, src/oauth/revocations.ts), then follows new ones
+ * (revoked_at, id) order (keyset pagination, src/oauth/models/revocation-list.ts), then follows new ones
  * the same way. Indexes in that order serve it straight: each batch is a range of the index,
  * read without a sort, and for grants without visiting the table (id and revoked_at are both in
  * the index). They replace the single-column indexes on revoked_at, which serve every query

@@ -15,7 +15,7 @@ import { type Kysely, sql } from 'kysely';
  *   organization's role impossible). Existing rows keep their built-in role: nothing changes for
  *   them. A custom role in use cannot be deleted (restrict): its members are moved first.
  * - grants.narrowed_from_grant_id: when a role change takes a permission from a member, each of
- *   their grants holding it is replaced by a narrower one (src/oauth/grant-store.ts,
+ *   their grants holding it is replaced by a narrower one (src/oauth/models/grants.ts,
  *   narrowGrantsInTransaction); the successor names the grant it replaced.
  */
 export async function up(db: Kysely<any>): Promise<void> {

@@ -7,8 +7,8 @@ import { createOrganization } from './accounts/organizations.js';
 import { insertUser, prepareUser, type PublicUser } from './accounts/users.js';
 import { type DB, inTransaction } from './db/connect.js';
 import { generateSecret } from './lib/crypto.js';
-import { type ApplicationWithSecret, createApplication } from './oauth/applications.js';
-import { isManagementScope, KNOWN_SCOPES } from './oauth/scopes.js';
+import { type ApplicationWithSecret, createApplication } from './oauth/models/applications.js';
+import { isManagementScope, KNOWN_SCOPES } from './oauth/helpers/scopes.js';
 
 export const DEMO_EMAIL = 'demo@orgauth.local';
 export const DEMO_REDIRECT_URI = 'http://localhost:8080/callback';

@@ -5,7 +5,7 @@
  */
 import { createServer, type Server } from 'node:http';
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
-import type { RevocationReason } from './oauth/grant-store.js';
+import type { RevocationReason } from './db/schema.js';
 
 /** What the pool can say about itself (pg.Pool's counters); absent on the embedded database. */
 export interface PoolStats {

@@ -10,7 +10,7 @@ import type { DatabaseHandle } from './db/connect.js';
 import { formatDemoBanner, isDatabaseEmpty, seedDemo } from './demo.js';
 import { createLogger } from './logger.js';
 import { DEV_OUTBOX_PATH } from './mail/dev-outbox.js';
-import { ensureSigningKey } from './oauth/keys.js';
+import { ensureSigningKey } from './oauth/models/signing-keys.js';
 import { describeStartupError, limitHeapGrowth, openDatabase } from './runtime.js';
 
 /** SIGTERM must end the process within this even if a request hangs. */

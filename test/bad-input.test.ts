@@ -4,8 +4,8 @@
  */
 import type { FastifyInstance, InjectOptions } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ensureSigningKey } from '../src/oauth/keys.js';
-import { DATA_SCOPES, KNOWN_SCOPES } from '../src/oauth/scopes.js';
+import { ensureSigningKey } from '../src/oauth/models/signing-keys.js';
+import { DATA_SCOPES, KNOWN_SCOPES } from '../src/oauth/helpers/scopes.js';
 import { buildTestApp, TEST_SECRET_KEY } from './helpers/app.js';
 import { BACKEND, createTestDatabase } from './helpers/db.js';
 import { basic, clientCredentialsToken, createOrgFixture, form, type OrgFixture } from './helpers/oauth.js';

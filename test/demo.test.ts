@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { verifyPassword } from '../src/accounts/passwords.js';
 import { formatDemoBanner, isDatabaseEmpty, seedDemo } from '../src/demo.js';
 import { ConflictError } from '../src/errors.js';
-import { KNOWN_SCOPES } from '../src/oauth/scopes.js';
+import { KNOWN_SCOPES } from '../src/oauth/helpers/scopes.js';
 import { secretMatches } from '../src/lib/crypto.js';
 import { BACKEND, createTestDatabase } from './helpers/db.js';
 

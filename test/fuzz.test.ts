@@ -15,11 +15,11 @@ import type { FastifyInstance, InjectOptions, LightMyRequestResponse } from 'fas
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember, createOrganization } from '../src/accounts/organizations.js';
 import { createUser } from '../src/accounts/users.js';
-import { CLIENT_ID_PATTERN, createApplication, type ApplicationWithSecret } from '../src/oauth/applications.js';
-import { createAuthorizationCode } from '../src/oauth/codes.js';
-import { createGrant } from '../src/oauth/grant-store.js';
-import { ensureSigningKey } from '../src/oauth/keys.js';
-import { DATA_SCOPES, KNOWN_SCOPES, MANAGEMENT_SCOPES } from '../src/oauth/scopes.js';
+import { CLIENT_ID_PATTERN, createApplication, type ApplicationWithSecret } from '../src/oauth/models/applications.js';
+import { createAuthorizationCode } from '../src/oauth/models/authorization-codes.js';
+import { createGrant } from '../src/oauth/models/grants.js';
+import { ensureSigningKey } from '../src/oauth/models/signing-keys.js';
+import { DATA_SCOPES, KNOWN_SCOPES, MANAGEMENT_SCOPES } from '../src/oauth/helpers/scopes.js';
 import { Browser, csrfTokenIn } from './accounts/browser.js';
 import { buildTestApp, TEST_SECRET_KEY, testConfig } from './helpers/app.js';
 import { BACKEND, createTestDatabase } from './helpers/db.js';

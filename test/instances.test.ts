@@ -21,7 +21,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrganization } from '../src/accounts/organizations.js';
 import { createUser } from '../src/accounts/users.js';
 import { connectDatabase, type DatabaseHandle } from '../src/db/connect.js';
-import { type ApplicationWithSecret, createApplication } from '../src/oauth/applications.js';
+import { type ApplicationWithSecret, createApplication } from '../src/oauth/models/applications.js';
 import { createEmptyDatabase, TEST_DATABASE_URL, type TestDatabase } from './helpers/db.js';
 import { basic } from './helpers/oauth.js';
 import { csrfIn, deadlinePoll, describeObserved, formPost, hiddenIn, type Observed, observe, UserAgent } from './helpers/instances.js';

@@ -17,8 +17,8 @@ import type { FastifyInstance, InjectOptions, LightMyRequestResponse } from 'fas
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrganization } from '../src/accounts/organizations.js';
 import { createUser } from '../src/accounts/users.js';
-import { type ApplicationWithSecret, createApplication } from '../src/oauth/applications.js';
-import { ensureSigningKey } from '../src/oauth/keys.js';
+import { type ApplicationWithSecret, createApplication } from '../src/oauth/models/applications.js';
+import { ensureSigningKey } from '../src/oauth/models/signing-keys.js';
 import { Browser, csrfTokenIn } from './accounts/browser.js';
 import { buildTestApp, logCapture, TEST_SECRET_KEY, testConfig } from './helpers/app.js';
 import { BACKEND, createTestDatabase } from './helpers/db.js';

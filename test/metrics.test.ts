@@ -4,8 +4,8 @@
  */
 import type { FastifyInstance } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createAuthorizationCode } from '../src/oauth/codes.js';
-import { ensureSigningKey } from '../src/oauth/keys.js';
+import { createAuthorizationCode } from '../src/oauth/models/authorization-codes.js';
+import { ensureSigningKey } from '../src/oauth/models/signing-keys.js';
 import { Metrics } from '../src/metrics.js';
 import { buildApp } from '../src/app.js';
 import { createLogger } from '../src/logger.js';

@@ -35,9 +35,9 @@ import { connectDatabase, type DatabaseHandle, inTransaction, prepared } from '.
 import { migrateToLatest, MIGRATIONS_URL } from '../src/db/migrate.js';
 import { SERVER_STATEMENT_TIMEOUT_MS, statementTimeoutProblem } from '../src/db/pooler.js';
 import { createLogger } from '../src/logger.js';
-import { type ApplicationWithSecret, createApplication } from '../src/oauth/applications.js';
-import { REVOCATION_CHANNEL } from '../src/oauth/grant-store.js';
-import { ensureSigningKey } from '../src/oauth/keys.js';
+import { type ApplicationWithSecret, createApplication } from '../src/oauth/models/applications.js';
+import { REVOCATION_CHANNEL } from '../src/oauth/models/grants.js';
+import { ensureSigningKey } from '../src/oauth/models/signing-keys.js';
 import { describeStartupError, openDatabase } from '../src/runtime.js';
 import { logCapture, testConfig } from './helpers/app.js';
 import { createEmptyDatabase, TEST_DATABASE_URL, type TestDatabase } from './helpers/db.js';

@@ -20,7 +20,7 @@ import type { BackgroundTasks } from '../lib/background.js';
 import { FailureThrottle } from '../lib/throttle.js';
 import type { MailOutbox } from '../mail/outbox.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
-import { readParams } from '../oauth/params.js';
+import { readParams } from '../oauth/helpers/params.js';
 import { renderPage } from '../pages/render.js';
 import { findAccountToken } from './account-tokens.js';
 import { acceptInvitation, findOpenInvitation, InvitationUnavailableError, sameAddress, signUpFromInvitation } from './invitations.js';

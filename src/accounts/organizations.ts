@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { type Actor, recordAuditEvent } from '../audit/events.js';
-import { narrowGrantsInTransaction, revokeGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/grant-store.js';
+import { narrowGrantsInTransaction, revokeGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/models/grants.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import { isUniqueViolation } from '../db/errors.js';
 import type { BuiltinRole, Organization } from '../db/schema.js';

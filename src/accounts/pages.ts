@@ -11,7 +11,7 @@ import { roleOf, type RoleRef } from './roles.js';
 import { ConflictError, InvalidRequestError } from '../errors.js';
 import { FailureThrottle } from '../lib/throttle.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
-import { readParams } from '../oauth/params.js';
+import { readParams } from '../oauth/helpers/params.js';
 import { ForbiddenError, renderPage, setUpPages } from '../pages/render.js';
 import { type EmailPagesDeps, emailLinkPages } from './email-pages.js';
 import { createOrganization, organizationNameSchema } from './organizations.js';

@@ -18,8 +18,8 @@ import { type DB, inTransaction } from '../db/connect.js';
 import { isCheckViolation, isForeignKeyViolation, isTransactionConflict, isUniqueViolation } from '../db/errors.js';
 import type { BuiltinRole, CustomRole, Database, RoleKind } from '../db/schema.js';
 import { ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../errors.js';
-import { narrowGrantsInBatches, narrowGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/grant-store.js';
-import { DATA_SCOPES, isKnownScope, KNOWN_SCOPES, type Scope } from '../oauth/scopes.js';
+import { narrowGrantsInBatches, narrowGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/models/grants.js';
+import { DATA_SCOPES, isKnownScope, KNOWN_SCOPES, type Scope } from '../oauth/helpers/scopes.js';
 import { isWellFormed, parseInput } from '../lib/validate.js';
 
 export type Permission = Scope;

@@ -1,6 +1,6 @@
 /**
  * The management API's applications: list, read, create, change, rotate the secret, delete.
- * The rules are the domain's (src/oauth/applications.ts), shared with the dashboard and the CLI;
+ * The rules are the domain's (src/oauth/models/applications.ts), shared with the dashboard and the CLI;
  * this file adds only what is particular to an application administering its own organization:
  * it may not lock itself out (refuseSelfLockout), nor act beyond its token's scopes
  * (refuseBeyondToken).
@@ -10,7 +10,7 @@ import { z } from 'zod';
 import type { DB } from '../db/connect.js';
 import type { Application } from '../db/schema.js';
 import { ConflictError, ForbiddenError } from '../errors.js';
-import type { ApplicationCache } from '../oauth/application-cache.js';
+import type { ApplicationCache } from '../oauth/models/application-cache.js';
 import {
   type ChangeOptions,
   createApplication,
@@ -19,9 +19,9 @@ import {
   listApplications,
   rotateClientSecret,
   updateApplication,
-} from '../oauth/applications.js';
-import type { RevocationList } from '../oauth/revocations.js';
-import { applicationScopes } from '../oauth/scopes.js';
+} from '../oauth/models/applications.js';
+import type { RevocationList } from '../oauth/models/revocation-list.js';
+import { applicationScopes } from '../oauth/helpers/scopes.js';
 import { actorOf, type ApiAuth, authOf } from './auth.js';
 import { decodeCursor, listPage, listQuery } from './pagination.js';
 import { conflictResponse, errorResponses, listOf, orgParams } from './schemas.js';

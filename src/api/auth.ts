@@ -6,11 +6,11 @@
 import type { FastifyRequest } from 'fastify';
 import type { Config } from '../config.js';
 import { AppError, NotFoundError } from '../errors.js';
-import { type AccessTokenClaims, AccessTokenVerifier, InvalidTokenError, type VerifiedToken } from '../oauth/access-tokens.js';
-import type { KeyStore } from '../oauth/key-store.js';
-import type { RevocationList } from '../oauth/revocations.js';
-import type { ApplicationCache } from '../oauth/application-cache.js';
-import { isManagementScope } from '../oauth/scopes.js';
+import { type AccessTokenClaims, AccessTokenVerifier, InvalidTokenError, type VerifiedToken } from '../oauth/models/access-tokens.js';
+import type { KeyStore } from '../oauth/models/key-store.js';
+import type { RevocationList } from '../oauth/models/revocation-list.js';
+import type { ApplicationCache } from '../oauth/models/application-cache.js';
+import { isManagementScope } from '../oauth/helpers/scopes.js';
 import { applicationRole, type RoleRef } from '../accounts/roles.js';
 
 export interface ApiAuth {

@@ -13,7 +13,7 @@ import { requireRole } from '../accounts/roles.js';
 import { emailSchema, findUserByEmail } from '../accounts/users.js';
 import type { DB } from '../db/connect.js';
 import { InvalidRequestError } from '../errors.js';
-import type { RevocationList } from '../oauth/revocations.js';
+import type { RevocationList } from '../oauth/models/revocation-list.js';
 import { actingRoleOf, actorOf, type ApiAuth, authOf, pathId } from './auth.js';
 import { decodeCursor, listPage, listQuery } from './pagination.js';
 import { conflictResponse, errorResponses, listOf, orgParams } from './schemas.js';

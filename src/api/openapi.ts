@@ -8,7 +8,7 @@ import swaggerUi from '@fastify/swagger-ui';
 import type { FastifyInstance } from 'fastify';
 import { jsonSchemaTransform, jsonSchemaTransformObject } from 'fastify-type-provider-zod';
 import type { Config } from '../config.js';
-import { DATA_SCOPES, SCOPE_DESCRIPTIONS } from '../oauth/scopes.js';
+import { DATA_SCOPES, SCOPE_DESCRIPTIONS } from '../oauth/helpers/scopes.js';
 
 const API_PATH = /^\/api\/v1\//;
 

@@ -10,7 +10,7 @@ import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import { z } from 'zod';
 import { createRole, deleteRole, getRole, listRoles, PERMISSION_DESCRIPTIONS, PERMISSIONS, type RoleChangeOptions, type RoleView, updateRole } from '../accounts/roles.js';
 import type { DB } from '../db/connect.js';
-import type { RevocationList } from '../oauth/revocations.js';
+import type { RevocationList } from '../oauth/models/revocation-list.js';
 import { actingRoleOf, actorOf, type ApiAuth, authOf } from './auth.js';
 import { conflictResponse, errorResponses, orgParams } from './schemas.js';
 

@@ -11,7 +11,7 @@ import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
 import { hasPermission, type Permission, PERMISSIONS } from '../accounts/roles.js';
 import { ForbiddenError, InvalidRequestError } from '../errors.js';
-import { type Params, parseCanonicalId, readParams } from '../oauth/params.js';
+import { type Params, parseCanonicalId, readParams } from '../oauth/helpers/params.js';
 import { listUserOrganizations } from '../accounts/pages.js';
 import { type CurrentOrganization, resolveCurrentOrganization } from './current-organization.js';
 

@@ -6,7 +6,7 @@
 import type { FastifyInstance, FastifyReply } from 'fastify';
 import { createRole, deleteRole, listRoles, mayAssign, PERMISSION_DESCRIPTIONS, PERMISSIONS, type RoleChangeOptions, updateRole } from '../accounts/roles.js';
 import { AppError, ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../errors.js';
-import { DATA_SCOPES } from '../oauth/scopes.js';
+import { DATA_SCOPES } from '../oauth/helpers/scopes.js';
 import { renderPage } from '../pages/render.js';
 import type { DashboardDeps } from './applications.js';
 import { type ActionContext, dashboardContext, type DashboardContext, readForm, requireAction, requireView } from './context.js';

@@ -125,6 +125,20 @@ export interface ApplicationsTable {
   updated_at: Timestamp;
 }
 
+/** Why a grant (or an access token) was revoked: grants.revoked_reason, the audit log, the metrics. */
+export type RevocationReason =
+  | 'revoked_by_client'
+  | 'revoked_by_user'
+  /** By an organization's administrator: an application through the management API, or the operator's CLI. */
+  | 'revoked_by_admin'
+  | 'code_replay'
+  | 'refresh_token_reuse'
+  | 'application_disabled'
+  | 'member_removed'
+  | 'scopes_narrowed'
+  /** A role change took a scope from the grant's user: the grant was replaced by a narrower one, or revoked when nothing was left. */
+  | 'role_changed';
+
 export interface GrantsTable {
   id: Generated<number>;
   organization_id: number;

@@ -29,8 +29,8 @@ import { hashPassword, PASSWORD_MAX_LENGTH } from '../../src/accounts/passwords.
 import { createUser, insertUser } from '../../src/accounts/users.js';
 import type { AccountTokenPurpose } from '../../src/db/schema.js';
 import { sha256Hex } from '../../src/lib/crypto.js';
-import { ensureSigningKey } from '../../src/oauth/keys.js';
-import { KNOWN_SCOPES } from '../../src/oauth/scopes.js';
+import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
+import { KNOWN_SCOPES } from '../../src/oauth/helpers/scopes.js';
 import { buildTestApp, logCapture, TEST_SECRET_KEY, testConfig } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
 import { clientCredentialsToken, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';

@@ -14,8 +14,8 @@ import { listContacts } from '../../src/api/contacts.js';
 import { listTasks } from '../../src/api/tasks.js';
 import { listAuditEvents } from '../../src/audit/events.js';
 import type { DB } from '../../src/db/connect.js';
-import { listApplications } from '../../src/oauth/applications.js';
-import { listLiveGrants } from '../../src/oauth/grant-store.js';
+import { listApplications } from '../../src/oauth/models/applications.js';
+import { listLiveGrants } from '../../src/oauth/models/grants.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
 import { explain, firstQueryOf, type PlanNode } from '../helpers/plans.js';
 

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { FastifyInstance } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ensureSigningKey } from '../../src/oauth/keys.js';
+import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
 import { buildTestApp, TEST_SECRET_KEY } from '../helpers/app.js';
 import { createTestDatabase } from '../helpers/db.js';
 import { redisAnswers } from '../helpers/redis.js';

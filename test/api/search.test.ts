@@ -13,7 +13,7 @@ import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { listContacts, searchable } from '../../src/api/contacts.js';
 import type { DB } from '../../src/db/connect.js';
-import { ensureSigningKey } from '../../src/oauth/keys.js';
+import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
 import { buildTestApp, TEST_SECRET_KEY } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
 import { explain, type ExplainRows, nodesOf, planIn, type PlanNode, recording } from '../helpers/plans.js';

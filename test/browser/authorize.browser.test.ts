@@ -1,5 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createApplication } from '../../src/oauth/applications.js';
+import { createApplication } from '../../src/oauth/models/applications.js';
 import { basic, form } from '../helpers/oauth.js';
 import { HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld } from './harness.js';
 

@@ -8,7 +8,7 @@ import type { FastifyInstance } from 'fastify';
 import { type Browser, chromium, type Page } from 'playwright-core';
 import { buildApp } from '../../src/app.js';
 import { parseConfig } from '../../src/config.js';
-import { ensureSigningKey } from '../../src/oauth/keys.js';
+import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
 import { createLogger } from '../../src/logger.js';
 import { TEST_SECRET_KEY } from '../helpers/app.js';
 import { createTestDatabase } from '../helpers/db.js';

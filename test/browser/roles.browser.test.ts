@@ -10,7 +10,7 @@ import type { Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember, createOrganization } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
-import { type ApplicationWithSecret, createApplication } from '../../src/oauth/applications.js';
+import { type ApplicationWithSecret, createApplication } from '../../src/oauth/models/applications.js';
 import { freePort } from '../helpers/process.js';
 import { basic, form } from '../helpers/oauth.js';
 import { HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld } from './harness.js';

@@ -2,7 +2,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BACKEND } from '../helpers/db.js';
 import { changeMemberRole } from '../../src/accounts/organizations.js';
 import { createRole } from '../../src/accounts/roles.js';
-import { createApplication } from '../../src/oauth/applications.js';
+import { createApplication } from '../../src/oauth/models/applications.js';
 import { expectPageSecurityHeaders } from '../accounts/browser.js';
 import {
   accessTokenIn,

@@ -17,7 +17,7 @@ import { connectDatabase } from '../../src/db/connect.js';
 import { isDatabaseUnavailable } from '../../src/db/errors.js';
 import { migrateToLatest } from '../../src/db/migrate.js';
 import { sha256Hex } from '../../src/lib/crypto.js';
-import { REVOCATION_CHANNEL, revokeGrant } from '../../src/oauth/grant-store.js';
+import { REVOCATION_CHANNEL, revokeGrant } from '../../src/oauth/models/grants.js';
 import { TEST_SECRET_KEY } from '../helpers/app.js';
 import { TEST_DATABASE_URL } from '../helpers/db.js';
 import { createOrgFixture, type OrgFixture } from '../helpers/oauth.js';

@@ -5,7 +5,7 @@
  */
 import type { FastifyInstance } from 'fastify';
 import { connectDatabase } from '../../src/db/connect.js';
-import { ensureSigningKey } from '../../src/oauth/keys.js';
+import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
 import { buildTestApp, TEST_SECRET_KEY } from './app.js';
 import { createTestDatabase } from './db.js';
 

@@ -3,7 +3,7 @@ import { createOrganization } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import type { FastifyInstance } from 'fastify';
 import type { DB } from '../../src/db/connect.js';
-import { createApplication, type ApplicationWithSecret } from '../../src/oauth/applications.js';
+import { createApplication, type ApplicationWithSecret } from '../../src/oauth/models/applications.js';
 
 let n = 0;
 

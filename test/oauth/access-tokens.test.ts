@@ -1,10 +1,10 @@
 import { generateKeyPair, SignJWT, UnsecuredJWT, exportSPKI, base64url } from 'jose';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { type AccessTokenClaims, AccessTokenVerifier, InvalidTokenError, signAccessToken, verifyAccessToken } from '../../src/oauth/access-tokens.js';
+import { type AccessTokenClaims, AccessTokenVerifier, InvalidTokenError, signAccessToken, verifyAccessToken } from '../../src/oauth/models/access-tokens.js';
 import type { Application } from '../../src/db/schema.js';
-import type { RevocationList } from '../../src/oauth/revocations.js';
-import { KeyStore } from '../../src/oauth/key-store.js';
-import { ensureSigningKey, getActiveSigningKey, importPrivateKey, rotateSigningKey } from '../../src/oauth/keys.js';
+import type { RevocationList } from '../../src/oauth/models/revocation-list.js';
+import { KeyStore } from '../../src/oauth/models/key-store.js';
+import { ensureSigningKey, getActiveSigningKey, importPrivateKey, rotateSigningKey } from '../../src/oauth/models/signing-keys.js';
 import { testConfig, TEST_SECRET_KEY } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
 

@@ -1,6 +1,6 @@
 /**
  * The application lifecycle as the dashboard, the management API and the CLI share it
- * (src/oauth/applications.ts, src/oauth/grant-store.ts): changes made from a stale read do not
+ * (src/oauth/models/applications.ts, src/oauth/models/grants.ts): changes made from a stale read do not
  * undo a concurrent one, what a change takes away is revoked from the resulting state (so a
  * retry finishes an interrupted revocation), no grant is created beyond what an application
  * has now, and revocations that overlap finish each other's work.
@@ -11,10 +11,10 @@ import { addMember, removeMember } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import { createMigrator } from '../../src/db/migrate.js';
 import { connectDatabase } from '../../src/db/connect.js';
-import { createApplication, findApplicationByClientId, updateApplication } from '../../src/oauth/applications.js';
-import { createAuthorizationCode } from '../../src/oauth/codes.js';
-import { createGrant, revokeGrants } from '../../src/oauth/grant-store.js';
-import { ensureSigningKey } from '../../src/oauth/keys.js';
+import { createApplication, findApplicationByClientId, updateApplication } from '../../src/oauth/models/applications.js';
+import { createAuthorizationCode } from '../../src/oauth/models/authorization-codes.js';
+import { createGrant, revokeGrants } from '../../src/oauth/models/grants.js';
+import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
 import { buildTestApp, TEST_SECRET_KEY } from '../helpers/app.js';
 import { BACKEND, createEmptyDatabase, createTestDatabase, TEST_DATABASE_URL } from '../helpers/db.js';
 import { basic, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';

@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember, createOrganization } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import { sha256Hex } from '../../src/lib/crypto.js';
-import { type ApplicationWithSecret, createApplication } from '../../src/oauth/applications.js';
+import { type ApplicationWithSecret, createApplication } from '../../src/oauth/models/applications.js';
 import { Browser, csrfTokenIn, expectPageSecurityHeaders } from '../accounts/browser.js';
 import { buildTestApp, testConfig } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { redirectUriProblem } from '../../src/oauth/redirect-uris.js';
-import { parseScopes } from '../../src/oauth/scopes.js';
+import { redirectUriProblem } from '../../src/oauth/helpers/redirect-uris.js';
+import { parseScopes } from '../../src/oauth/helpers/scopes.js';
 
 describe('registering a redirect URI (AZ-10)', () => {
   it.each([

@@ -1,6 +1,6 @@
 /**
- * The compact revoked set (src/oauth/revoked-set.ts) and RevocationList's batched load from the
- * database (src/oauth/revocations.ts): the structure against a plain Map, its memory per entry
+ * The compact revoked set (src/oauth/models/revoked-set.ts) and RevocationList's batched load from the
+ * database (src/oauth/models/revocation-list.ts): the structure against a plain Map, its memory per entry
  * counted from its own typed arrays, the load in many small batches (ties on revoked_at across a
  * batch boundary, rows within one millisecond), the plans of the batch queries, a load that fails
  * half way, and revocations after start reaching an instance within a second.
@@ -10,9 +10,9 @@ import fc from 'fast-check';
 import type { FastifyBaseLogger } from 'fastify';
 import { type RawBuilder, sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
-import { revokeGrant } from '../../src/oauth/grant-store.js';
-import { RevocationList } from '../../src/oauth/revocations.js';
-import { grantIdCodec, RECENT_LIMIT, RevokedSet, sortEntries, uuidCodec } from '../../src/oauth/revoked-set.js';
+import { revokeGrant } from '../../src/oauth/models/grants.js';
+import { RevocationList } from '../../src/oauth/models/revocation-list.js';
+import { grantIdCodec, RECENT_LIMIT, RevokedSet, sortEntries, uuidCodec } from '../../src/oauth/models/revoked-set.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
 import { createOrgFixture } from '../helpers/oauth.js';
 import { explain, recording } from '../helpers/plans.js';
@@ -316,7 +316,7 @@ describe(`RevocationList's load from ${BACKEND}`, () => {
   });
 
   it('carries revoked_at in the cursor exactly, to the microsecond, as a number', async () => {
-    // What readGrants and readTokens read (revocations.ts), and how they turn it back into a
+    // What readGrants and readTokens read (revocation-list.ts), and how they turn it back into a
     // timestamptz: µs since the Unix epoch, from timestamptz_send's µs since 2000 and from extract.
     const { rows } = await sql<{ wrong: number }>`
       with r as (select timestamptz '1970-01-01 00:00:00+00' + random() * interval '250 years' as t from generate_series(1, 20000)),

@@ -11,8 +11,8 @@ import { createRole, requireRole, type RoleRef } from '../../src/accounts/roles.
 import { createUser } from '../../src/accounts/users.js';
 import { acceptInvitation } from '../../src/accounts/invitations.js';
 import { generateSecret, sha256Hex } from '../../src/lib/crypto.js';
-import { createApplication, type ApplicationWithSecret } from '../../src/oauth/applications.js';
-import { DATA_SCOPES, KNOWN_SCOPES } from '../../src/oauth/scopes.js';
+import { createApplication, type ApplicationWithSecret } from '../../src/oauth/models/applications.js';
+import { DATA_SCOPES, KNOWN_SCOPES } from '../../src/oauth/helpers/scopes.js';
 import { Browser } from '../accounts/browser.js';
 import { BACKEND } from '../helpers/db.js';
 import { deadlinePoll } from '../helpers/instances.js';

@@ -3,8 +3,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { verifyPassword } from '../../src/accounts/passwords.js';
 import { createUser } from '../../src/accounts/users.js';
 import { generateSecret, secretMatches, sha256Hex } from '../../src/lib/crypto.js';
-import { createApplication, findApplicationByClientId, rotateClientSecret } from '../../src/oauth/applications.js';
-import { ensureSigningKey, getActiveSigningKey, importPrivateKey, rotateSigningKey } from '../../src/oauth/keys.js';
+import { createApplication, findApplicationByClientId, rotateClientSecret } from '../../src/oauth/models/applications.js';
+import { ensureSigningKey, getActiveSigningKey, importPrivateKey, rotateSigningKey } from '../../src/oauth/models/signing-keys.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
 
 const SECRET_KEY = 'a-secret-key-of-at-least-32-characters!!';

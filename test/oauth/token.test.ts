@@ -1,8 +1,8 @@
 import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { verifyAccessToken } from '../../src/oauth/access-tokens.js';
-import { KeyStore } from '../../src/oauth/key-store.js';
-import { ensureSigningKey } from '../../src/oauth/keys.js';
+import { verifyAccessToken } from '../../src/oauth/models/access-tokens.js';
+import { KeyStore } from '../../src/oauth/models/key-store.js';
+import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
 import { buildTestApp, testConfig, TEST_SECRET_KEY } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
 import { basic, createOrgFixture, form, type OrgFixture, SAFE_DESCRIPTION } from '../helpers/oauth.js';

@@ -3,12 +3,12 @@ import { type DB, prepared } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
 import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { UnauthorizedClientError, InvalidGrantError } from '../errors.js';
-import { requireParam } from '../params.js';
-import { PKCE_VALUE, s256, verifyPkce } from '../pkce.js';
-import { userTokenResponse, type TokenContext } from '../token-response.js';
+import { requireParam } from '../helpers/params.js';
+import { PKCE_VALUE, s256, verifyPkce } from '../helpers/pkce.js';
+import { userTokenResponse, type TokenContext } from './token-response.js';
 import type { GrantHandler } from './types.js';
 import { membershipPermissionsSql, roleOf } from '../../accounts/roles.js';
-import { liveSuccessor } from '../grant-store.js';
+import { liveSuccessor } from '../models/grants.js';
 
 /** The scopes the code's user may still grant: their role's permissions now (share-locked with the membership). */
 const MEMBER_PERMISSIONS = membershipPermissionsSql(sql`m.role`, sql`(select r.permissions from roles r where r.id = m.role_id for share)`);

@@ -1,8 +1,8 @@
 import { InvalidRequestError } from '../../errors.js';
 import { UnauthorizedClientError } from '../errors.js';
-import { parseCanonicalId, requireParam } from '../params.js';
-import { grantableScopes } from '../scopes.js';
-import { issueClientToken } from '../token-response.js';
+import { parseCanonicalId, requireParam } from '../helpers/params.js';
+import { grantableScopes } from '../helpers/scopes.js';
+import { issueClientToken } from './token-response.js';
 import type { GrantHandler } from './types.js';
 
 /**

@@ -3,9 +3,9 @@ import { type DB, prepared } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
 import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { UnauthorizedClientError, InvalidGrantError, InvalidScopeError } from '../errors.js';
-import { findRefreshToken } from '../refresh-tokens.js';
-import { type Params, requireParam } from '../params.js';
-import { userTokenResponse, type TokenContext } from '../token-response.js';
+import { findRefreshToken } from '../models/refresh-tokens.js';
+import { type Params, requireParam } from '../helpers/params.js';
+import { userTokenResponse, type TokenContext } from './token-response.js';
 import type { GrantHandler } from './types.js';
 import { membershipPermissionsSql, narrowMemberGrants } from '../../accounts/roles.js';
 

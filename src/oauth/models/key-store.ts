@@ -6,10 +6,10 @@
  */
 import { KeyObject } from 'node:crypto';
 import { type CryptoKey, importJWK, type JWK } from 'jose';
-import type { SigningAlg } from '../config.js';
-import type { DB } from '../db/connect.js';
-import type { SigningKey } from '../db/schema.js';
-import { importPrivateKey } from './keys.js';
+import type { SigningAlg } from '../../config.js';
+import type { DB } from '../../db/connect.js';
+import type { SigningKey } from '../../db/schema.js';
+import { importPrivateKey } from './signing-keys.js';
 
 const RELOAD_INTERVAL_MS = 1000;
 const ACTIVE_CHECK_MS = 500;

@@ -3,7 +3,7 @@
  * absent, unknown ones are ignored. Values land in a null-prototype object, so `__proto__` or
  * `constructor` are just unknown parameter names.
  */
-import { InvalidRequestError } from '../errors.js';
+import { InvalidRequestError } from '../../errors.js';
 
 export type Params = Readonly<Record<string, string | undefined>>;
 

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { isWellFormed } from '../lib/validate.js';
+import { isWellFormed } from '../../lib/validate.js';
 
 const LOOPBACK_HOSTS = new Set(['localhost', '127.0.0.1', '[::1]']);
 

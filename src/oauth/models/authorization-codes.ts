@@ -3,8 +3,8 @@
  * client, redirect_uri, PKCE challenge, user and organization (CD-3), single use (CD-1) and
  * short-lived (CD-2, AUTH_CODE_TTL).
  */
-import type { DB } from '../db/connect.js';
-import { generateSecret, sha256Hex } from '../lib/crypto.js';
+import type { DB } from '../../db/connect.js';
+import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 
 export interface NewAuthorizationCode {
   organizationId: number;

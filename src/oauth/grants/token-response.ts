@@ -1,11 +1,11 @@
-import type { Config } from '../config.js';
-import type { DB } from '../db/connect.js';
-import type { Application } from '../db/schema.js';
-import { signAccessToken } from './access-tokens.js';
-import type { ClientGrants } from './client-grants.js';
-import type { KeyStore, SigningKeyMaterial } from './key-store.js';
-import type { RevocationList } from './revocations.js';
-import type { Metrics } from '../metrics.js';
+import type { Config } from '../../config.js';
+import type { DB } from '../../db/connect.js';
+import type { Application } from '../../db/schema.js';
+import { signAccessToken } from '../models/access-tokens.js';
+import type { ClientGrants } from '../models/client-grants.js';
+import type { KeyStore, SigningKeyMaterial } from '../models/key-store.js';
+import type { RevocationList } from '../models/revocation-list.js';
+import type { Metrics } from '../../metrics.js';
 
 /** The token endpoint's success body (RFC 6749 §5.1 plus the organization, as the contract shows). */
 export interface TokenResponse {

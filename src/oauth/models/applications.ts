@@ -1,16 +1,16 @@
 import { randomBytes } from 'node:crypto';
 import { sql } from 'kysely';
 import { z } from 'zod';
-import { type Actor, recordAuditEvent } from '../audit/events.js';
-import { type DB, inTransaction } from '../db/connect.js';
-import { isForeignKeyViolation } from '../db/errors.js';
-import type { Application, ApplicationType } from '../db/schema.js';
-import { NotFoundError } from '../errors.js';
-import { generateSecret, sha256Hex } from '../lib/crypto.js';
-import { isWellFormed, parseInput } from '../lib/validate.js';
-import { redirectUriSchema } from './redirect-uris.js';
-import { type RevocationReason, revokeGrants, type RevokedGrantsMemory } from './grant-store.js';
-import { applicationScopes } from './scopes.js';
+import { type Actor, recordAuditEvent } from '../../audit/events.js';
+import { type DB, inTransaction } from '../../db/connect.js';
+import { isForeignKeyViolation } from '../../db/errors.js';
+import type { Application, ApplicationType, RevocationReason } from '../../db/schema.js';
+import { NotFoundError } from '../../errors.js';
+import { generateSecret, sha256Hex } from '../../lib/crypto.js';
+import { isWellFormed, parseInput } from '../../lib/validate.js';
+import { redirectUriSchema } from '../helpers/redirect-uris.js';
+import { revokeGrants, type RevokedGrantsMemory } from './grants.js';
+import { applicationScopes } from '../helpers/scopes.js';
 
 // Validated under the names clients send (API bodies, CLI JSON), so that error details name them.
 const nameSchema = z

@@ -1,7 +1,7 @@
 /** Refresh tokens: 256-bit random values stored as SHA-256, each bound to a grant (and so a client). */
 import { sql } from 'kysely';
-import type { DB } from '../db/connect.js';
-import { sha256Hex } from '../lib/crypto.js';
+import type { DB } from '../../db/connect.js';
+import { sha256Hex } from '../../lib/crypto.js';
 
 /** A refresh token with what checking it needs: its grant's client, user, organization and state. */
 export async function findRefreshToken(db: DB, token: string) {

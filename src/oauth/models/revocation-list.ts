@@ -15,11 +15,12 @@
  */
 import { type RawBuilder, sql } from 'kysely';
 import type { FastifyBaseLogger } from 'fastify';
-import type { DB, Listen } from '../db/connect.js';
-import type { Metrics } from '../metrics.js';
+import type { DB, Listen } from '../../db/connect.js';
+import type { RevocationReason } from '../../db/schema.js';
+import type { Metrics } from '../../metrics.js';
 import { CLOCK_TOLERANCE_S } from './access-tokens.js';
-import type { Actor } from '../audit/events.js';
-import { REVOCATION_CHANNEL, revokeAccessToken, revokeGrant, type RevocationReason, type RevokedGrantsMemory } from './grant-store.js';
+import type { Actor } from '../../audit/events.js';
+import { REVOCATION_CHANNEL, revokeAccessToken, revokeGrant, type RevokedGrantsMemory } from './grants.js';
 import { grantIdCodec, RevokedSet, uuidCodec } from './revoked-set.js';
 
 const POLL_MS = 500;

@@ -9,8 +9,8 @@
  * MAX_AGE_MS is read again, which bounds staleness while the LISTEN connection is down.
  */
 import type { FastifyBaseLogger } from 'fastify';
-import type { DB, Listen } from '../db/connect.js';
-import type { Application } from '../db/schema.js';
+import type { DB, Listen } from '../../db/connect.js';
+import type { Application } from '../../db/schema.js';
 import { findApplicationByClientId } from './applications.js';
 
 export const APPLICATION_CHANNEL = 'orgauth_applications';

@@ -1,6 +1,6 @@
 /**
  * A set of revoked keys (grant ids, access-token jtis) that stays compact at a million entries,
- * for RevocationList (revocations.ts): a lookup on the API's hot path is a Map check plus a
+ * for RevocationList (revocation-list.ts): a lookup on the API's hot path is a Map check plus a
  * binary search, with no query.
  *
  * A Map<number, number> of a million revoked grants cost an instance 150 MB and more (entries,

@@ -10,10 +10,10 @@
  * once per MAX_AGE_MS per instance, not once per token.
  */
 import { sql } from 'kysely';
-import type { DB } from '../db/connect.js';
-import type { Application } from '../db/schema.js';
-import { InvalidClientError } from './errors.js';
-import { createGrant } from './grant-store.js';
+import type { DB } from '../../db/connect.js';
+import type { Application } from '../../db/schema.js';
+import { InvalidClientError } from '../errors.js';
+import { createGrant } from './grants.js';
 
 const MAX_AGE_MS = 1000;
 const MAX_ENTRIES = 10_000;

@@ -6,12 +6,12 @@
 import { randomUUID, sign as cryptoSign } from 'node:crypto';
 import { errors as joseErrors, jwtVerify } from 'jose';
 import { z } from 'zod';
-import { type Config, SIGNING_ALGS } from '../config.js';
-import { AppError } from '../errors.js';
+import { type Config, SIGNING_ALGS } from '../../config.js';
+import { AppError } from '../../errors.js';
 import type { KeyStore, SigningKeyMaterial } from './key-store.js';
-import type { RevocationList } from './revocations.js';
+import type { RevocationList } from './revocation-list.js';
 import type { FindApplication } from './application-cache.js';
-import type { Application } from '../db/schema.js';
+import type { Application } from '../../db/schema.js';
 
 export const ACCESS_TOKEN_TYPE = 'at+jwt';
 export const CLOCK_TOLERANCE_S = 60;

@@ -4,13 +4,13 @@
  * compared as SHA-256 digests in constant time: no slow hash on this path. Repeated failures for
  * one client_id are throttled (TK-6).
  */
-import type { Application } from '../db/schema.js';
-import { InvalidRequestError } from '../errors.js';
-import { secretMatches } from '../lib/crypto.js';
-import type { FindApplication } from './application-cache.js';
-import { CLIENT_ID_PATTERN } from './applications.js';
-import { FailureThrottle } from '../lib/throttle.js';
-import { InvalidClientError, TooManyAttemptsError } from './errors.js';
+import type { Application } from '../../db/schema.js';
+import { InvalidRequestError } from '../../errors.js';
+import { secretMatches } from '../../lib/crypto.js';
+import type { FindApplication } from '../models/application-cache.js';
+import { CLIENT_ID_PATTERN } from '../models/applications.js';
+import { FailureThrottle } from '../../lib/throttle.js';
+import { InvalidClientError, TooManyAttemptsError } from '../errors.js';
 import type { Params } from './params.js';
 
 

@@ -1,26 +1,20 @@
 /**
- * POST /oauth/token (RFC 6749 §3.2): everything the grants share — form bodies only, no-store,
- * duplicate parameters refused, client authentication — then the grant's handler, by grant_type.
+ * What the endpoints that take client-authenticated form posts share (token, revocation,
+ * introspection): form bodies only, read as text, duplicate parameters refused, methods other
+ * than POST 405, no-store, and client authentication.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { Config } from '../config.js';
-import type { DB } from '../db/connect.js';
-import { InvalidRequestError } from '../errors.js';
-import { type FailureThrottle } from '../lib/throttle.js';
-import type { ApplicationCache } from './application-cache.js';
+import type { Config } from '../../config.js';
+import type { DB } from '../../db/connect.js';
+import { InvalidRequestError } from '../../errors.js';
+import { type FailureThrottle } from '../../lib/throttle.js';
+import type { Metrics } from '../../metrics.js';
+import type { ApplicationCache } from '../models/application-cache.js';
+import type { ClientGrants } from '../models/client-grants.js';
+import type { KeyStore } from '../models/key-store.js';
+import type { RevocationList } from '../models/revocation-list.js';
 import { type AuthenticatedClient, authenticateClient } from './client-auth.js';
-import type { ClientGrants } from './client-grants.js';
-import type { Metrics } from '../metrics.js';
-import { UnsupportedGrantTypeError } from './errors.js';
-import { authorizationCode } from './grants/authorization-code.js';
-import { clientCredentials } from './grants/client-credentials.js';
-import { refreshToken } from './grants/refresh-token.js';
-import type { GrantHandler } from './grants/types.js';
-import type { KeyStore } from './key-store.js';
-import type { RevocationList } from './revocations.js';
-import { type Params, readParams, requireParam } from './params.js';
-
-const GRANTS: ReadonlyMap<string, GrantHandler> = new Map([authorizationCode, refreshToken, clientCredentials].map((g) => [g.grantType, g]));
+import { type Params, readParams } from './params.js';
 
 export const FORM = 'application/x-www-form-urlencoded';
 
@@ -97,16 +91,4 @@ export async function authenticatedForm(
   const body = formParams(req.body);
   const client = await authenticateClient(applications.find, clientThrottle, { authorization: req.headers.authorization, query: readParams(req.query), body, ip: req.ip });
   return { body, client };
-}
-
-export async function tokenEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
-  const { db, keys, revocations, config, clientGrants, metrics } = options;
-  await registerFormEndpoint(app, '/oauth/token', async (req) => {
-    const { body, client } = await authenticatedForm(req, options);
-    const grant = GRANTS.get(requireParam(body, 'grant_type'));
-    if (!grant) throw new UnsupportedGrantTypeError();
-    const issued = await grant.handle({ db, keys, revocations, config, clientGrants, metrics }, client, body);
-    metrics.tokensIssued.inc({ grant_type: grant.grantType });
-    return issued;
-  });
 }

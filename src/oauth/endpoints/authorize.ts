@@ -8,20 +8,20 @@
  * check, verifies the CSRF token and the chosen organization (AZ-8), and answers with a 303.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { listUserOrganizations, loginPath, type UserOrganization } from '../accounts/pages.js';
-import type { RoleRef } from '../accounts/roles.js';
-import { csrfToken, csrfTokenMatches, currentUser, type SessionUser } from '../accounts/sessions.js';
-import type { Config } from '../config.js';
-import { type DB, inTransaction } from '../db/connect.js';
-import type { Application } from '../db/schema.js';
-import { InvalidRequestError, sanitizeDescription } from '../errors.js';
-import { ForbiddenError, renderError, renderPage, setUpPages } from '../pages/render.js';
-import { findApplicationByClientId } from './applications.js';
-import { createAuthorizationCode } from './codes.js';
-import { recordAuditEvent } from '../audit/events.js';
-import { InvalidScopeError } from './errors.js';
-import { parseCanonicalId, readParams } from './params.js';
-import { grantableScopes, type Scope, SCOPE_DESCRIPTIONS } from './scopes.js';
+import { listUserOrganizations, loginPath, type UserOrganization } from '../../accounts/pages.js';
+import type { RoleRef } from '../../accounts/roles.js';
+import { csrfToken, csrfTokenMatches, currentUser, type SessionUser } from '../../accounts/sessions.js';
+import type { Config } from '../../config.js';
+import { type DB, inTransaction } from '../../db/connect.js';
+import type { Application } from '../../db/schema.js';
+import { InvalidRequestError, sanitizeDescription } from '../../errors.js';
+import { ForbiddenError, renderError, renderPage, setUpPages } from '../../pages/render.js';
+import { findApplicationByClientId } from '../models/applications.js';
+import { createAuthorizationCode } from '../models/authorization-codes.js';
+import { recordAuditEvent } from '../../audit/events.js';
+import { InvalidScopeError } from '../errors.js';
+import { parseCanonicalId, readParams } from '../helpers/params.js';
+import { grantableScopes, type Scope, SCOPE_DESCRIPTIONS } from '../helpers/scopes.js';
 
 export const STATE_MIN_LENGTH = 16;
 /** RFC 7636 §4.2: a code challenge is 43 to 128 unreserved characters. */

@@ -1,6 +1,6 @@
-import type { ApplicationType } from '../db/schema.js';
-import { InvalidRequestError } from '../errors.js';
-import { InvalidScopeError } from './errors.js';
+import type { ApplicationType } from '../../db/schema.js';
+import { InvalidRequestError } from '../../errors.js';
+import { InvalidScopeError } from '../errors.js';
 
 /** Every scope orgauth knows, with the description the consent page and the dashboard show. */
 export const SCOPE_DESCRIPTIONS = {

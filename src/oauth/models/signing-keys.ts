@@ -14,11 +14,11 @@ import {
   type JWK,
 } from 'jose';
 import { sql } from 'kysely';
-import { ConfigError, type SigningAlg } from '../config.js';
-import type { DB } from '../db/connect.js';
-import { isUniqueViolation } from '../db/errors.js';
-import type { SigningKey } from '../db/schema.js';
-import { deriveKey } from '../lib/crypto.js';
+import { ConfigError, type SigningAlg } from '../../config.js';
+import type { DB } from '../../db/connect.js';
+import { isUniqueViolation } from '../../db/errors.js';
+import type { SigningKey } from '../../db/schema.js';
+import { deriveKey } from '../../lib/crypto.js';
 
 const ENCRYPTION_PURPOSE = 'signing-key-encryption';
 

@@ -1,32 +1,19 @@
 /**
  * Grants: one authorization of an application for an organization, by a user or by the
  * application itself. Every token (access or refresh) names its grant; revoking the grant kills
- * them all, on every instance (see revocations.ts).
+ * them all, on every instance (see revocation-list.ts).
  */
 import { sql, type Transaction } from 'kysely';
-import type { DB } from '../db/connect.js';
-import type { Database } from '../db/schema.js';
-import { inTransaction } from '../db/connect.js';
-import { type Actor, recordAuditEvent } from '../audit/events.js';
+import type { DB } from '../../db/connect.js';
+import type { Database, RevocationReason } from '../../db/schema.js';
+import { inTransaction } from '../../db/connect.js';
+import { type Actor, recordAuditEvent } from '../../audit/events.js';
 
 /**
  * The channel revocations are published on. The payload is grant ids, comma separated (see
  * revokeGrants), or for one access token `jti <jti> <exp>` (see revokeAccessToken).
  */
 export const REVOCATION_CHANNEL = 'orgauth_revocations';
-
-export type RevocationReason =
-  | 'revoked_by_client'
-  | 'revoked_by_user'
-  /** By an organization's administrator: an application through the management API, or the operator's CLI. */
-  | 'revoked_by_admin'
-  | 'code_replay'
-  | 'refresh_token_reuse'
-  | 'application_disabled'
-  | 'member_removed'
-  | 'scopes_narrowed'
-  /** A role change took a scope from the grant's user: the grant was replaced by a narrower one, or revoked when nothing was left. */
-  | 'role_changed';
 
 export interface NewGrant {
   organizationId: number;

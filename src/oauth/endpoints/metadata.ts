@@ -1,8 +1,8 @@
 /** RFC 8414 authorization server metadata and the RFC 7517 JWK Set. */
 import type { FastifyInstance } from 'fastify';
-import type { Config } from '../config.js';
-import type { KeyStore } from './key-store.js';
-import { KNOWN_SCOPES } from './scopes.js';
+import type { Config } from '../../config.js';
+import type { KeyStore } from '../models/key-store.js';
+import { KNOWN_SCOPES } from '../helpers/scopes.js';
 
 export function authorizationServerMetadata(config: Pick<Config, 'issuer' | 'signingAlg'>) {
   const url = (path: string) => `${config.issuer}${path}`;

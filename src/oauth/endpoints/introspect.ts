@@ -1,0 +1,52 @@
+/**
+ * POST /oauth/introspect (RFC 7662), client-authenticated. A client sees only its own tokens:
+ * anything else is inactive to it.
+ */
+import type { FastifyInstance } from 'fastify';
+import { clientAndToken } from '../helpers/client-token.js';
+import { type OAuthEndpointOptions, registerFormEndpoint } from '../helpers/form-endpoint.js';
+
+export async function introspectionEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
+  await registerFormEndpoint(app, '/oauth/introspect', async (req) => {
+    const { application, found } = await clientAndToken(req, options);
+    if (!found) return { active: false };
+    if (found.kind === 'refresh_token') {
+      const t = found.token;
+      if (t.revoked_at !== null || t.grant_revoked_at !== null || t.rotated_at !== null || t.expired) return { active: false };
+      return {
+        active: true,
+        token_type: 'refresh_token',
+        scope: t.scopes.join(' '),
+        client_id: application.client_id,
+        sub: String(t.user_id),
+        organization_id: t.organization_id,
+        iat: Math.floor(t.created_at.getTime() / 1000),
+        exp: Math.floor(t.expires_at.getTime() / 1000),
+        iss: options.config.issuer,
+      };
+    }
+    const c = found.claims;
+    // Asked of the database, not the in-memory list: introspection is authoritative, and answers
+    // 503 (never active) when the database is away (MD-1, MD-2).
+    const grant = await options.db
+      .selectFrom('grants')
+      .select(['revoked_at', (eb) => eb.exists(eb.selectFrom('revoked_access_tokens').select('jti').where('jti', '=', c.jti)).as('token_revoked')])
+      .where('id', '=', c.grant_id)
+      .where('organization_id', '=', c.organization_id)
+      .executeTakeFirst();
+    if (!grant || grant.revoked_at !== null || grant.token_revoked || c.exp <= Math.floor(Date.now() / 1000)) return { active: false };
+    return {
+      active: true,
+      token_type: 'Bearer',
+      scope: c.scope,
+      client_id: c.client_id,
+      sub: c.sub,
+      organization_id: c.organization_id,
+      iat: c.iat,
+      exp: c.exp,
+      iss: c.iss,
+      aud: c.aud,
+      jti: c.jti,
+    };
+  });
+}

@@ -1,0 +1,27 @@
+/**
+ * POST /oauth/token (RFC 6749 §3.2): everything the grants share — form bodies only, no-store,
+ * duplicate parameters refused, client authentication (helpers/form-endpoint.ts) — then the
+ * grant's handler, by grant_type.
+ */
+import type { FastifyInstance } from 'fastify';
+import { UnsupportedGrantTypeError } from '../errors.js';
+import { authorizationCode } from '../grants/authorization-code.js';
+import { clientCredentials } from '../grants/client-credentials.js';
+import { refreshToken } from '../grants/refresh-token.js';
+import type { GrantHandler } from '../grants/types.js';
+import { authenticatedForm, type OAuthEndpointOptions, registerFormEndpoint } from '../helpers/form-endpoint.js';
+import { requireParam } from '../helpers/params.js';
+
+const GRANTS: ReadonlyMap<string, GrantHandler> = new Map([authorizationCode, refreshToken, clientCredentials].map((g) => [g.grantType, g]));
+
+export async function tokenEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
+  const { db, keys, revocations, config, clientGrants, metrics } = options;
+  await registerFormEndpoint(app, '/oauth/token', async (req) => {
+    const { body, client } = await authenticatedForm(req, options);
+    const grant = GRANTS.get(requireParam(body, 'grant_type'));
+    if (!grant) throw new UnsupportedGrantTypeError();
+    const issued = await grant.handle({ db, keys, revocations, config, clientGrants, metrics }, client, body);
+    metrics.tokensIssued.inc({ grant_type: grant.grantType });
+    return issued;
+  });
+}
