@@ -424,12 +424,16 @@ describe(`role changes at volume and under concurrency on ${BACKEND}`, () => {
     }
   });
 
-  it('two roles deleted at once, each moving its members to the other: no error but the honest one, nobody left on a deleted role', async () => {
+  it('two roles deleted at once, each moving its members and invitations to the other: no error but the honest one, nobody left on a deleted role', async () => {
     for (let i = 0; i < 5; i++) {
       const a = await createRole(t.handle.db, org.organizationId, { name: `Swap A ${++n}`, permissions: ['contacts.read'] });
       const b = await createRole(t.handle.db, org.organizationId, { name: `Swap B ${n}`, permissions: ['contacts.read'] });
       const inA = await memberWith(a);
       const inB = await memberWith(b);
+      // Pending invitations to both: moving them key-shares the other role (a deadlock once).
+      for (const role of [a, b]) {
+        await t.handle.db.insertInto('invitations').values({ organization_id: org.organizationId, email: `swap-${role.id}-${process.pid}@example.com`, role: 'custom', role_id: role.id, token_hash: sha256Hex(generateSecret(32)), expires_at: new Date(Date.now() + 3600_000) }).execute();
+      }
       const [first, other] = await Promise.all([
         api(app, admin, 'DELETE', `/roles/${encodeURIComponent(a.name)}?move_to=${encodeURIComponent(b.name)}`),
         api(second, admin, 'DELETE', `/roles/${encodeURIComponent(b.name)}?move_to=${encodeURIComponent(a.name)}`),
@@ -441,6 +445,9 @@ describe(`role changes at volume and under concurrency on ${BACKEND}`, () => {
       const left = await t.handle.db.selectFrom('roles').select('id').where('id', 'in', [a.id!, b.id!]).execute();
       const holders = await t.handle.db.selectFrom('memberships').select(['user_id', 'role_id']).where('organization_id', '=', org.organizationId).where('user_id', 'in', [inA.id, inB.id]).execute();
       for (const h of holders) expect(left.map((r) => r.id)).toContain(h.role_id);
+      const invited = await t.handle.db.selectFrom('invitations').select('role_id').where('organization_id', '=', org.organizationId).where('email', 'in', [a, b].map((r) => `swap-${r.id}-${process.pid}@example.com`)).execute();
+      expect(invited).toHaveLength(2);
+      for (const inv of invited) expect(left.map((r) => r.id)).toContain(inv.role_id);
     }
   });
 });
