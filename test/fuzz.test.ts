@@ -361,7 +361,7 @@ const API_ERRORS = new Set([
   'invalid_request', 'invalid_token', 'insufficient_scope', 'organization_mismatch', 'not_found', 'not_acceptable', 'request_too_large',
   'unsupported_media_type', 'too_many_requests',
 ]);
-const AUTHORIZE_ERRORS = new Set(['invalid_request', 'unsupported_response_type', 'invalid_scope', 'unauthorized_client', 'access_denied']);
+const AUTHORIZE_ERRORS = new Set(['invalid_request', 'unsupported_response_type', 'invalid_scope', 'unauthorized_client', 'access_denied', 'login_required', 'consent_required']);
 
 /** What the cases of one property got, `status error` → count: printed, and checked for depth. */
 class Outcomes {
@@ -492,7 +492,7 @@ function checkClientRedirect(req: InjectOptions, res: LightMyRequestResponse, al
   check(params.get('iss') === ISSUER, 'iss (RFC 9207)', req, res);
   const error = params.get('error');
   if (error === null) {
-    check(allowCode && params.get('code') !== null, 'a code (consent POST only) or an error', req, res);
+    check(allowCode && params.get('code') !== null, 'a code (consent POST, or a remembered consent) or an error', req, res);
     codes.push(params.get('code')!);
   } else {
     check(AUTHORIZE_ERRORS.has(error), `an authorization error code, not ${error}`, req, res);
@@ -870,7 +870,8 @@ describe(`fuzzing on ${BACKEND} (R-7)`, () => {
         if (res.statusCode === 303) {
           const location = String(res.headers.location);
           if (location.startsWith('/login?return_to=')) check(c.cookie !== 'session', 'the login page only when signed out (AZ-6)', req, res);
-          else checkClientRedirect(req, res, false);
+          // A code straight from GET only for a signed-in user who approved this application before (remembered consent).
+          else checkClientRedirect(req, res, c.cookie === 'session');
         }
         if (res.statusCode === 200) check(c.cookie === 'session', 'the consent page only when signed in (AZ-6)', req, res);
       }),

@@ -111,7 +111,7 @@ async function signIn(b: Browser, password = PASSWORD): Promise<LightMyRequestRe
 /** Authorization code with PKCE through the consent page; the browser then follows the redirect. */
 async function authorize(b: Browser): Promise<string> {
   const query = form({
-    client_id: publicApp.client_id, redirect_uri: CALLBACK, response_type: 'code', scope: 'contacts.read contacts.write', state: STATE,
+    client_id: publicApp.client_id, redirect_uri: CALLBACK, response_type: 'code', scope: 'contacts.read contacts.write', state: STATE, prompt: 'consent',
     code_challenge: createHash('sha256').update(VERIFIER).digest('base64url'), code_challenge_method: 'S256',
   });
   const consent = await b.get(`/oauth/authorize?${query}`);

@@ -14,6 +14,7 @@ import { generateSecret, sha256Hex } from '../../src/lib/crypto.js';
 import { createApplication, type ApplicationWithSecret } from '../../src/oauth/models/applications.js';
 import { DATA_SCOPES, KNOWN_SCOPES } from '../../src/oauth/helpers/scopes.js';
 import { Browser } from '../accounts/browser.js';
+import { testConfig } from '../helpers/app.js';
 import { BACKEND } from '../helpers/db.js';
 import { deadlinePoll } from '../helpers/instances.js';
 import { type InstancePair, startInstancePair } from '../helpers/instance-pair.js';
@@ -71,7 +72,8 @@ type Outcome = { error: string } | { scope: string; access_token: string; refres
 
 /** The whole flow: the consent page, Allow for the organization, the code at the token endpoint. */
 async function authorize(browser: Browser, application: ApplicationWithSecret, scope: string): Promise<Outcome> {
-  const query = new URLSearchParams({ response_type: 'code', client_id: application.client_id, redirect_uri: REDIRECT, scope, state: STATE });
+  // prompt=consent: the page every time, though the user may have approved this application before.
+  const query = new URLSearchParams({ response_type: 'code', client_id: application.client_id, redirect_uri: REDIRECT, scope, state: STATE, prompt: 'consent' });
   const page = await browser.get(`/oauth/authorize?${query}`);
   if (page.statusCode === 303) return { error: new URL(page.headers.location as string).searchParams.get('error') ?? 'none' };
   expect(page.statusCode, page.body).toBe(200);
@@ -449,5 +451,76 @@ describe(`role changes at volume and under concurrency on ${BACKEND}`, () => {
       expect(invited).toHaveLength(2);
       for (const inv of invited) expect(left.map((r) => r.id)).toContain(inv.role_id);
     }
+  });
+});
+
+describe(`remembered consent and prompt on ${BACKEND}`, () => {
+  const authorizeGet = (browser: Browser, application: ApplicationWithSecret, scope: string, extra: Record<string, string> = {}) =>
+    browser.get(`/oauth/authorize?${new URLSearchParams({ response_type: 'code', client_id: application.client_id, redirect_uri: REDIRECT, scope, state: STATE, ...extra })}`);
+  const redirected = (res: LightMyRequestResponse) => {
+    expect(res.statusCode, res.body).toBe(303);
+    const url = new URL(res.headers.location as string);
+    expect(`${url.origin}${url.pathname}`).toBe(REDIRECT);
+    expect(url.searchParams.get('state')).toBe(STATE);
+    return url.searchParams;
+  };
+
+  it('a user who approved an application is not asked again for the same or fewer scopes; wider scopes, prompt=consent or a revoked grant bring the page back', async () => {
+    const member = await memberWith('member');
+    const application = await publicApp(DATA_SCOPES);
+    const first = await authorize(member.browser, application, 'contacts.read contacts.write');
+    if ('error' in first) throw new Error(first.error);
+    // The same scopes, then fewer: a code at once, for the organization approved before.
+    for (const scope of ['contacts.read contacts.write', 'contacts.read']) {
+      const code = redirected(await authorizeGet(member.browser, application, scope)).get('code');
+      expect(code).toBeTruthy();
+      const res = await tokenRequest(application, { grant_type: 'authorization_code', code: code!, redirect_uri: REDIRECT });
+      expect(res.json()).toMatchObject({ scope, organization_id: org.organizationId });
+    }
+    const audit = await t.handle.db.selectFrom('audit_events').select('details').where('organization_id', '=', org.organizationId).where('action', '=', 'authorization.approved').orderBy('id', 'desc').limit(1).executeTakeFirstOrThrow();
+    expect(audit.details).toMatchObject({ client_id: application.client_id, scopes: 'contacts.read', remembered: true });
+    // Wider than approved: asked.
+    expect((await authorizeGet(member.browser, application, 'contacts.read tasks.read')).statusCode).toBe(200);
+    // The application wants the page: asked.
+    for (const prompt of ['consent', 'login', 'select_account', 'consent login']) expect((await authorizeGet(member.browser, application, 'contacts.read', { prompt })).statusCode).toBe(200);
+    // Revoked (Connected apps, an admin, a removal): forgotten.
+    await t.handle.db.updateTable('grants').set({ revoked_at: new Date(), revoked_reason: 'revoked_by_user' }).where('user_id', '=', member.id).where('application_id', 'in', (eb) => eb.selectFrom('applications').select('id').where('client_id', '=', application.client_id)).execute();
+    expect((await authorizeGet(member.browser, application, 'contacts.read')).statusCode).toBe(200);
+  });
+
+  it('prompt=none: a code without any page after a consent, consent_required before one, login_required signed out; never combined with another value', async () => {
+    const member = await memberWith('member');
+    const application = await publicApp(DATA_SCOPES);
+    expect(redirected(await authorizeGet(member.browser, application, 'tasks.read', { prompt: 'none' })).get('error')).toBe('consent_required');
+    const first = await authorize(member.browser, application, 'tasks.read');
+    if ('error' in first) throw new Error(first.error);
+    const params = redirected(await authorizeGet(member.browser, application, 'tasks.read', { prompt: 'none' }));
+    expect(params.get('code')).toBeTruthy();
+    expect(params.get('iss')).toBe(testConfig().issuer);
+    const signedOut = new Browser(app);
+    const refused = redirected(await authorizeGet(signedOut, application, 'tasks.read', { prompt: 'none' }));
+    expect([refused.get('error'), refused.get('code')]).toEqual(['login_required', null]);
+    expect(redirected(await authorizeGet(member.browser, application, 'tasks.read', { prompt: 'none consent' })).get('error')).toBe('invalid_request');
+    expect(redirected(await authorizeGet(member.browser, application, 'tasks.read', { prompt: 'sometimes' })).get('error')).toBe('invalid_request');
+    // Signed out with an invalid request: the request's own error, not login_required.
+    expect(redirected(await authorizeGet(signedOut, application, 'no.such.scope', { prompt: 'none' })).get('error')).toBe('invalid_scope');
+  });
+
+  it('remembers only within the role as it is now, and asks again when approvals in several organizations leave the choice open', async () => {
+    const member = await memberWith('member');
+    const application = await publicApp(DATA_SCOPES);
+    const first = await authorize(member.browser, application, 'contacts.read contacts.write');
+    if ('error' in first) throw new Error(first.error);
+    await changeMemberRole(t.handle.db, { organizationId: org.organizationId, userId: member.id, role: 'viewer' });
+    // The narrowed grant covers what a viewer may grant of this request: a code for contacts.read only.
+    const code = redirected(await authorizeGet(member.browser, application, 'contacts.read contacts.write')).get('code');
+    expect((await tokenRequest(application, { grant_type: 'authorization_code', code: code!, redirect_uri: REDIRECT })).json().scope).toBe('contacts.read');
+    // A second organization where the application was approved too: which one is meant is open.
+    const other = await createOrgFixture(t.handle.db);
+    await addMember(t.handle.db, { organizationId: other.organizationId, userId: member.id, role: 'member' });
+    const otherApp = await t.handle.db.selectFrom('applications').select('id').where('client_id', '=', application.client_id).executeTakeFirstOrThrow();
+    await t.handle.db.insertInto('grants').values({ organization_id: other.organizationId, application_id: otherApp.id, user_id: member.id, scopes: ['contacts.read'] }).execute();
+    expect((await authorizeGet(member.browser, application, 'contacts.read')).statusCode).toBe(200);
+    expect(redirected(await authorizeGet(member.browser, application, 'contacts.read', { prompt: 'none' })).get('error')).toBe('consent_required');
   });
 });

@@ -28,6 +28,9 @@ export const STATE_MIN_LENGTH = 16;
 const CODE_CHALLENGE = /^[A-Za-z0-9\-._~]{43,128}$/;
 /** The OAuth parameters the consent form carries back, in hidden fields. */
 const CARRIED_PARAMS = ['client_id', 'redirect_uri', 'response_type', 'scope', 'state', 'code_challenge', 'code_challenge_method'] as const;
+/** A user's newest live grants of one application looked at for a remembered consent (one per authorization they approved). */
+const MAX_REMEMBERED_GRANTS = 100;
+const PROMPT_VALUES: ReadonlySet<string> = new Set(['none', 'login', 'consent', 'select_account']);
 
 type Raw = Record<string, unknown>;
 
@@ -40,13 +43,15 @@ interface AuthorizationRequest extends ClientTarget {
   scopes: Scope[];
   state: string;
   codeChallenge: string | null;
+  /** OpenID Connect Core §3.1.2.1 `prompt`, as a set: none, login, consent, select_account. */
+  prompt: ReadonlySet<string>;
   /** The carried parameters as sent, for the consent form's hidden fields. */
   carried: { name: string; value: string }[];
 }
 
 /** An error for the client, delivered on its redirect_uri (RFC 6749 §4.1.2.1). */
 interface RedirectError {
-  error: 'invalid_request' | 'unsupported_response_type' | 'invalid_scope' | 'unauthorized_client' | 'access_denied';
+  error: 'invalid_request' | 'unsupported_response_type' | 'invalid_scope' | 'unauthorized_client' | 'access_denied' | 'login_required' | 'consent_required';
   description: string;
   /** The state as sent, echoed even when it is what was wrong. */
   state: string | undefined;
@@ -128,11 +133,14 @@ function validateRequest(target: ClientTarget, raw: Raw): AuthorizationRequest |
     if (method !== 'S256') return fail('invalid_request', 'code_challenge_method must be S256');
     if (!CODE_CHALLENGE.test(challenge)) return fail('invalid_request', 'code_challenge must be 43 to 128 characters of A-Z a-z 0-9 - . _ ~');
   }
+  const prompt = new Set((params.prompt ?? '').split(' ').filter((v) => v !== ''));
+  if ([...prompt].some((v) => !PROMPT_VALUES.has(v))) return fail('invalid_request', `prompt may hold ${[...PROMPT_VALUES].join(', ')}`);
+  if (prompt.has('none') && prompt.size > 1) return fail('invalid_request', 'prompt=none cannot be combined with another value');
   const carried = CARRIED_PARAMS.flatMap((name) => {
     const value = params[name];
     return value === undefined ? [] : [{ name, value }];
   });
-  return { ...target, scopes, state, codeChallenge: challenge ?? null, carried };
+  return { ...target, scopes, state, codeChallenge: challenge ?? null, prompt, carried };
 }
 
 /**
@@ -154,6 +162,34 @@ export function redirectLocation(redirectUri: string, params: Record<string, str
  */
 export function grantableByRole(requested: readonly Scope[], role: RoleRef): { granted: Scope[]; refused: Scope[] } {
   return { granted: requested.filter((s) => role.permissions.includes(s)), refused: requested.filter((s) => !role.permissions.includes(s)) };
+}
+
+/**
+ * The organization a user already approved this application in, and what to grant there now: a
+ * live grant of theirs for the application whose scopes cover everything their role there lets
+ * them grant of this request (requested ∩ application's scopes ∩ role). Exactly one such
+ * organization, or none: with covering grants in several, the user chooses again (the consent
+ * page), since nothing says which one the application means this time. A grant revoked (from
+ * Connected apps, by an admin, by a role change) is forgotten consent.
+ */
+async function rememberedConsent(db: DB, userId: number, request: AuthorizationRequest): Promise<{ organizationId: number; granted: Scope[] } | undefined> {
+  const grants = await db
+    .selectFrom('grants')
+    .select(['organization_id', 'scopes'])
+    .where('user_id', '=', userId)
+    .where('application_id', '=', request.application.id)
+    .where('revoked_at', 'is', null)
+    .orderBy('id', 'desc')
+    .limit(MAX_REMEMBERED_GRANTS)
+    .execute();
+  if (grants.length === 0) return undefined;
+  const memberships = await listUserOrganizations(db, userId);
+  const covered = memberships.flatMap((o) => {
+    const { granted } = grantableByRole(request.scopes, o.access);
+    const remembered = granted.length > 0 && grants.some((g) => g.organization_id === o.id && granted.every((s) => g.scopes.includes(s)));
+    return remembered ? [{ organizationId: o.id, granted }] : [];
+  });
+  return covered.length === 1 ? covered[0] : undefined;
 }
 
 export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { db: DB; config: Config }): Promise<void> {
@@ -202,14 +238,64 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
     });
   }
 
+  /**
+   * Issues the code for the user's approval in `organizationId` (the consent form's Allow, or a
+   * consent remembered from before), audited as the user's decision: the grant row itself
+   * records the code's redemption, so the token endpoint writes no audit row of its own.
+   */
+  async function approve(reply: FastifyReply, req: FastifyRequest, user: SessionUser, request: AuthorizationRequest, organizationId: number, granted: readonly Scope[], remembered: boolean) {
+    const code = await inTransaction(db, async (trx) => {
+      const issued = await createAuthorizationCode(trx, {
+        organizationId,
+        applicationId: request.application.id,
+        userId: user.userId,
+        redirectUri: request.redirectUri,
+        scopes: granted,
+        codeChallenge: request.codeChallenge,
+        ttlSeconds: config.authCodeTtl,
+      });
+      await recordAuditEvent(trx, {
+        organizationId,
+        action: 'authorization.approved',
+        actor: { actorUserId: user.userId, actorClientId: request.application.client_id },
+        details: {
+          client_id: request.application.client_id,
+          application_id: request.application.id,
+          scopes: granted.join(' '),
+          ...(granted.length < request.scopes.length ? { requested_scopes: request.scopes.join(' ') } : {}),
+          ...(remembered ? { remembered: true } : {}),
+        },
+      });
+      return issued;
+    });
+    req.log.info({ client_id: request.application.client_id, organization_id: organizationId, remembered }, 'authorization code issued');
+    return reply.redirect(redirectLocation(request.redirectUri, { code, state: request.state, iss: config.issuer }), 303);
+  }
+
   app.get('/oauth/authorize', async (req: FastifyRequest, reply) => {
     const raw = asRaw(req.query);
     const target = await identifyClient(db, raw);
     const user = await currentUser(db, config, req);
-    // AZ-6: sign in first; the login page brings the browser back to this very request.
-    if (!user) return reply.redirect(loginPath(req.url), 303);
+    if (!user) {
+      // prompt=none: no page at all, so a signed-out user is login_required (OIDC Core §3.1.2.6).
+      if (firstValue(raw, 'prompt') === 'none') {
+        const request = validateRequest(target, raw);
+        return redirectError(reply, target.redirectUri, 'error' in request ? request : { error: 'login_required', description: 'the user is not signed in', state: request.state });
+      }
+      // AZ-6: sign in first; the login page brings the browser back to this very request.
+      return reply.redirect(loginPath(req.url), 303);
+    }
     const request = validateRequest(target, raw);
     if ('error' in request) return redirectError(reply, target.redirectUri, request);
+    // Asked before for this application (and not revoked since): not asked again, unless the
+    // application wants the page (prompt consent, login or select_account).
+    if (request.prompt.size === 0 || request.prompt.has('none')) {
+      const remembered = await rememberedConsent(db, user.userId, request);
+      if (remembered) return approve(reply, req, user, request, remembered.organizationId, remembered.granted, true);
+    }
+    if (request.prompt.has('none')) {
+      return redirectError(reply, target.redirectUri, { error: 'consent_required', description: 'the user has not approved this request for one organization before', state: request.state });
+    }
     return renderConsent(reply, user, request);
   });
 
@@ -226,17 +312,12 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
     if ('error' in request) return redirectError(reply, target.redirectUri, request);
 
     const decision = raw.decision;
-    const audit = (executor: DB, organizationId: number, action: string, granted?: readonly Scope[]) =>
-      recordAuditEvent(executor, {
+    const denied = (organizationId: number) =>
+      recordAuditEvent(db, {
         organizationId,
-        action,
+        action: 'authorization.denied',
         actor: { actorUserId: user.userId, actorClientId: request.application.client_id },
-        details: {
-          client_id: request.application.client_id,
-          application_id: request.application.id,
-          scopes: (granted ?? request.scopes).join(' '),
-          ...(granted && granted.length < request.scopes.length ? { requested_scopes: request.scopes.join(' ') } : {}),
-        },
+        details: { client_id: request.application.client_id, application_id: request.application.id, scopes: request.scopes.join(' ') },
       });
     // AZ-8: the organization comes from the form, so it is checked against the user's memberships.
     const organizationId = typeof raw.organization_id === 'string' ? parseCanonicalId(raw.organization_id) : undefined;
@@ -244,7 +325,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
     const isMember = membership !== undefined;
     if (decision === 'deny') {
       // Audited in the organization the form had selected, when it is one of the user's.
-      if (organizationId !== undefined && isMember) await audit(db, organizationId, 'authorization.denied');
+      if (organizationId !== undefined && isMember) await denied(organizationId);
       return redirectError(reply, target.redirectUri, { error: 'access_denied', description: 'the user denied the request', state: request.state });
     }
     if (decision !== 'approve') throw new InvalidRequestError('Choose Allow or Deny.');
@@ -253,23 +334,6 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
     // The role as it is now, not as the page showed it.
     const { granted } = grantableByRole(request.scopes, membership.access);
     if (granted.length === 0) throw new ForbiddenError(`Your role in ${membership.name} (${membership.role}) allows none of the access ${request.application.name} asks for.`);
-
-    // The user's decision is what the audit log records (the grant row itself records the code's
-    // redemption), so the token endpoint writes no audit row of its own.
-    const code = await inTransaction(db, async (trx) => {
-      const issued = await createAuthorizationCode(trx, {
-        organizationId,
-        applicationId: request.application.id,
-        userId: user.userId,
-        redirectUri: request.redirectUri,
-        scopes: granted,
-        codeChallenge: request.codeChallenge,
-        ttlSeconds: config.authCodeTtl,
-      });
-      await audit(trx, organizationId, 'authorization.approved', granted);
-      return issued;
-    });
-    req.log.info({ client_id: request.application.client_id, organization_id: organizationId }, 'authorization code issued');
-    return reply.redirect(redirectLocation(request.redirectUri, { code, state: request.state, iss: config.issuer }), 303);
+    return approve(reply, req, user, request, organizationId, granted, false);
   });
 }
