@@ -172,7 +172,7 @@ export function grantableByRole(requested: readonly Scope[], role: RoleRef): { g
  * page), since nothing says which one the application means this time. A grant revoked (from
  * Connected apps, by an admin, by a role change) is forgotten consent.
  */
-async function rememberedConsent(db: DB, userId: number, request: AuthorizationRequest): Promise<{ organizationId: number; granted: Scope[] } | undefined> {
+async function rememberedConsent(db: DB, userId: number, memberships: readonly UserOrganization[], request: AuthorizationRequest): Promise<{ organizationId: number; granted: Scope[] } | undefined> {
   const grants = await db
     .selectFrom('grants')
     .select(['organization_id', 'scopes'])
@@ -183,7 +183,6 @@ async function rememberedConsent(db: DB, userId: number, request: AuthorizationR
     .limit(MAX_REMEMBERED_GRANTS)
     .execute();
   if (grants.length === 0) return undefined;
-  const memberships = await listUserOrganizations(db, userId);
   const covered = memberships.flatMap((o) => {
     const { granted } = grantableByRole(request.scopes, o.access);
     const remembered = granted.length > 0 && grants.some((g) => g.organization_id === o.id && granted.every((s) => g.scopes.includes(s)));
@@ -203,8 +202,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
 
   const described = (scopes: readonly Scope[]) => scopes.map((name) => ({ name, description: SCOPE_DESCRIPTIONS[name] }));
 
-  async function renderConsent(reply: FastifyReply, user: SessionUser, request: AuthorizationRequest) {
-    const memberships = await listUserOrganizations(db, user.userId);
+  async function renderConsent(reply: FastifyReply, user: SessionUser, memberships: readonly UserOrganization[], request: AuthorizationRequest) {
     if (memberships.length === 0) {
       return renderPage(reply, 403, 'error', {
         title: 'No organization',
@@ -289,14 +287,16 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
     if ('error' in request) return redirectError(reply, target.redirectUri, request);
     // Asked before for this application (and not revoked since): not asked again, unless the
     // application wants the page (prompt consent, login or select_account).
+    // The user's organizations with their roles, read once for both the remembered consent and the page.
+    const memberships = await listUserOrganizations(db, user.userId);
     if (request.prompt.size === 0 || request.prompt.has('none')) {
-      const remembered = await rememberedConsent(db, user.userId, request);
+      const remembered = await rememberedConsent(db, user.userId, memberships, request);
       if (remembered) return approve(reply, req, user, request, remembered.organizationId, remembered.granted, true);
     }
     if (request.prompt.has('none')) {
       return redirectError(reply, target.redirectUri, { error: 'consent_required', description: 'the user has not approved this request for one organization before', state: request.state });
     }
-    return renderConsent(reply, user, request);
+    return renderConsent(reply, user, memberships, request);
   });
 
   app.post('/oauth/authorize', async (req, reply) => {
