@@ -76,6 +76,12 @@ function optionalString(values: Values, name: string): string | undefined {
   return typeof value === 'string' ? value : undefined;
 }
 
+/** A repeatable option (`multiple: true`): every value given, in order. */
+function repeated(values: Values, name: string): string[] {
+  const value = values[name];
+  return Array.isArray(value) ? value.filter((v) => typeof v === 'string') : [];
+}
+
 function orgId(values: Values): number {
   return parseInput(organizationIdSchema, required(values, 'org'));
 }
@@ -295,25 +301,27 @@ const COMMANDS: Record<string, Command> = {
 
   'app create': {
     usage:
-      'orgauth app create --org ID --type public|private --name N [--redirect-uri URI]... [--scopes "contacts.read tasks.read"] [--require-pkce]',
-    summary: 'register an application; prints its client secret once',
+      'orgauth app create --org ID --type public|private --name N [--redirect-uri URI]... [--post-logout-redirect-uri URI]... [--scopes "contacts.read tasks.read"] [--require-pkce]',
+    summary:
+      'register an application; prints its client secret once. Public applications only: --redirect-uri (at least one) and --post-logout-redirect-uri (where RP-initiated logout may send the browser), each repeatable',
     options: {
       org: { type: 'string' },
       type: { type: 'string' },
       name: { type: 'string' },
       'redirect-uri': { type: 'string', multiple: true },
+      'post-logout-redirect-uri': { type: 'string', multiple: true },
       scopes: { type: 'string' },
       'require-pkce': { type: 'boolean' },
     },
     run: async ({ db }, v) => {
       const type = required(v, 'type');
       if (type !== 'public' && type !== 'private') throw new UsageError('--type must be public or private');
-      const redirectUris = v['redirect-uri'];
       const app = await createApplication(db, {
         organizationId: orgId(v),
         type,
         name: required(v, 'name'),
-        redirectUris: Array.isArray(redirectUris) ? redirectUris.filter((u) => typeof u === 'string') : [],
+        redirectUris: repeated(v, 'redirect-uri'),
+        postLogoutRedirectUris: repeated(v, 'post-logout-redirect-uri'),
         ...(typeof v.scopes === 'string' ? { scopes: v.scopes } : {}),
         requirePkce: v['require-pkce'] === true,
       });
@@ -325,6 +333,7 @@ const COMMANDS: Record<string, Command> = {
           `client_secret: ${app.client_secret}   (shown once; only its hash is stored)`,
           `scopes:        ${app.scopes.join(' ')}`,
           ...(app.redirect_uris.length > 0 ? [`redirect_uris: ${app.redirect_uris.join(' ')}`] : []),
+          ...(app.post_logout_redirect_uris.length > 0 ? [`post_logout_redirect_uris: ${app.post_logout_redirect_uris.join(' ')}`] : []),
         ].join('\n'),
       };
     },
@@ -359,10 +368,11 @@ const COMMANDS: Record<string, Command> = {
     run: async ({ db }, v) => {
       const a = await applicationByClientId(db, required(v, 'client-id'));
       const shown = { organization_id: a.organization_id, ...applicationOut(a) };
+      const width = Math.max(...Object.keys(shown).map((k) => k.length)) + 2;
       return {
         json: shown,
         text: Object.entries(shown)
-          .map(([k, value]) => `${`${k}:`.padEnd(19)}${Array.isArray(value) ? value.join(' ') : String(value)}`)
+          .map(([k, value]) => `${`${k}:`.padEnd(width)}${Array.isArray(value) ? value.join(' ') : String(value)}`)
           .join('\n'),
       };
     },

@@ -141,6 +141,7 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
       organization_id: orgId,
       name: 'X',
       redirect_uris: [],
+      post_logout_redirect_uris: [],
       scopes: ['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write'],
     });
     const row = await withDb((db) => db.selectFrom('applications').selectAll().where('client_id', '=', app.client_id as string).executeTakeFirstOrThrow());
@@ -177,6 +178,53 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
       error: 'not_found',
       error_description: 'organization 424242 not found',
     });
+  });
+
+  it('app create takes repeated post-logout redirect URIs, and show and list print them', async () => {
+    const uris = ['https://web.example.com/signed-out', 'http://[::1]:9000/bye'];
+    const base = ['app', 'create', '--org', String(orgId), '--type', 'public', '--name', 'Signs out', '--redirect-uri', 'https://web.example.com/cb'];
+    const app = await json(...base, '--post-logout-redirect-uri', uris[0]!, '--post-logout-redirect-uri', uris[1]!);
+    expect(app).toMatchObject({ redirect_uris: ['https://web.example.com/cb'], post_logout_redirect_uris: uris });
+    const row = await withDb((db) => db.selectFrom('applications').select('post_logout_redirect_uris').where('client_id', '=', app.client_id as string).executeTakeFirstOrThrow());
+    expect(row.post_logout_redirect_uris).toEqual(uris);
+    expect((await json('app', 'show', '--client-id', app.client_id as string)).post_logout_redirect_uris).toEqual(uris);
+    const listed = (await json('app', 'list', '--org', String(orgId))).data as { client_id: string; post_logout_redirect_uris: string[] }[];
+    expect(listed.find((a) => a.client_id === app.client_id)?.post_logout_redirect_uris).toEqual(uris);
+
+    // As text: a line each in create's output and in show's, aligned with the others.
+    const text = await cli(...base, '--post-logout-redirect-uri', uris[0]!);
+    expect(text.stdout).toContain(`\npost_logout_redirect_uris: ${uris[0]}\n`);
+    const shown = (await cli('app', 'show', '--client-id', app.client_id as string)).stdout.split('\n');
+    expect(shown).toContain(`post_logout_redirect_uris: ${uris.join(' ')}`);
+    expect(shown).toContain(`redirect_uris:             https://web.example.com/cb`);
+    // None: no line in create's output.
+    const none = await cli(...base);
+    expect(none.stdout).not.toContain('post_logout_redirect_uris');
+  });
+
+  it('app create refuses bad post-logout redirect URIs as it refuses bad redirect URIs', async () => {
+    const base = ['app', 'create', '--org', String(orgId), '--name', 'Bad'];
+    for (const bad of ['https://a.example.com/bye#x', 'http://evil.example.com/bye', '/bye', 'https://a.example.com/b\u0001ye']) {
+      const asRedirect = await jsonError(...base, '--type', 'public', '--redirect-uri', bad);
+      expect(asRedirect.error_description).toMatch(/^redirect_uris\.0: /);
+      expect(await jsonError(...base, '--type', 'public', '--redirect-uri', 'https://a.example.com/cb', '--post-logout-redirect-uri', bad)).toEqual({
+        error: 'invalid_request',
+        error_description: asRedirect.error_description.replace(/^redirect_uris/, 'post_logout_redirect_uris'),
+      });
+    }
+    const many = Array.from({ length: 21 }, (_, i) => ['--post-logout-redirect-uri', `https://a.example.com/bye/${i}`]).flat();
+    expect(await jsonError(...base, '--type', 'public', '--redirect-uri', 'https://a.example.com/cb', ...many)).toEqual({
+      error: 'invalid_request',
+      error_description: 'post_logout_redirect_uris: at most 20 post-logout redirect URIs',
+    });
+    expect(await jsonError(...base, '--type', 'private', '--post-logout-redirect-uri', 'https://a.example.com/bye')).toEqual({
+      error: 'invalid_request',
+      error_description: 'post_logout_redirect_uris: a private application has no post-logout redirect URIs (it uses client_credentials)',
+    });
+    expect((await jsonError(...base, '--type', 'public', '--redirect-uri', 'https://a.example.com/cb', '--post-logout-redirect-uri')).error).toBe('usage');
+    const help = (await cli('app', 'create', '--help')).stdout;
+    expect(help).toContain('[--post-logout-redirect-uri URI]...');
+    expect(help).toContain('RP-initiated logout');
   });
 
   it('app rotate-secret replaces the secret and refuses unknown clients', async () => {
@@ -265,7 +313,7 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
     expect(listed.map((a) => a.client_id)).toContain(app.client_id);
     expect(JSON.stringify(listed)).not.toMatch(/client_secret/);
     expect(await json('app', 'show', '--client-id', app.client_id as string)).toEqual({
-      organization_id: orgId, client_id: app.client_id, type: 'private', name: 'Lifecycle', redirect_uris: [], scopes: ['contacts.read'], require_pkce: false, disabled: false,
+      organization_id: orgId, client_id: app.client_id, type: 'private', name: 'Lifecycle', redirect_uris: [], post_logout_redirect_uris: [], scopes: ['contacts.read'], require_pkce: false, disabled: false,
       created_at: expect.any(String), updated_at: expect.any(String), secret_rotated_at: null,
     });
     const grants = (await json('grant', 'list', '--org', String(orgId))).data as { id: number; application: { client_id: string }; user: unknown }[];

@@ -48,7 +48,7 @@ describe('the demo banner', () => {
   it('shows the login, both applications and a ready-to-paste client_credentials curl', () => {
     const app = (type: 'public' | 'private', id: string) => ({
       client_id: id, client_secret: `${id}-secret`, type, organization_id: 7, name: `${type} app`,
-      redirect_uris: type === 'public' ? ['http://localhost:8080/callback'] : [], scopes: ['contacts.read', 'tasks.read', 'applications.read'],
+      redirect_uris: type === 'public' ? ['http://localhost:8080/callback'] : [], post_logout_redirect_uris: [], scopes: ['contacts.read', 'tasks.read', 'applications.read'],
     });
     const banner = formatDemoBanner(
       {

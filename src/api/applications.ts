@@ -32,6 +32,7 @@ export const applicationSchema = z
     type: z.enum(['public', 'private']),
     name: z.string(),
     redirect_uris: z.array(z.string()),
+    post_logout_redirect_uris: z.array(z.string()).describe('where RP-initiated logout (GET /oauth/logout) may send the browser afterwards'),
     scopes: z.array(z.string()),
     require_pkce: z.boolean(),
     disabled: z.boolean(),
@@ -48,6 +49,7 @@ export function applicationOut(a: Application): z.infer<typeof applicationSchema
     type: a.type,
     name: a.name,
     redirect_uris: a.redirect_uris,
+    post_logout_redirect_uris: a.post_logout_redirect_uris,
     scopes: a.scopes,
     require_pkce: a.require_pkce,
     disabled: a.disabled,
@@ -67,17 +69,23 @@ const secretSchema = z
 // Types only: the domain checks the values and names the field in `details` (one set of rules
 // for the API, the dashboard and the CLI).
 const scopesField = z.array(z.string()).max(50).describe('the scopes the application may be granted; management scopes for private applications only');
+const urisField = z.array(z.string()).max(50);
+const postLogoutUrisField = urisField.describe(
+  'public applications only: where RP-initiated logout may send the browser afterwards (post_logout_redirect_uri, compared byte for byte); at most 20, with the rules of redirect_uris',
+);
 const newApplicationBody = z.strictObject({
   type: z.enum(['public', 'private']),
   name: z.string(),
-  redirect_uris: z.array(z.string()).max(50).optional().describe('public applications: at least one; private applications: none'),
+  redirect_uris: urisField.optional().describe('public applications: at least one; private applications: none'),
+  post_logout_redirect_uris: postLogoutUrisField.optional(),
   scopes: scopesField.optional().describe('the data scopes when omitted'),
   require_pkce: z.boolean().optional(),
 });
 const applicationPatchBody = z
   .strictObject({
     name: z.string().optional(),
-    redirect_uris: z.array(z.string()).max(50).optional(),
+    redirect_uris: urisField.optional(),
+    post_logout_redirect_uris: postLogoutUrisField.optional(),
     scopes: scopesField.optional().describe('removing a scope revokes the grants that hold it'),
     require_pkce: z.boolean().optional(),
     disabled: z.boolean().optional().describe('disabling revokes every grant of the application'),
@@ -164,6 +172,7 @@ export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Rev
         type: b.type,
         name: b.name,
         ...(b.redirect_uris ? { redirectUris: b.redirect_uris } : {}),
+        ...(b.post_logout_redirect_uris ? { postLogoutRedirectUris: b.post_logout_redirect_uris } : {}),
         ...(b.scopes ? { scopes: b.scopes } : {}),
         ...(b.require_pkce !== undefined ? { requirePkce: b.require_pkce } : {}),
         actor: actorOf(auth),
@@ -180,7 +189,7 @@ export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Rev
       config: { scope: 'applications.write' },
       schema: {
         tags: ['applications'],
-        summary: 'Change an application: name, redirect URIs, scopes, PKCE, disabled',
+        summary: 'Change an application: name, redirect URIs, post-logout redirect URIs, scopes, PKCE, disabled',
         description:
           'Narrowing the scopes revokes the grants holding a removed scope; disabling revokes every grant. An application cannot disable itself or remove applications.write from itself (409), and changes only applications whose scopes, old and new, its token holds (403).',
         params: clientIdParams,
@@ -198,7 +207,14 @@ export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Rev
       const updated = await updateApplication(
         db,
         application,
-        { name: b.name, redirectUris: b.redirect_uris, scopes: b.scopes, requirePkce: b.require_pkce, disabled: b.disabled },
+        {
+          name: b.name,
+          redirectUris: b.redirect_uris,
+          postLogoutRedirectUris: b.post_logout_redirect_uris,
+          scopes: b.scopes,
+          requirePkce: b.require_pkce,
+          disabled: b.disabled,
+        },
         changeOptions(auth),
       );
       return applicationOut(updated);

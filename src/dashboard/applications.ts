@@ -25,7 +25,7 @@ import type { ClientGrants } from '../oauth/models/client-grants.js';
 import type { Metrics } from '../metrics.js';
 import { InvalidScopeError } from '../oauth/errors.js';
 import type { KeyStore } from '../oauth/models/key-store.js';
-import { redirectUriProblem } from '../oauth/helpers/redirect-uris.js';
+import { MAX_REDIRECT_URIS, redirectUriProblem } from '../oauth/helpers/redirect-uris.js';
 import type { RevocationList } from '../oauth/models/revocation-list.js';
 import { DATA_SCOPES, grantableScopes, mayHold, SCOPE_DESCRIPTIONS, type Scope, scopesForType } from '../oauth/helpers/scopes.js';
 import { issueClientToken, type TokenResponse } from '../oauth/grants/token-response.js';
@@ -45,24 +45,40 @@ export interface DashboardDeps {
   mail: MailOutbox;
 }
 
-const MAX_REDIRECT_URIS = 20;
 /** The scopes offered for an application of each type: management scopes for private ones only (AD-1). */
 const SCOPE_CHOICES = {
   public: scopesForType('public').map((name) => ({ name, description: SCOPE_DESCRIPTIONS[name] })),
   private: scopesForType('private').map((name) => ({ name, description: SCOPE_DESCRIPTIONS[name] })),
 };
 
-/** Redirect URIs from a textarea, one per line; problems are phrased for the form. */
-function parseRedirectUris(text: string): { uris: string[]; errors: string[] } {
+/** The two lists of URIs a public application registers, as the forms name them; only the first may not be empty. */
+const URI_LISTS = {
+  redirect: { label: 'Redirect URI', many: 'redirect URIs', missing: 'Enter at least one redirect URI.' },
+  postLogout: { label: 'Post-logout redirect URI', many: 'post-logout redirect URIs', missing: undefined },
+} as const;
+
+/** URIs from a textarea, one per line, de-duplicated; problems are phrased for the form. */
+function parseUriLines(text: string, list: (typeof URI_LISTS)[keyof typeof URI_LISTS]): { uris: string[]; errors: string[] } {
   const uris = [...new Set(text.split(/\r?\n/).map((l) => l.trim()).filter((l) => l !== ''))];
   const errors: string[] = [];
-  if (uris.length === 0) errors.push('Enter at least one redirect URI.');
-  if (uris.length > MAX_REDIRECT_URIS) errors.push(`Enter at most ${MAX_REDIRECT_URIS} redirect URIs.`);
+  if (uris.length === 0 && list.missing) errors.push(list.missing);
+  if (uris.length > MAX_REDIRECT_URIS) errors.push(`Enter at most ${MAX_REDIRECT_URIS} ${list.many}.`);
   for (const uri of uris) {
     const problem = redirectUriProblem(uri);
-    if (problem) errors.push(`Redirect URI ${uri.slice(0, 100)} ${problem}.`);
+    if (problem) errors.push(`${list.label} ${uri.slice(0, 100)} ${problem}.`);
   }
   return { uris, errors };
+}
+
+/** A public application's redirect and post-logout redirect URIs from the form; a private one has neither (its forms show none). */
+function parseApplicationUris(
+  type: ApplicationType,
+  text: { redirectUris: string; postLogoutRedirectUris: string },
+): { redirectUris: string[]; postLogoutRedirectUris: string[]; errors: string[] } {
+  if (type !== 'public') return { redirectUris: [], postLogoutRedirectUris: [], errors: [] };
+  const redirects = parseUriLines(text.redirectUris, URI_LISTS.redirect);
+  const postLogout = parseUriLines(text.postLogoutRedirectUris, URI_LISTS.postLogout);
+  return { redirectUris: redirects.uris, postLogoutRedirectUris: postLogout.uris, errors: [...redirects.errors, ...postLogout.errors] };
 }
 
 /**
@@ -100,8 +116,15 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
   /** This instance's caches, told of each change here once it commits (other instances hear by NOTIFY). */
   const changeOptions = (ctx: ActionContext): ChangeOptions => ({ actor: { actorUserId: ctx.session.userId }, revocations, applications });
 
-  type CreateForm = { type: 'public' | 'private'; name: string; redirectUris: string; scopes: string[]; requirePkce: boolean };
-  const emptyForm = (type: 'public' | 'private'): CreateForm => ({ type, name: '', redirectUris: '', scopes: [...DATA_SCOPES], requirePkce: false });
+  type CreateForm = { type: 'public' | 'private'; name: string; redirectUris: string; postLogoutRedirectUris: string; scopes: string[]; requirePkce: boolean };
+  const emptyForm = (type: 'public' | 'private'): CreateForm => ({
+    type,
+    name: '',
+    redirectUris: '',
+    postLogoutRedirectUris: '',
+    scopes: [...DATA_SCOPES],
+    requirePkce: false,
+  });
 
   async function renderList(
     reply: FastifyReply,
@@ -130,7 +153,7 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
     secret?: string;
     token?: TokenResponse;
     errors?: string[];
-    edit?: { name: string; redirectUris: string; scopes: string[] };
+    edit?: { name: string; redirectUris: string; postLogoutRedirectUris: string; scopes: string[] };
     message?: string;
   }
 
@@ -143,7 +166,12 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
       // Scopes of the application the viewer's role lacks: then it is not theirs to change.
       outOfReach: beyondRole(ctx, application.scopes),
       scopeChoices: SCOPE_CHOICES[application.type],
-      edit: view.edit ?? { name: application.name, redirectUris: application.redirect_uris.join('\n'), scopes: application.scopes },
+      edit: view.edit ?? {
+        name: application.name,
+        redirectUris: application.redirect_uris.join('\n'),
+        postLogoutRedirectUris: application.post_logout_redirect_uris.join('\n'),
+        scopes: application.scopes,
+      },
       secret: view.secret ?? '',
       token: view.token,
       tokenJson: view.token ? JSON.stringify(view.token, null, 2) : '',
@@ -166,13 +194,14 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
       type,
       name: params.name ?? '',
       redirectUris: params.redirect_uris ?? '',
+      postLogoutRedirectUris: params.post_logout_redirect_uris ?? '',
       scopes: chosen,
       requirePkce: params.require_pkce === 'on',
     };
     const name = parseName(form.name);
     const scopes = parseChosenScopes(chosen, type);
-    const redirects = type === 'public' ? parseRedirectUris(form.redirectUris) : { uris: [], errors: [] };
-    const errors = [...name.errors, ...redirects.errors, ...scopes.errors];
+    const uris = parseApplicationUris(type, form);
+    const errors = [...name.errors, ...uris.errors, ...scopes.errors];
     if (errors.length > 0) return renderList(reply, ctx, 400, { form, errors });
     const beyond = beyondRole(ctx, scopes.scopes);
     if (beyond.length > 0) return renderList(reply, ctx, 403, { form, errors: [delegationError(beyond)] });
@@ -181,7 +210,8 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
       organizationId: ctx.organization.id,
       type,
       name: name.name,
-      redirectUris: redirects.uris,
+      redirectUris: uris.redirectUris,
+      postLogoutRedirectUris: uris.postLogoutRedirectUris,
       scopes: scopes.scopes,
       requirePkce: type === 'public' && form.requirePkce,
       actor: { actorUserId: ctx.session.userId },
@@ -223,11 +253,11 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
 
   app.post<{ Params: { clientId: string } }>('/dashboard/applications/:clientId', async (req, reply) => {
     const { ctx, application, params, scopes: chosen } = await managedApplication(req);
-    const edit = { name: params.name ?? '', redirectUris: params.redirect_uris ?? '', scopes: chosen };
+    const edit = { name: params.name ?? '', redirectUris: params.redirect_uris ?? '', postLogoutRedirectUris: params.post_logout_redirect_uris ?? '', scopes: chosen };
     const name = parseName(edit.name);
     const scopes = parseChosenScopes(chosen, application.type);
-    const redirects = application.type === 'public' ? parseRedirectUris(edit.redirectUris) : { uris: [], errors: [] };
-    const errors = [...name.errors, ...redirects.errors, ...scopes.errors];
+    const uris = parseApplicationUris(application.type, edit);
+    const errors = [...name.errors, ...uris.errors, ...scopes.errors];
     if (errors.length > 0) return renderApplication(reply, ctx, application, 400, { edit, errors });
     const added = beyondRole(ctx, scopes.scopes.filter((s) => !application.scopes.includes(s)));
     if (added.length > 0) return renderApplication(reply, ctx, application, 403, { edit, errors: [delegationError(added)] });
@@ -246,7 +276,12 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
         affected,
       });
     }
-    await updateApplication(db, application, { name: name.name, redirectUris: redirects.uris, scopes: scopes.scopes }, changeOptions(ctx));
+    await updateApplication(
+      db,
+      application,
+      { name: name.name, redirectUris: uris.redirectUris, postLogoutRedirectUris: uris.postLogoutRedirectUris, scopes: scopes.scopes },
+      changeOptions(ctx),
+    );
     return reply.redirect(`/dashboard/applications/${application.client_id}`, 303);
   });
 

@@ -117,6 +117,8 @@ export interface ApplicationsTable {
   type: ApplicationType;
   name: string;
   redirect_uris: ColumnType<string[], string[] | undefined, string[]>;
+  /** Where RP-initiated logout may send the browser afterwards (public applications only). */
+  post_logout_redirect_uris: ColumnType<string[], string[] | undefined, string[]>;
   scopes: TextArray;
   require_pkce: ColumnType<boolean, boolean | undefined, boolean>;
   disabled: ColumnType<boolean, boolean | undefined, boolean>;
@@ -145,6 +147,11 @@ export interface GrantsTable {
   application_id: number;
   user_id: number | null;
   scopes: TextArray;
+  /** The OpenID scopes granted (openid, profile, email): what the application learns about the user. */
+  identity_scopes: ColumnType<string[], string[] | undefined, string[]>;
+  /** When the user signed in for the authorization (the ID token's auth_time), and that browser session's sid. */
+  auth_time: ColumnType<Date | null, Date | null | undefined, Date | null>;
+  sid: ColumnType<string | null, string | null | undefined, string | null>;
   created_at: Generated<Date>;
   last_used_at: NullableTimestamp;
   revoked_at: NullableTimestamp;
@@ -172,6 +179,11 @@ export interface AuthorizationCodesTable {
   scopes: TextArray;
   code_challenge: string | null;
   code_challenge_method: 'S256' | null;
+  identity_scopes: ColumnType<string[], string[] | undefined, string[]>;
+  /** OpenID Connect: the request's nonce, when the user signed in, and the browser session's sid (see grants). */
+  nonce: ColumnType<string | null, string | null | undefined, string | null>;
+  auth_time: ColumnType<Date | null, Date | null | undefined, Date | null>;
+  sid: ColumnType<string | null, string | null | undefined, string | null>;
   expires_at: Timestamp;
   consumed_at: NullableTimestamp;
   grant_id: number | null;

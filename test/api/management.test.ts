@@ -95,7 +95,7 @@ describe(`the management API on ${BACKEND}: an integration administers applicati
     const made = created.json();
     expect(made).toEqual({
       client_id: expect.stringMatching(/^[0-9a-f]{32}$/), client_secret: expect.stringMatching(/^[A-Za-z0-9_-]{43}$/), type: 'public', name: 'Made by API',
-      redirect_uris: [REDIRECT], scopes: ['contacts.read'], require_pkce: false, disabled: false,
+      redirect_uris: [REDIRECT], post_logout_redirect_uris: [], scopes: ['contacts.read'], require_pkce: false, disabled: false,
       created_at: expect.any(String), updated_at: expect.any(String), secret_rotated_at: null,
     });
     expect(created.headers.location).toBe(`${base()}/applications/${made.client_id}`);
@@ -236,6 +236,72 @@ describe(`the management API on ${BACKEND}: an integration administers applicati
     expectError(await api('PATCH', `/applications/${org.publicApp.client_id}`, { body: { name: '\ud800x' } }), 400, 'invalid_request');
     expectError(await api('PATCH', `/applications/${org.publicApp.client_id}`, { body: { redirect_uris: ['https://a.example/\ud800'] } }), 400, 'invalid_request');
     expect(await t.handle.db.selectFrom('applications').select('id').where('organization_id', '=', org.organizationId).execute()).toEqual(before);
+  });
+
+  it('registers post-logout redirect URIs on create and PATCH, shows them, and refuses bad ones with the 400 redirect_uris get', async () => {
+    const LOGOUT = 'https://made-by-api.example.com/signed-out';
+    const LOOPBACK = 'http://localhost:8080/bye';
+    const created = await api('POST', '/applications', { body: { type: 'public', name: 'Signs out', redirect_uris: [REDIRECT], post_logout_redirect_uris: [LOGOUT, LOOPBACK] } });
+    expect(created.statusCode, created.body).toBe(201);
+    const made = created.json();
+    expect(made.post_logout_redirect_uris).toEqual([LOGOUT, LOOPBACK]);
+    const path = `/applications/${made.client_id}`;
+    expect((await api('GET', path)).json().post_logout_redirect_uris).toEqual([LOGOUT, LOOPBACK]);
+    expect((await api('GET', path, { target: second })).json().post_logout_redirect_uris).toEqual([LOGOUT, LOOPBACK]);
+
+    // PATCH replaces the list; a PATCH without it keeps it; an empty list clears it.
+    expect((await api('PATCH', path, { body: { post_logout_redirect_uris: [LOOPBACK] } })).json()).toMatchObject({ redirect_uris: [REDIRECT], post_logout_redirect_uris: [LOOPBACK] });
+    expect((await api('PATCH', path, { body: { name: 'Signs out, renamed' } })).json().post_logout_redirect_uris).toEqual([LOOPBACK]);
+    const listed = (await api('GET', '/applications?limit=100')).json().data.find((a: { client_id: string }) => a.client_id === made.client_id);
+    expect(listed.post_logout_redirect_uris).toEqual([LOOPBACK]);
+    expect((await api('PATCH', path, { body: { post_logout_redirect_uris: [] } })).json().post_logout_redirect_uris).toEqual([]);
+    expect((await auditActions()).filter((e) => e.action === 'application.updated' && e.details.client_id === made.client_id).map((e) => e.details)).toEqual([
+      { client_id: made.client_id, post_logout_redirect_uris: [] },
+      { client_id: made.client_id, name: 'Signs out, renamed' },
+      { client_id: made.client_id, post_logout_redirect_uris: [LOOPBACK] },
+    ]);
+
+    // Each bad value: the same 400 and message as in redirect_uris, the path naming this field.
+    const bad = [
+      'https://a.example/bye#frag', 'http://evil.example.com/bye', '/bye', 'https://a.example/bye\u0000', 'https://a.example/b\u007fye', 'https://a.example/bye\ud800',
+    ];
+    const before = await t.handle.db.selectFrom('applications').select(['id', 'post_logout_redirect_uris']).where('organization_id', '=', org.organizationId).orderBy('id').execute();
+    for (const uri of bad) {
+      const asRedirect = expectError(await api('POST', '/applications', { body: { type: 'public', name: 'X', redirect_uris: [uri] } }), 400, 'invalid_request');
+      const message = (asRedirect.details as { path: string; message: string }[])[0]!.message;
+      expect(asRedirect.details).toEqual([{ path: 'redirect_uris.0', message }]);
+      const onCreate = expectError(await api('POST', '/applications', { body: { type: 'public', name: 'X', redirect_uris: [REDIRECT], post_logout_redirect_uris: [uri] } }), 400, 'invalid_request');
+      expect({ uri, details: onCreate.details }).toEqual({ uri, details: [{ path: 'post_logout_redirect_uris.0', message }] });
+      const onPatch = expectError(await api('PATCH', path, { body: { post_logout_redirect_uris: [LOGOUT, uri] } }), 400, 'invalid_request');
+      expect({ uri, details: onPatch.details }).toEqual({ uri, details: [{ path: 'post_logout_redirect_uris.1', message }] });
+    }
+    const many = Array.from({ length: 21 }, (_, i) => `https://made-by-api.example.com/bye/${i}`);
+    expect(expectError(await api('POST', '/applications', { body: { type: 'public', name: 'X', redirect_uris: many } }), 400, 'invalid_request').details).toEqual([
+      { path: 'redirect_uris', message: 'at most 20 redirect URIs' },
+    ]);
+    for (const [method, url, body] of [
+      ['POST', '/applications', { type: 'public', name: 'X', redirect_uris: [REDIRECT], post_logout_redirect_uris: many }],
+      ['PATCH', path, { post_logout_redirect_uris: many }],
+    ] as const) {
+      expect(expectError(await api(method, url, { body }), 400, 'invalid_request').details).toEqual([
+        { path: 'post_logout_redirect_uris', message: 'at most 20 post-logout redirect URIs' },
+      ]);
+    }
+    // A private application has none, as it has no redirect URIs.
+    const privateRefusal = [{ path: 'post_logout_redirect_uris', message: 'a private application has no post-logout redirect URIs (it uses client_credentials)' }];
+    expect(expectError(await api('POST', '/applications', { body: { type: 'private', name: 'X', post_logout_redirect_uris: [LOGOUT] } }), 400, 'invalid_request').details).toEqual(privateRefusal);
+    const backend = (await api('POST', '/applications', { body: { type: 'private', name: 'No logout', scopes: ['contacts.read'], post_logout_redirect_uris: [] } })).json();
+    expect(backend.post_logout_redirect_uris).toEqual([]);
+    expect(expectError(await api('PATCH', `/applications/${backend.client_id}`, { body: { post_logout_redirect_uris: [LOGOUT] } }), 400, 'invalid_request').details).toEqual(privateRefusal);
+    const after = await t.handle.db.selectFrom('applications').select(['id', 'post_logout_redirect_uris']).where('organization_id', '=', org.organizationId).orderBy('id').execute();
+    expect(after).toEqual([...before, { id: expect.any(Number), post_logout_redirect_uris: [] }]);
+
+    // The OpenAPI document describes the field in the application and in both bodies.
+    const doc = (await app.inject('/openapi.json')).json();
+    expect(Object.keys(doc.components.schemas.Application.properties)).toContain('post_logout_redirect_uris');
+    const bodyOf = (method: 'post' | 'patch', route: string) => doc.paths[`/api/v1/{organization_id}${route}`][method].requestBody.content['application/json'].schema.properties;
+    expect(bodyOf('post', '/applications').post_logout_redirect_uris).toMatchObject({ type: 'array', description: expect.stringContaining('RP-initiated logout') });
+    expect(bodyOf('patch', '/applications/{client_id}').post_logout_redirect_uris).toMatchObject({ type: 'array' });
   });
 });
 

@@ -243,6 +243,98 @@ describe(`dashboard applications on ${BACKEND}`, () => {
     expect(await auditActions(org.id)).toContain('application.updated');
   });
 
+  it('registers post-logout redirect URIs on a public application: created, shown, edited, kept through the scope confirmation', async () => {
+    const org = await newOrganization(w);
+    const blank = (await w.browsers.owner.get('/dashboard/applications')).body;
+    const publicForm = blank.slice(blank.indexOf('name="type" value="public"'), blank.indexOf('</form>', blank.indexOf('name="type" value="public"')));
+    const privateForm = blank.slice(blank.indexOf('name="type" value="private"'), blank.indexOf('</form>', blank.indexOf('name="type" value="private"')));
+    expect(publicForm).toContain('<textarea name="post_logout_redirect_uris"');
+    expect(privateForm).not.toContain('post_logout_redirect_uris');
+
+    const created = await submit(w.browsers.owner, '/dashboard/applications', {
+      type: 'public',
+      name: 'Signs out',
+      redirect_uris: 'https://app.example.com/cb',
+      post_logout_redirect_uris: 'https://app.example.com/bye\r\n\r\nhttp://localhost:8080/bye?x=1&y=2\r\nhttps://app.example.com/bye\r\n',
+      scopes: ['contacts.read', 'tasks.read'],
+    });
+    expect(created.statusCode, created.body).toBe(201);
+    const row = await w.db.selectFrom('applications').selectAll().where('organization_id', '=', org.id).where('name', '=', 'Signs out').executeTakeFirstOrThrow();
+    // One per line, blank lines skipped and repeats dropped, as for redirect URIs.
+    expect(row.post_logout_redirect_uris).toEqual(['https://app.example.com/bye', 'http://localhost:8080/bye?x=1&y=2']);
+    const page = (await w.browsers.admin.get(`/dashboard/applications/${row.client_id}`)).body;
+    expect(page).toContain('<dt>Post-logout redirect URIs</dt><dd><code>https://app.example.com/bye</code><br><code>http://localhost:8080/bye?x=1&amp;y=2</code><br></dd>');
+    expect(page).toContain('<textarea name="post_logout_redirect_uris" rows="2">https://app.example.com/bye\nhttp://localhost:8080/bye?x=1&amp;y=2</textarea>');
+
+    const fields = { name: 'Signs out', redirect_uris: 'https://app.example.com/cb', post_logout_redirect_uris: 'https://app.example.com/after-logout', scopes: ['contacts.read', 'tasks.read'] };
+    expect((await submit(w.browsers.owner, `/dashboard/applications/${row.client_id}`, fields)).statusCode).toBe(303);
+    const changed = await w.db.selectFrom('applications').select(['redirect_uris', 'post_logout_redirect_uris']).where('id', '=', row.id).executeTakeFirstOrThrow();
+    expect(changed).toEqual({ redirect_uris: ['https://app.example.com/cb'], post_logout_redirect_uris: ['https://app.example.com/after-logout'] });
+
+    // Narrowing the scopes asks first; the confirmation carries the edited list on.
+    await userGrant(w, { ...org, publicApp: { ...org.publicApp, client_id: row.client_id } }, w.users.member.id, ['contacts.read', 'tasks.read']);
+    const narrowed = { ...fields, post_logout_redirect_uris: 'https://app.example.com/one\nhttps://app.example.com/two', scopes: ['contacts.read'] };
+    const ask = await submit(w.browsers.owner, `/dashboard/applications/${row.client_id}`, narrowed);
+    expect(ask.body).toContain('>Save and revoke</button>');
+    expect(ask.body).toContain('<input type="hidden" name="post_logout_redirect_uris" value="https://app.example.com/one\nhttps://app.example.com/two">');
+    expect((await submit(w.browsers.owner, `/dashboard/applications/${row.client_id}`, { ...narrowed, confirm: 'revoke' })).statusCode).toBe(303);
+    expect((await w.db.selectFrom('applications').select('post_logout_redirect_uris').where('id', '=', row.id).executeTakeFirstOrThrow()).post_logout_redirect_uris).toEqual([
+      'https://app.example.com/one',
+      'https://app.example.com/two',
+    ]);
+
+    // An empty field clears them; the page then says so.
+    expect((await submit(w.browsers.owner, `/dashboard/applications/${row.client_id}`, { ...narrowed, post_logout_redirect_uris: '' })).statusCode).toBe(303);
+    expect((await w.db.selectFrom('applications').select('post_logout_redirect_uris').where('id', '=', row.id).executeTakeFirstOrThrow()).post_logout_redirect_uris).toEqual([]);
+    expect((await w.browsers.owner.get(`/dashboard/applications/${row.client_id}`)).body).toContain('<dt>Post-logout redirect URIs</dt><dd>None</dd>');
+    // A private application's page and forms have none.
+    const backend = (await w.browsers.owner.get(`/dashboard/applications/${org.privateApp.client_id}`)).body;
+    expect(backend).not.toMatch(/Post-logout|post_logout_redirect_uris/);
+  });
+
+  it('shows the problems of bad post-logout redirect URIs as it shows those of redirect URIs, and changes nothing', async () => {
+    const org = await newOrganization(w);
+    const many = Array.from({ length: 21 }, (_, i) => `https://app.example.com/bye/${i}`).join('\n');
+    const bad = 'http://evil.example.com/bye\nhttps://ok.example.com/bye#frag\n/relative\nhttps://ok.example.com/b\u0007ye';
+    const res = await submit(w.browsers.owner, '/dashboard/applications', {
+      type: 'public', name: 'Bad', redirect_uris: 'https://ok.example.com/cb', post_logout_redirect_uris: bad, scopes: ['contacts.read'],
+    });
+    expect(res.statusCode).toBe(400);
+    for (const problem of [
+      'Post-logout redirect URI http://evil.example.com/bye http is allowed only for loopback hosts',
+      'Post-logout redirect URI https://ok.example.com/bye#frag must not contain a fragment.',
+      'Post-logout redirect URI /relative must be an absolute URL.',
+      'must not contain spaces or control characters.',
+    ]) {
+      expect(res.body).toContain(problem);
+    }
+    // The form comes back as it was sent.
+    expect(res.body).toContain('http://evil.example.com/bye\nhttps://ok.example.com/bye#frag\n/relative');
+    const tooMany = await submit(w.browsers.owner, '/dashboard/applications', {
+      type: 'public', name: 'Many', redirect_uris: 'https://ok.example.com/cb', post_logout_redirect_uris: many, scopes: ['contacts.read'],
+    });
+    expect(tooMany.statusCode).toBe(400);
+    expect(tooMany.body).toContain('Enter at most 20 post-logout redirect URIs.');
+    expect(await w.db.selectFrom('applications').select('id').where('organization_id', '=', org.id).execute()).toHaveLength(2);
+
+    const edit = await submit(w.browsers.owner, `/dashboard/applications/${org.publicApp.client_id}`, {
+      name: 'Web', redirect_uris: 'https://client.example.com/cb', post_logout_redirect_uris: 'http://client.example.com/bye', scopes: ['contacts.read', 'contacts.write', 'tasks.read'],
+    });
+    expect(edit.statusCode).toBe(400);
+    expect(edit.body).toContain('Post-logout redirect URI http://client.example.com/bye http is allowed only for loopback hosts');
+    expect(edit.body).toContain('<textarea name="post_logout_redirect_uris" rows="2">http://client.example.com/bye</textarea>');
+    const tooManyEdit = await submit(w.browsers.owner, `/dashboard/applications/${org.publicApp.client_id}`, {
+      name: 'Web', redirect_uris: 'https://client.example.com/cb', post_logout_redirect_uris: many, scopes: ['contacts.read', 'contacts.write', 'tasks.read'],
+    });
+    expect(tooManyEdit.statusCode).toBe(400);
+    expect(tooManyEdit.body).toContain('Enter at most 20 post-logout redirect URIs.');
+    expect((await w.db.selectFrom('applications').select('post_logout_redirect_uris').where('client_id', '=', org.publicApp.client_id).executeTakeFirstOrThrow()).post_logout_redirect_uris).toEqual([]);
+    // A private application's form has no such field, and one sent anyway is ignored, as redirect URIs are.
+    const backend = await submit(w.browsers.owner, '/dashboard/applications', { type: 'private', name: 'Cron', post_logout_redirect_uris: 'https://app.example.com/bye', scopes: ['tasks.read'] });
+    expect(backend.statusCode).toBe(201);
+    expect((await w.db.selectFrom('applications').select('post_logout_redirect_uris').where('organization_id', '=', org.id).where('name', '=', 'Cron').executeTakeFirstOrThrow()).post_logout_redirect_uris).toEqual([]);
+  });
+
   it('narrowing scopes asks for confirmation, then revokes only the grants holding a removed scope', async () => {
     const org = await newOrganization(w);
     const narrow = await userGrant(w, org, w.users.member.id, ['contacts.read']);

@@ -13,12 +13,13 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   roles: ['id', 'organization_id', 'name', 'description', 'permissions', 'created_at', 'updated_at'],
   applications: [
     'id', 'organization_id', 'client_id', 'client_secret_hash', 'type', 'name', 'redirect_uris', 'scopes',
-    'require_pkce', 'disabled', 'secret_rotated_at', 'created_at', 'updated_at',
+    'require_pkce', 'disabled', 'secret_rotated_at', 'created_at', 'updated_at', 'post_logout_redirect_uris',
   ],
-  grants: ['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'created_at', 'last_used_at', 'revoked_at', 'revoked_reason', 'narrowed_from_grant_id'],
+  grants: ['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'created_at', 'last_used_at', 'revoked_at', 'revoked_reason', 'narrowed_from_grant_id',
+    'identity_scopes', 'auth_time', 'sid'],
   authorization_codes: [
     'id', 'code_hash', 'organization_id', 'application_id', 'user_id', 'redirect_uri', 'scopes', 'code_challenge',
-    'code_challenge_method', 'expires_at', 'consumed_at', 'grant_id', 'created_at',
+    'code_challenge_method', 'expires_at', 'consumed_at', 'grant_id', 'created_at', 'identity_scopes', 'auth_time', 'sid', 'nonce',
   ],
   refresh_tokens: ['id', 'token_hash', 'organization_id', 'grant_id', 'parent_id', 'scopes', 'expires_at', 'rotated_at', 'revoked_at', 'created_at'],
   revoked_access_tokens: ['jti', 'organization_id', 'grant_id', 'expires_at', 'revoked_at'],
@@ -75,6 +76,7 @@ const MIGRATIONS = [
   '20261123_0010_session_details',
   '20261123_0011_account_lifecycle',
   '20261123_0012_organization_roles',
+  '20261125_0013_openid_connect',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {

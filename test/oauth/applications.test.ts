@@ -11,6 +11,8 @@ import { addMember, removeMember } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import { createMigrator } from '../../src/db/migrate.js';
 import { connectDatabase } from '../../src/db/connect.js';
+import { InvalidRequestError } from '../../src/errors.js';
+import { ApplicationCache } from '../../src/oauth/models/application-cache.js';
 import { createApplication, findApplicationByClientId, updateApplication } from '../../src/oauth/models/applications.js';
 import { createAuthorizationCode } from '../../src/oauth/models/authorization-codes.js';
 import { createGrant, revokeGrants } from '../../src/oauth/models/grants.js';
@@ -111,6 +113,98 @@ describe(`changing an application on ${BACKEND}`, () => {
     } finally {
       await server.close();
     }
+  });
+});
+
+describe(`post-logout redirect URIs on ${BACKEND}`, () => {
+  const LOGOUT = 'https://client.example.com/signed-out';
+  const LOOPBACK_LOGOUT = 'http://127.0.0.1:9000/bye?from=orgauth';
+  /** What createApplication or updateApplication refused with: the 400's details. */
+  const refusal = async (work: Promise<unknown>) => {
+    const err: unknown = await work.then(() => undefined, (e: unknown) => e);
+    expect(err).toBeInstanceOf(InvalidRequestError);
+    return (err as InvalidRequestError).details;
+  };
+
+  it('round-trip through create, update, findApplicationByClientId and the application cache, audited like redirect URIs', async () => {
+    const created = await createApplication(db(), {
+      organizationId: org.organizationId, type: 'public', name: 'Signs out', redirectUris: [REDIRECT], postLogoutRedirectUris: [LOGOUT, LOOPBACK_LOGOUT],
+    });
+    expect(created.post_logout_redirect_uris).toEqual([LOGOUT, LOOPBACK_LOGOUT]);
+    expect((await row(created.client_id)).post_logout_redirect_uris).toEqual([LOGOUT, LOOPBACK_LOGOUT]);
+    const cache = new ApplicationCache(db());
+    expect((await cache.find(created.client_id))?.post_logout_redirect_uris).toEqual([LOGOUT, LOOPBACK_LOGOUT]);
+
+    // Changing something else keeps them; sending them replaces the list; an empty list clears it.
+    expect((await updateApplication(db(), await row(created.client_id), { name: 'Still signs out' })).post_logout_redirect_uris).toEqual([LOGOUT, LOOPBACK_LOGOUT]);
+    const changed = await updateApplication(db(), await row(created.client_id), { postLogoutRedirectUris: [LOOPBACK_LOGOUT] }, { applications: cache });
+    expect(changed.post_logout_redirect_uris).toEqual([LOOPBACK_LOGOUT]);
+    expect((await cache.find(created.client_id))?.post_logout_redirect_uris).toEqual([LOOPBACK_LOGOUT]);
+    expect((await updateApplication(db(), changed, { postLogoutRedirectUris: [] })).post_logout_redirect_uris).toEqual([]);
+    // The same list again is no change, and not audited.
+    await updateApplication(db(), await row(created.client_id), { postLogoutRedirectUris: [] });
+
+    const events = await db().selectFrom('audit_events').select(['action', 'details']).where('organization_id', '=', org.organizationId).orderBy('id').execute();
+    const mine = events.filter((e) => (e.details as { client_id?: string }).client_id === created.client_id && e.action === 'application.updated').map((e) => e.details);
+    expect(mine).toEqual([
+      { client_id: created.client_id, name: 'Still signs out' },
+      { client_id: created.client_id, post_logout_redirect_uris: [LOOPBACK_LOGOUT] },
+      { client_id: created.client_id, post_logout_redirect_uris: [] },
+    ]);
+    // A public application needs none: they default to an empty list.
+    expect((await publicApp('No logout URIs')).post_logout_redirect_uris).toEqual([]);
+  });
+
+  it.each([
+    ['a fragment', 'https://client.example.com/bye#top'],
+    ['http on a host other than loopback', 'http://client.example.com/bye'],
+    ['a relative URI', '/bye'],
+    ['a control character', 'https://client.example.com/bye\u0007'],
+    ['a space', 'https://client.example.com/b ye'],
+    ['user info', 'https://user@client.example.com/bye'],
+    ['a lone surrogate', 'https://client.example.com/bye\ud800'],
+  ])('refuses %s with the 400 a redirect URI gets, naming post_logout_redirect_uris.N', async (_what, bad) => {
+    const asRedirect = await refusal(createApplication(db(), { organizationId: org.organizationId, type: 'public', name: 'Bad', redirectUris: [REDIRECT, bad] }));
+    expect(asRedirect).toEqual([{ path: 'redirect_uris.1', message: expect.any(String) }]);
+    const message = asRedirect![0]!.message;
+    const expected = [{ path: 'post_logout_redirect_uris.1', message }];
+    expect(
+      await refusal(createApplication(db(), { organizationId: org.organizationId, type: 'public', name: 'Bad', redirectUris: [REDIRECT], postLogoutRedirectUris: [LOGOUT, bad] })),
+    ).toEqual(expected);
+    const app = await publicApp('Bad change');
+    expect(await refusal(updateApplication(db(), app, { postLogoutRedirectUris: [LOGOUT, bad] }))).toEqual(expected);
+    expect((await row(app.client_id)).post_logout_redirect_uris).toEqual([]);
+  });
+
+  it('refuses more than 20, as it refuses more than 20 redirect URIs', async () => {
+    const many = Array.from({ length: 21 }, (_, i) => `https://client.example.com/bye/${i}`);
+    expect(await refusal(createApplication(db(), { organizationId: org.organizationId, type: 'public', name: 'Many', redirectUris: many }))).toEqual([
+      { path: 'redirect_uris', message: 'at most 20 redirect URIs' },
+    ]);
+    expect(
+      await refusal(createApplication(db(), { organizationId: org.organizationId, type: 'public', name: 'Many', redirectUris: [REDIRECT], postLogoutRedirectUris: many })),
+    ).toEqual([{ path: 'post_logout_redirect_uris', message: 'at most 20 post-logout redirect URIs' }]);
+    const app = await publicApp('Twenty');
+    expect((await updateApplication(db(), app, { postLogoutRedirectUris: many.slice(0, 20) })).post_logout_redirect_uris).toHaveLength(20);
+    expect(await refusal(updateApplication(db(), await row(app.client_id), { postLogoutRedirectUris: many }))).toEqual([
+      { path: 'post_logout_redirect_uris', message: 'at most 20 post-logout redirect URIs' },
+    ]);
+  });
+
+  it('refuses any on a private application, as it refuses redirect URIs there', async () => {
+    const base = { organizationId: org.organizationId, type: 'private', name: 'Backend' } as const;
+    expect(await refusal(createApplication(db(), { ...base, redirectUris: [REDIRECT] }))).toEqual([
+      { path: 'redirect_uris', message: 'a private application has no redirect URIs (it uses client_credentials)' },
+    ]);
+    expect(await refusal(createApplication(db(), { ...base, postLogoutRedirectUris: [LOGOUT] }))).toEqual([
+      { path: 'post_logout_redirect_uris', message: 'a private application has no post-logout redirect URIs (it uses client_credentials)' },
+    ]);
+    const created = await createApplication(db(), { ...base, postLogoutRedirectUris: [] });
+    expect(created.post_logout_redirect_uris).toEqual([]);
+    expect(await refusal(updateApplication(db(), await row(created.client_id), { postLogoutRedirectUris: [LOGOUT] }))).toEqual([
+      { path: 'post_logout_redirect_uris', message: 'a private application has no post-logout redirect URIs (it uses client_credentials)' },
+    ]);
+    expect((await updateApplication(db(), await row(created.client_id), { postLogoutRedirectUris: [] })).post_logout_redirect_uris).toEqual([]);
   });
 });
 

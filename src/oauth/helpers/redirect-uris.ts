@@ -28,3 +28,15 @@ export const redirectUriSchema = z.string().superRefine((value, ctx) => {
   const problem = redirectUriProblem(value);
   if (problem) ctx.addIssue({ code: 'custom', message: `${JSON.stringify(value.slice(0, 100))} ${problem}` });
 });
+
+/** How many URIs an application may register in each list (the database checks it too). */
+export const MAX_REDIRECT_URIS = 20;
+
+/**
+ * A registered list of URIs the browser may be sent to: the redirect URIs, and the post-logout
+ * redirect URIs of RP-initiated logout, which follow the same rules and are compared the same
+ * way. `noun` names the list in the error ("redirect URIs").
+ */
+export function redirectUriListSchema(noun: string) {
+  return z.array(redirectUriSchema).max(MAX_REDIRECT_URIS, `at most ${MAX_REDIRECT_URIS} ${noun}`);
+}

@@ -8,7 +8,7 @@ import type { Application, ApplicationType, RevocationReason } from '../../db/sc
 import { NotFoundError } from '../../errors.js';
 import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { isWellFormed, parseInput } from '../../lib/validate.js';
-import { redirectUriSchema } from '../helpers/redirect-uris.js';
+import { redirectUriListSchema } from '../helpers/redirect-uris.js';
 import { revokeGrants, type RevokedGrantsMemory } from './grants.js';
 import { applicationScopes } from '../helpers/scopes.js';
 
@@ -19,18 +19,29 @@ const nameSchema = z
   .min(1, 'must not be empty')
   .max(200, 'must be at most 200 characters')
   .refine((v) => isWellFormed(v) && !v.includes('\u0000'), 'must be well-formed Unicode without NUL characters');
-const redirectUrisSchema = z.array(redirectUriSchema).max(20, 'at most 20 redirect URIs');
+const redirectUrisSchema = redirectUriListSchema('redirect URIs');
+const postLogoutRedirectUrisSchema = redirectUriListSchema('post-logout redirect URIs');
 const typeSchema = z.enum(['public', 'private'], { error: 'must be public or private' });
 
-/** Public applications redirect users back and need a redirect URI; private ones never redirect (and PKCE is for redirects). */
+/**
+ * Public applications redirect users back and need a redirect URI; private ones never redirect
+ * (and PKCE is for redirects), nor sign anyone in, so they have no post-logout redirect URIs.
+ */
 const shapeSchema = z
-  .object({ type: typeSchema, redirect_uris: z.array(z.string()), require_pkce: z.boolean() })
+  .object({ type: typeSchema, redirect_uris: z.array(z.string()), post_logout_redirect_uris: z.array(z.string()), require_pkce: z.boolean() })
   .superRefine((app, ctx) => {
     if (app.type === 'public' && app.redirect_uris.length === 0) {
       ctx.addIssue({ code: 'custom', path: ['redirect_uris'], message: 'a public application needs at least one redirect URI' });
     }
     if (app.type === 'private' && app.redirect_uris.length > 0) {
       ctx.addIssue({ code: 'custom', path: ['redirect_uris'], message: 'a private application has no redirect URIs (it uses client_credentials)' });
+    }
+    if (app.type === 'private' && app.post_logout_redirect_uris.length > 0) {
+      ctx.addIssue({
+        code: 'custom',
+        path: ['post_logout_redirect_uris'],
+        message: 'a private application has no post-logout redirect URIs (it uses client_credentials)',
+      });
     }
     if (app.type === 'private' && app.require_pkce) {
       ctx.addIssue({ code: 'custom', path: ['require_pkce'], message: 'PKCE applies to public applications only' });
@@ -42,6 +53,7 @@ const newApplicationSchema = z.object({
   type: typeSchema,
   name: nameSchema,
   redirect_uris: redirectUrisSchema.default([]),
+  post_logout_redirect_uris: postLogoutRedirectUrisSchema.default([]),
   require_pkce: z.boolean().default(false),
 });
 
@@ -50,6 +62,8 @@ export interface NewApplicationInput {
   type: ApplicationType;
   name: string;
   redirectUris?: string[];
+  /** Where RP-initiated logout may send the browser afterwards (public applications only); none when omitted. */
+  postLogoutRedirectUris?: string[];
   /** Space-separated or a list; the data scopes when omitted. Management scopes: private applications only (AD-1). */
   scopes?: string | string[];
   requirePkce?: boolean;
@@ -64,6 +78,7 @@ export interface ApplicationWithSecret {
   organization_id: number;
   name: string;
   redirect_uris: string[];
+  post_logout_redirect_uris: string[];
   scopes: string[];
 }
 
@@ -93,6 +108,7 @@ export async function createApplication(db: DB, input: NewApplicationInput): Pro
     type: input.type,
     name: input.name,
     redirect_uris: input.redirectUris,
+    post_logout_redirect_uris: input.postLogoutRedirectUris,
     require_pkce: input.requirePkce,
   });
   parseInput(shapeSchema, app);
@@ -109,10 +125,11 @@ export async function createApplication(db: DB, input: NewApplicationInput): Pro
           type: app.type,
           name: app.name,
           redirect_uris: app.redirect_uris,
+          post_logout_redirect_uris: app.post_logout_redirect_uris,
           scopes,
           require_pkce: app.require_pkce,
         })
-        .returning(['client_id', 'type', 'organization_id', 'name', 'redirect_uris', 'scopes'])
+        .returning(['client_id', 'type', 'organization_id', 'name', 'redirect_uris', 'post_logout_redirect_uris', 'scopes'])
         .executeTakeFirstOrThrow();
       await recordAuditEvent(trx, {
         organizationId: row.organization_id,
@@ -206,6 +223,7 @@ export async function countGrantsBeyond(db: DB, application: Pick<Application, '
 export interface ApplicationChanges {
   name?: string | undefined;
   redirectUris?: readonly string[] | undefined;
+  postLogoutRedirectUris?: readonly string[] | undefined;
   /** Space-separated or a list. */
   scopes?: string | readonly string[] | undefined;
   requirePkce?: boolean | undefined;
@@ -215,6 +233,7 @@ export interface ApplicationChanges {
 const changesSchema = z.object({
   name: nameSchema.optional(),
   redirect_uris: redirectUrisSchema.optional(),
+  post_logout_redirect_uris: postLogoutRedirectUrisSchema.optional(),
   require_pkce: z.boolean().optional(),
   disabled: z.boolean().optional(),
 });
@@ -231,7 +250,13 @@ const changesSchema = z.object({
  * halfway through revoking finishes the work. Returns the application as it now is.
  */
 export async function updateApplication(db: DB, application: Application, changes: ApplicationChanges, options: ChangeOptions = {}): Promise<Application> {
-  const valid = parseInput(changesSchema, { name: changes.name, redirect_uris: changes.redirectUris, require_pkce: changes.requirePkce, disabled: changes.disabled });
+  const valid = parseInput(changesSchema, {
+    name: changes.name,
+    redirect_uris: changes.redirectUris,
+    post_logout_redirect_uris: changes.postLogoutRedirectUris,
+    require_pkce: changes.requirePkce,
+    disabled: changes.disabled,
+  });
   const scopes = changes.scopes === undefined ? undefined : applicationScopes(application.type, changes.scopes);
   const updated = await inTransaction(db, async (trx) => {
     const current = await trx
@@ -245,13 +270,14 @@ export async function updateApplication(db: DB, application: Application, change
     const next = {
       name: valid.name ?? current.name,
       redirect_uris: valid.redirect_uris ?? current.redirect_uris,
+      post_logout_redirect_uris: valid.post_logout_redirect_uris ?? current.post_logout_redirect_uris,
       scopes: scopes ?? current.scopes,
       require_pkce: valid.require_pkce ?? current.require_pkce,
       disabled: valid.disabled ?? current.disabled,
     };
-    parseInput(shapeSchema, { type: current.type, redirect_uris: next.redirect_uris, require_pkce: next.require_pkce });
+    parseInput(shapeSchema, { type: current.type, ...next });
     const edited = Object.fromEntries(
-      (['name', 'redirect_uris', 'scopes', 'require_pkce'] as const).filter((k) => JSON.stringify(next[k]) !== JSON.stringify(current[k])).map((k) => [k, next[k]]),
+      (['name', 'redirect_uris', 'post_logout_redirect_uris', 'scopes', 'require_pkce'] as const).filter((k) => JSON.stringify(next[k]) !== JSON.stringify(current[k])).map((k) => [k, next[k]]),
     );
     const toggled = next.disabled !== current.disabled;
     if (Object.keys(edited).length === 0 && !toggled) return current;
