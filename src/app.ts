@@ -21,6 +21,8 @@ import { clientAuthThrottle } from './oauth/helpers/client-auth.js';
 import { KeyStore } from './oauth/models/key-store.js';
 import { metadataRoutes } from './oauth/endpoints/metadata.js';
 import { introspectionEndpoint } from './oauth/endpoints/introspect.js';
+import { userinfoEndpoint } from './oauth/endpoints/userinfo.js';
+import { endSessionEndpoint } from './oauth/endpoints/end-session.js';
 import { revocationEndpoint } from './oauth/endpoints/revoke.js';
 import { RevocationList } from './oauth/models/revocation-list.js';
 import { ExpiredRowSweeper } from './retention.js';
@@ -164,6 +166,7 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await app.register(tokenEndpoint, oauth);
   await app.register(revocationEndpoint, oauth);
   await app.register(introspectionEndpoint, oauth);
+  await app.register(userinfoEndpoint, oauth);
   await registerOpenApi(app, config);
   await app.register(apiRoutes, { ...oauth, mail, prefix: API_PREFIX });
   await app.register(openApiRoutes);
@@ -172,7 +175,8 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await app.register(pageAssets);
   await app.register(accountPages, { db: deps.db, config, mail, background });
   if (config.mail.devOutbox) await app.register(devOutboxPage, { config, mail });
-  await app.register(authorizeEndpoint, { db: deps.db, config });
+  await app.register(authorizeEndpoint, { db: deps.db, config, keys });
+  await app.register(endSessionEndpoint, { db: deps.db, config, keys });
   await app.register(dashboardPages, { db: deps.db, config, keys, revocations, applications, clientGrants, metrics, mail });
 
   return app;

@@ -55,9 +55,21 @@ function queryValue(req: FastifyRequest, name: string): string | undefined {
   return typeof value === 'string' ? value : undefined;
 }
 
-/** The path to the login page that comes back to `returnTo` afterwards. */
-export function loginPath(returnTo: string): string {
-  return `/login?return_to=${encodeURIComponent(returnTo)}`;
+/**
+ * The path to the login page that comes back to `returnTo` afterwards. `again`: ask for the
+ * password even when signed in (an application asked for a fresh sign-in: OIDC prompt=login,
+ * max_age); `loginHint`: the email to pre-fill (OIDC login_hint).
+ */
+export function loginPath(returnTo: string, options: { again?: boolean; loginHint?: string | undefined } = {}): string {
+  const query = new URLSearchParams({ return_to: returnTo });
+  if (options.again) query.set('prompt', 'login');
+  if (options.loginHint !== undefined) query.set('login_hint', options.loginHint);
+  return `/login?${query.toString()}`;
+}
+
+/** A login_hint worth pre-filling: something shaped like an email address, of a sane length. */
+function hintedEmail(value: string | undefined): string | undefined {
+  return value !== undefined && value.length <= 254 && emailSchema.safeParse(value).success ? value : undefined;
 }
 
 export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): Promise<void> {
@@ -67,7 +79,7 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
   const emailThrottle = new FailureThrottle(LOGIN_MAX_FAILURES_PER_EMAIL, LOGIN_WINDOW_MS);
   const ipThrottle = new FailureThrottle(LOGIN_MAX_FAILURES_PER_IP, LOGIN_WINDOW_MS);
 
-  function renderLogin(req: FastifyRequest, reply: FastifyReply, status: number, view: { returnTo: string; email?: string; error?: string }) {
+  function renderLogin(req: FastifyRequest, reply: FastifyReply, status: number, view: { returnTo: string; email?: string; error?: string; notice?: string }) {
     const preSession = ensurePreSession(req, reply, config);
     return renderPage(reply, status, 'login', {
       title: 'Sign in',
@@ -75,6 +87,7 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
       returnTo: view.returnTo,
       email: view.email ?? '',
       error: view.error ?? '',
+      notice: view.notice ?? '',
     });
   }
 
@@ -108,8 +121,12 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
 
   app.get('/login', async (req, reply) => {
     const returnTo = safeReturnTo(queryValue(req, 'return_to'));
-    if (await currentUser(db, config, req)) return reply.redirect(returnTo, 303);
-    return renderLogin(req, reply, 200, { returnTo });
+    const signedIn = await currentUser(db, config, req);
+    // Signed in already: straight back, unless asked to sign in again (then as whom, by default the same user).
+    const again = queryValue(req, 'prompt') === 'login';
+    if (signedIn && !again) return reply.redirect(returnTo, 303);
+    const email = hintedEmail(queryValue(req, 'login_hint')) ?? signedIn?.email;
+    return renderLogin(req, reply, 200, { returnTo, ...(email !== undefined ? { email } : {}), ...(again && signedIn ? { notice: 'The application asks you to sign in again.' } : {}) });
   });
 
   app.post('/login', async (req, reply) => {

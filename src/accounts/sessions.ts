@@ -34,6 +34,15 @@ export interface SessionUser {
   name: string;
   /** Whether the user has confirmed their email address. */
   emailVerified: boolean;
+  /** When the user signed in for this session: OpenID Connect's auth_time. */
+  authTime: Date;
+  /** The session's identifier for OpenID Connect (the ID token's sid): derived from the session's key, never the cookie. */
+  sid: string;
+}
+
+/** OpenID Connect's sid for the session whose key is `idHash`: stable for the session, and telling nothing of the cookie. */
+export function sessionSid(idHash: string): string {
+  return sha256Hex(`oidc-sid:${idHash}`).slice(0, 32);
 }
 
 export interface CookieNames {
@@ -82,7 +91,7 @@ export async function findSession(db: DB, sessionId: string | undefined): Promis
   const row = await db
     .selectFrom('sessions')
     .innerJoin('users', 'users.id', 'sessions.user_id')
-    .select(['users.id as userId', 'users.email', 'users.name', 'users.email_verified_at', 'sessions.last_seen_at'])
+    .select(['users.id as userId', 'users.email', 'users.name', 'users.email_verified_at', 'sessions.last_seen_at', 'sessions.created_at as authTime'])
     .where('sessions.id_hash', '=', idHash)
     .where('sessions.expires_at', '>', new Date())
     .executeTakeFirst();
@@ -91,7 +100,7 @@ export async function findSession(db: DB, sessionId: string | undefined): Promis
   if (Date.now() - lastSeen.getTime() >= TOUCH_EVERY_MS) {
     await db.updateTable('sessions').set({ last_seen_at: sql`now()` }).where('id_hash', '=', idHash).execute();
   }
-  return { sessionId, ...user, emailVerified: verifiedAt !== null };
+  return { sessionId, ...user, emailVerified: verifiedAt !== null, sid: sessionSid(idHash) };
 }
 
 /** A user's live sessions, most recently used first (the account page shows the newest SESSIONS_LISTED). */

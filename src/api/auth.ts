@@ -31,7 +31,7 @@ declare module 'fastify' {
   }
 }
 
-const REALM = 'Bearer realm="orgauth"';
+export const REALM = 'Bearer realm="orgauth"';
 /** A canonical positive bigint: one spelling per organization (no 01, +1, 1.0, 1e3, " 1"). */
 const CANONICAL_ID = /^[1-9][0-9]{0,18}$/;
 const MAX_BIGINT = 9_223_372_036_854_775_807n;

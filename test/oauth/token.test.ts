@@ -237,6 +237,7 @@ describe('metadata (MD-3) and JWKS', () => {
       grant_types_supported: ['authorization_code', 'refresh_token', 'client_credentials'],
       jwks_uri: `${config.issuer}/.well-known/jwks.json`,
       scopes_supported: [
+        'openid', 'profile', 'email',
         'contacts.read', 'contacts.write', 'tasks.read', 'tasks.write',
         'applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read',
       ],

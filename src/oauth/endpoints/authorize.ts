@@ -21,16 +21,28 @@ import { createAuthorizationCode } from '../models/authorization-codes.js';
 import { recordAuditEvent } from '../../audit/events.js';
 import { InvalidScopeError } from '../errors.js';
 import { parseCanonicalId, readParams } from '../helpers/params.js';
-import { grantableScopes, type Scope, SCOPE_DESCRIPTIONS } from '../helpers/scopes.js';
+import { redirectLocation } from '../helpers/redirect-uris.js';
+import { grantableScopes, IDENTITY_SCOPE_DESCRIPTIONS, type IdentityScope, isIdentityScope, type Scope, SCOPE_DESCRIPTIONS, splitIdentityScopes } from '../helpers/scopes.js';
+import type { KeyStore } from '../models/key-store.js';
+import { type IdTokenHint, verifyIdTokenHint } from '../models/id-tokens.js';
 
 export const STATE_MIN_LENGTH = 16;
 /** RFC 7636 §4.2: a code challenge is 43 to 128 unreserved characters. */
 const CODE_CHALLENGE = /^[A-Za-z0-9\-._~]{43,128}$/;
 /** The OAuth parameters the consent form carries back, in hidden fields. */
-const CARRIED_PARAMS = ['client_id', 'redirect_uri', 'response_type', 'scope', 'state', 'code_challenge', 'code_challenge_method'] as const;
+const CARRIED_PARAMS = ['client_id', 'redirect_uri', 'response_type', 'scope', 'state', 'code_challenge', 'code_challenge_method', 'nonce'] as const;
 /** A user's newest live grants of one application looked at for a remembered consent (one per authorization they approved). */
 const MAX_REMEMBERED_GRANTS = 100;
 const PROMPT_VALUES: ReadonlySet<string> = new Set(['none', 'login', 'consent', 'select_account']);
+const NONCE_MAX_LENGTH = 512;
+const MAX_AGE = /^(0|[1-9][0-9]{0,9})$/;
+/**
+ * Set on the authorization request when the user is sent to sign in: a sign-in (a session
+ * created) at or after this second satisfies prompt=login, max_age and id_token_hint, so the
+ * request, brought back by the login page, goes on instead of asking again. Not a secret: only the
+ * application gains from a re-authentication, and it controls the request anyway.
+ */
+const SIGNED_IN_AFTER = 'signed_in_after';
 
 type Raw = Record<string, unknown>;
 
@@ -40,7 +52,17 @@ interface ClientTarget {
 }
 
 interface AuthorizationRequest extends ClientTarget {
+  /** What the user delegates of the organization's data: bounded by the application's scopes and the user's role. */
   scopes: Scope[];
+  /** The OpenID scopes asked for (openid, profile, email): not bounded by roles. */
+  identityScopes: IdentityScope[];
+  nonce: string | null;
+  /** OIDC Core §3.1.2.1 max_age in seconds, when sent. */
+  maxAge: number | null;
+  loginHint: string | undefined;
+  idTokenHint: string | undefined;
+  /** The sign-in this request was sent to (SIGNED_IN_AFTER), in seconds since the epoch. */
+  signedInAfter: number | undefined;
   state: string;
   codeChallenge: string | null;
   /** OpenID Connect Core §3.1.2.1 `prompt`, as a set: none, login, consent, select_account. */
@@ -115,10 +137,14 @@ function validateRequest(target: ClientTarget, raw: Raw): AuthorizationRequest |
   if (target.application.type !== 'public') return fail('unauthorized_client', 'this application may not use the authorization code grant');
   if (scope === undefined) return fail('invalid_scope', 'scope is required');
   let scopes: Scope[];
+  let identityScopes: IdentityScope[];
   try {
+    const { identity, rest } = splitIdentityScopes(scope);
+    identityScopes = identity;
     // AD-1: a management scope is invalid_scope here: only private applications hold them (the
-    // database's applications_management_scopes_check), and private ones stop above.
-    scopes = grantableScopes(scope, target.application.scopes);
+    // database's applications_management_scopes_check), and private ones stop above. Signing in
+    // alone (openid and nothing else) delegates no data.
+    scopes = rest === '' && identity.length > 0 ? [] : grantableScopes(rest, target.application.scopes);
   } catch (err) {
     if (err instanceof InvalidScopeError) return fail('invalid_scope', err.description);
     throw err;
@@ -136,24 +162,29 @@ function validateRequest(target: ClientTarget, raw: Raw): AuthorizationRequest |
   const prompt = new Set((params.prompt ?? '').split(' ').filter((v) => v !== ''));
   if ([...prompt].some((v) => !PROMPT_VALUES.has(v))) return fail('invalid_request', `prompt may hold ${[...PROMPT_VALUES].join(', ')}`);
   if (prompt.has('none') && prompt.size > 1) return fail('invalid_request', 'prompt=none cannot be combined with another value');
+  const nonce = params.nonce ?? null;
+  if (nonce !== null && nonce.length > NONCE_MAX_LENGTH) return fail('invalid_request', `nonce must be at most ${NONCE_MAX_LENGTH} characters`);
+  const maxAge = params.max_age;
+  if (maxAge !== undefined && !MAX_AGE.test(maxAge)) return fail('invalid_request', 'max_age must be a non-negative number of seconds');
+  const signedInAfter = params[SIGNED_IN_AFTER];
   const carried = CARRIED_PARAMS.flatMap((name) => {
     const value = params[name];
     return value === undefined ? [] : [{ name, value }];
   });
-  return { ...target, scopes, state, codeChallenge: challenge ?? null, prompt, carried };
-}
-
-/**
- * The registered URI plus the response parameters. Appended as text, not through URL, so the
- * registered query stays exactly as registered; registered URIs have no fragment (AZ-10).
- */
-export function redirectLocation(redirectUri: string, params: Record<string, string | undefined>): string {
-  const query = new URLSearchParams();
-  for (const [name, value] of Object.entries(params)) if (value !== undefined) query.append(name, value);
-  const separator = !redirectUri.includes('?') ? '?' : /[?&]$/.test(redirectUri) ? '' : '&';
-  // A header value must be ASCII; percent-encode anything else the registered URI holds.
-  const base = redirectUri.replace(/[^\x21-\x7e]/gu, (c) => encodeURIComponent(c));
-  return `${base}${separator}${query.toString()}`;
+  return {
+    ...target,
+    scopes,
+    identityScopes,
+    nonce,
+    maxAge: maxAge === undefined ? null : Number(maxAge),
+    loginHint: params.login_hint,
+    idTokenHint: params.id_token_hint,
+    signedInAfter: signedInAfter !== undefined && /^[0-9]{1,12}$/.test(signedInAfter) ? Number(signedInAfter) : undefined,
+    state,
+    codeChallenge: challenge ?? null,
+    prompt,
+    carried,
+  };
 }
 
 /**
@@ -162,6 +193,15 @@ export function redirectLocation(redirectUri: string, params: Record<string, str
  */
 export function grantableByRole(requested: readonly Scope[], role: RoleRef): { granted: Scope[]; refused: Scope[] } {
   return { granted: requested.filter((s) => role.permissions.includes(s)), refused: requested.filter((s) => !role.permissions.includes(s)) };
+}
+
+/**
+ * Whether an organization where the role lets the user grant `granted` of the request can be
+ * chosen: something of the data asked for, or nothing asked for but signing in (OpenID scopes
+ * alone), which every member may do.
+ */
+function canGrant(request: AuthorizationRequest, granted: readonly Scope[]): boolean {
+  return granted.length > 0 || request.scopes.length === 0;
 }
 
 /**
@@ -175,7 +215,7 @@ export function grantableByRole(requested: readonly Scope[], role: RoleRef): { g
 async function rememberedConsent(db: DB, userId: number, memberships: readonly UserOrganization[], request: AuthorizationRequest): Promise<{ organizationId: number; granted: Scope[] } | undefined> {
   const grants = await db
     .selectFrom('grants')
-    .select(['organization_id', 'scopes'])
+    .select(['organization_id', 'scopes', 'identity_scopes'])
     .where('user_id', '=', userId)
     .where('application_id', '=', request.application.id)
     .where('revoked_at', 'is', null)
@@ -185,13 +225,23 @@ async function rememberedConsent(db: DB, userId: number, memberships: readonly U
   if (grants.length === 0) return undefined;
   const covered = memberships.flatMap((o) => {
     const { granted } = grantableByRole(request.scopes, o.access);
-    const remembered = granted.length > 0 && grants.some((g) => g.organization_id === o.id && granted.every((s) => g.scopes.includes(s)));
+    const remembered =
+      canGrant(request, granted) &&
+      grants.some((g) => g.organization_id === o.id && granted.every((s) => g.scopes.includes(s)) && request.identityScopes.every((s) => g.identity_scopes.includes(s)));
     return remembered ? [{ organizationId: o.id, granted }] : [];
   });
   return covered.length === 1 ? covered[0] : undefined;
 }
 
-export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { db: DB; config: Config }): Promise<void> {
+/** The request's own URL with SIGNED_IN_AFTER set to now: where the login page brings the browser back. */
+function afterSignIn(url: string): string {
+  const question = url.indexOf('?');
+  const query = new URLSearchParams(question === -1 ? '' : url.slice(question + 1));
+  query.set(SIGNED_IN_AFTER, String(Math.floor(Date.now() / 1000)));
+  return `${question === -1 ? url : url.slice(0, question)}?${query.toString()}`;
+}
+
+export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys }: { db: DB; config: Config; keys: KeyStore }): Promise<void> {
   await setUpPages(app, config);
 
   const redirectError = (reply: FastifyReply, redirectUri: string, e: RedirectError) =>
@@ -200,7 +250,8 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
       303,
     );
 
-  const described = (scopes: readonly Scope[]) => scopes.map((name) => ({ name, description: SCOPE_DESCRIPTIONS[name] }));
+  const described = (scopes: readonly (Scope | IdentityScope)[]) =>
+    scopes.map((name) => ({ name, description: isIdentityScope(name) ? IDENTITY_SCOPE_DESCRIPTIONS[name] : SCOPE_DESCRIPTIONS[name] }));
 
   async function renderConsent(reply: FastifyReply, user: SessionUser, memberships: readonly UserOrganization[], request: AuthorizationRequest) {
     if (memberships.length === 0) {
@@ -213,7 +264,9 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
     // allows nothing asked for cannot be chosen, and when none can, the request ends here.
     const organizations = memberships.map((o: UserOrganization) => {
       const { granted, refused } = grantableByRole(request.scopes, o.access);
-      return { id: o.id, name: o.name, role: o.role, granted: described(granted), refused: described(refused), choosable: granted.length > 0 };
+      const choosable = canGrant(request, granted);
+      // Signing in (the OpenID scopes) goes with any organization that can be chosen.
+      return { id: o.id, name: o.name, role: o.role, granted: described(choosable ? [...request.identityScopes, ...granted] : []), refused: described(refused), choosable };
     });
     const choosable = organizations.filter((o) => o.choosable);
     if (choosable.length === 0) {
@@ -227,7 +280,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
       title: `Authorize ${request.application.name}`,
       applicationName: request.application.name,
       userLabel: user.name ? `${user.name} (${user.email})` : user.email,
-      scopes: described(request.scopes),
+      scopes: described([...request.identityScopes, ...request.scopes]),
       organizations,
       preselected: choosable.length === 1 ? choosable[0]!.id : undefined,
       hidden: request.carried,
@@ -251,6 +304,10 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
         scopes: granted,
         codeChallenge: request.codeChallenge,
         ttlSeconds: config.authCodeTtl,
+        identityScopes: request.identityScopes,
+        nonce: request.nonce,
+        authTime: user.authTime,
+        sid: user.sid,
       });
       await recordAuditEvent(trx, {
         organizationId,
@@ -260,6 +317,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
           client_id: request.application.client_id,
           application_id: request.application.id,
           scopes: granted.join(' '),
+          ...(request.identityScopes.length > 0 ? { identity_scopes: request.identityScopes.join(' ') } : {}),
           ...(granted.length < request.scopes.length ? { requested_scopes: request.scopes.join(' ') } : {}),
           ...(remembered ? { remembered: true } : {}),
         },
@@ -270,26 +328,68 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
     return reply.redirect(redirectLocation(request.redirectUri, { code, state: request.state, iss: config.issuer }), 303);
   }
 
+  /**
+   * Whether the signed-in user must sign in again first (OIDC Core §3.1.2.1): prompt=login or
+   * select_account, a sign-in older than max_age, or an id_token_hint naming someone else. A
+   * sign-in made for this very request (SIGNED_IN_AFTER) satisfies all of them.
+   */
+  function mustSignInAgain(user: SessionUser, request: AuthorizationRequest, hint: IdTokenHint | undefined): boolean {
+    const authTimeS = Math.floor(user.authTime.getTime() / 1000);
+    if (request.signedInAfter !== undefined && authTimeS >= request.signedInAfter) return false;
+    if (request.prompt.has('login') || request.prompt.has('select_account')) return true;
+    if (request.maxAge !== null && Math.floor(Date.now() / 1000) - authTimeS > request.maxAge) return true;
+    return hint !== undefined && hint.sub !== String(user.userId);
+  }
+
+  /** The id_token_hint, checked: one this provider issued to this very application. */
+  async function readHint(request: AuthorizationRequest): Promise<IdTokenHint | RedirectError | undefined> {
+    if (request.idTokenHint === undefined) return undefined;
+    try {
+      const hint = await verifyIdTokenHint(keys, config, request.idTokenHint);
+      if (hint.clientId !== request.application.client_id) return { error: 'invalid_request', description: 'id_token_hint was issued to another application', state: request.state };
+      return hint;
+    } catch (err) {
+      if (err instanceof InvalidRequestError) return { error: 'invalid_request', description: err.description, state: request.state };
+      throw err;
+    }
+  }
+
+  /** To the login page, which brings the browser back to this request, now marked as signed in for. */
+  const toLogin = (reply: FastifyReply, req: FastifyRequest, request: { loginHint?: string | undefined } | undefined, again: boolean) =>
+    reply.redirect(loginPath(afterSignIn(req.url), { again, loginHint: request?.loginHint }), 303);
+
   app.get('/oauth/authorize', async (req: FastifyRequest, reply) => {
     const raw = asRaw(req.query);
     const target = await identifyClient(db, raw);
     const user = await currentUser(db, config, req);
+    const request = validateRequest(target, raw);
     if (!user) {
       // prompt=none: no page at all, so a signed-out user is login_required (OIDC Core §3.1.2.6).
       if (firstValue(raw, 'prompt') === 'none') {
-        const request = validateRequest(target, raw);
         return redirectError(reply, target.redirectUri, 'error' in request ? request : { error: 'login_required', description: 'the user is not signed in', state: request.state });
       }
       // AZ-6: sign in first; the login page brings the browser back to this very request.
-      return reply.redirect(loginPath(req.url), 303);
+      return toLogin(reply, req, 'error' in request ? undefined : request, false);
     }
-    const request = validateRequest(target, raw);
     if ('error' in request) return redirectError(reply, target.redirectUri, request);
-    // Asked before for this application (and not revoked since): not asked again, unless the
-    // application wants the page (prompt consent, login or select_account).
+    const hint = await readHint(request);
+    if (hint !== undefined && 'error' in hint) return redirectError(reply, target.redirectUri, hint);
+    if (mustSignInAgain(user, request, hint)) {
+      if (request.prompt.has('none')) {
+        return redirectError(reply, target.redirectUri, { error: 'login_required', description: 'the user must sign in again', state: request.state });
+      }
+      return toLogin(reply, req, request, true);
+    }
+    // Signed in again and still not the user the application named: not who it asked for.
+    if (hint !== undefined && hint.sub !== String(user.userId)) {
+      return redirectError(reply, target.redirectUri, { error: 'login_required', description: 'the signed-in user is not the one id_token_hint names', state: request.state });
+    }
     // The user's organizations with their roles, read once for both the remembered consent and the page.
     const memberships = await listUserOrganizations(db, user.userId);
-    if (request.prompt.size === 0 || request.prompt.has('none')) {
+    // Asked before for this application (and not revoked since): not asked again, unless the
+    // application wants the page: prompt=consent, or select_account (the user signs in again and
+    // chooses the organization again). prompt=login asks only for the sign-in, done above.
+    if (!request.prompt.has('consent') && !request.prompt.has('select_account')) {
       const remembered = await rememberedConsent(db, user.userId, memberships, request);
       if (remembered) return approve(reply, req, user, request, remembered.organizationId, remembered.granted, true);
     }
@@ -333,7 +433,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config }: { 
     if (!membership) throw new ForbiddenError('You are not a member of the organization you chose.');
     // The role as it is now, not as the page showed it.
     const { granted } = grantableByRole(request.scopes, membership.access);
-    if (granted.length === 0) throw new ForbiddenError(`Your role in ${membership.name} (${membership.role}) allows none of the access ${request.application.name} asks for.`);
+    if (!canGrant(request, granted)) throw new ForbiddenError(`Your role in ${membership.name} (${membership.role}) allows none of the access ${request.application.name} asks for.`);
     return approve(reply, req, user, request, organizationId, granted, false);
   });
 }

@@ -16,7 +16,7 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
       return {
         active: true,
         token_type: 'refresh_token',
-        scope: t.scopes.join(' '),
+        scope: [...t.identity_scopes, ...t.scopes].join(' '),
         client_id: application.client_id,
         sub: String(t.user_id),
         organization_id: t.organization_id,

@@ -5,7 +5,7 @@ import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { UnauthorizedClientError, InvalidGrantError } from '../errors.js';
 import { requireParam } from '../helpers/params.js';
 import { PKCE_VALUE, s256, verifyPkce } from '../helpers/pkce.js';
-import { userTokenResponse, type TokenContext } from './token-response.js';
+import { type GrantIdentity, userTokenResponse, type TokenContext } from './token-response.js';
 import type { GrantHandler } from './types.js';
 import { membershipPermissionsSql, roleOf } from '../../accounts/roles.js';
 import { liveSuccessor } from '../models/grants.js';
@@ -13,12 +13,13 @@ import { liveSuccessor } from '../models/grants.js';
 /** The scopes the code's user may still grant: their role's permissions now (share-locked with the membership). */
 const MEMBER_PERMISSIONS = membershipPermissionsSql(sql`m.role`, sql`(select r.permissions from roles r where r.id = m.role_id for share)`);
 
-interface Redeemed {
+interface Redeemed extends GrantIdentity {
   grant_id: number;
   organization_id: number;
   organization_name: string;
   user_id: number;
   scopes: string[];
+  nonce: string | null;
 }
 
 interface Presented {
@@ -48,7 +49,7 @@ function expectedChallenge(verifier: string | undefined): string | null {
 async function redeemCode(db: DB, application: Application, presented: Presented, refreshToken: string, ttlSeconds: number): Promise<Redeemed | undefined> {
   const { rows } = await sql<Redeemed>`${prepared('redeem_code')}
     with found as (
-      select c.id, c.organization_id, c.user_id, c.scopes
+      select c.id, c.organization_id, c.user_id, c.scopes, c.identity_scopes, c.nonce, c.auth_time, c.sid
       from authorization_codes c
       where c.code_hash = ${sha256Hex(presented.code)} and c.application_id = ${application.id}
         and c.consumed_at is null and c.expires_at > now() and c.redirect_uri = ${presented.redirectUri}
@@ -66,11 +67,11 @@ async function redeemCode(db: DB, application: Application, presented: Presented
       update authorization_codes c set consumed_at = now(), grant_id = nextval(pg_get_serial_sequence('grants', 'id'))
       from found, member
       where c.id = found.id and c.consumed_at is null
-      returning c.grant_id, c.organization_id, c.user_id, c.scopes
+      returning c.grant_id, c.organization_id, c.user_id, c.scopes, c.identity_scopes, c.nonce, c.auth_time, c.sid
     ),
     grant_row as (
-      insert into grants (id, organization_id, application_id, user_id, scopes, last_used_at) overriding system value
-      select grant_id, organization_id, ${application.id}, user_id, scopes, now() from consumed
+      insert into grants (id, organization_id, application_id, user_id, scopes, identity_scopes, auth_time, sid, last_used_at) overriding system value
+      select grant_id, organization_id, ${application.id}, user_id, scopes, identity_scopes, auth_time, sid, now() from consumed
       returning id
     ),
     refresh as (
@@ -79,8 +80,9 @@ async function redeemCode(db: DB, application: Application, presented: Presented
       from consumed c join grant_row g on g.id = c.grant_id
       returning id
     )
-    select c.grant_id, c.organization_id, o.name as organization_name, c.user_id, c.scopes
-    from consumed c join organizations o on o.id = c.organization_id
+    select c.grant_id, c.organization_id, o.name as organization_name, c.user_id, c.scopes,
+      c.identity_scopes, c.nonce, c.auth_time, c.sid, u.email, u.name, u.email_verified_at is not null as email_verified
+    from consumed c join organizations o on o.id = c.organization_id join users u on u.id = c.user_id
     where exists (select 1 from refresh)`.execute(db);
   return rows[0];
 }
@@ -158,6 +160,7 @@ export const authorizationCode: GrantHandler = {
       userId: redeemed.user_id,
       accessScopes: redeemed.scopes,
       refreshToken,
+      identity: { ...redeemed, nonce: redeemed.nonce },
     });
   },
 };

@@ -5,14 +5,15 @@ import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { UnauthorizedClientError, InvalidGrantError, InvalidScopeError } from '../errors.js';
 import { findRefreshToken } from '../models/refresh-tokens.js';
 import { type Params, requireParam } from '../helpers/params.js';
-import { userTokenResponse, type TokenContext } from './token-response.js';
+import { type GrantIdentity, userTokenResponse, type TokenContext } from './token-response.js';
+import { isIdentityScope } from '../helpers/scopes.js';
 import type { GrantHandler } from './types.js';
 import { membershipPermissionsSql, narrowMemberGrants } from '../../accounts/roles.js';
 
 /** The permissions of membership `m` now; the grant's narrowing locks what it changes, so no lock here. */
 const MEMBER_PERMISSIONS = membershipPermissionsSql(sql`m.role`, sql`(select rr.permissions from roles rr where rr.id = m.role_id)`);
 
-interface Rotated {
+interface Rotated extends GrantIdentity {
   grant_id: number;
   organization_id: number;
   organization_name: string;
@@ -33,12 +34,13 @@ interface Rotated {
  */
 async function rotateRefreshToken(
   db: DB,
-  input: { presented: string; applicationId: number; asked: readonly string[] | null; successor: string; ttlSeconds: number },
+  input: { presented: string; applicationId: number; asked: Asked | null; successor: string; ttlSeconds: number },
 ): Promise<Rotated | undefined> {
-  const asked = input.asked === null ? null : [...input.asked];
+  const asked = input.asked === null ? null : [...input.asked.scopes];
+  const askedIdentity = input.asked === null ? null : [...input.asked.identity];
   const { rows } = await sql<Rotated>`${prepared('rotate_refresh_token')}
     with t as (
-      select r.id, r.grant_id, r.organization_id, r.scopes, g.user_id
+      select r.id, r.grant_id, r.organization_id, r.scopes, g.user_id, g.identity_scopes, g.auth_time, g.sid
       from refresh_tokens r
       join grants g on g.id = r.grant_id and g.organization_id = r.organization_id
       join memberships m on m.organization_id = r.organization_id and m.user_id = g.user_id
@@ -54,6 +56,7 @@ async function rotateRefreshToken(
         and g.application_id + 0 = ${input.applicationId} and g.user_id is not null
         and r.rotated_at is null and r.revoked_at is null and r.expires_at > now() and g.revoked_at is null
         and (${asked}::text[] is null or r.scopes @> ${asked}::text[])
+        and (${askedIdentity}::text[] is null or g.identity_scopes @> ${askedIdentity}::text[])
     ),
     live as (
       update grants set last_used_at = now() from t
@@ -72,8 +75,9 @@ async function rotateRefreshToken(
       from t join retired on retired.id = t.id
       returning id
     )
-    select t.grant_id, t.organization_id, o.name as organization_name, t.user_id, t.scopes
-    from t join organizations o on o.id = t.organization_id
+    select t.grant_id, t.organization_id, o.name as organization_name, t.user_id, t.scopes,
+      t.identity_scopes, t.auth_time, t.sid, u.email, u.name, u.email_verified_at is not null as email_verified
+    from t join organizations o on o.id = t.organization_id join users u on u.id = t.user_id
     where exists (select 1 from successor)`.execute(db);
   return rows[0];
 }
@@ -87,7 +91,7 @@ async function rotateRefreshToken(
  * members are narrowed in batches, or the narrowing was interrupted): `narrow` names whose
  * grants to narrow first (narrowMemberGrants).
  */
-async function refusal(ctx: TokenContext, application: Application, presented: string, asked: readonly string[] | null): Promise<Error | 'retry' | { narrow: { organizationId: number; userId: number } }> {
+async function refusal(ctx: TokenContext, application: Application, presented: string, asked: Asked | null): Promise<Error | 'retry' | { narrow: { organizationId: number; userId: number } }> {
   const token = await findRefreshToken(ctx.db, presented);
   // RT-1: another client's refresh token is as good as unknown to this one.
   if (!token || token.application_id !== application.id || token.user_id === null) return new InvalidGrantError();
@@ -102,7 +106,9 @@ async function refusal(ctx: TokenContext, application: Application, presented: s
     }
     return new InvalidGrantError('the refresh token was already used');
   }
-  if (asked !== null && !asked.every((s) => token.scopes.includes(s))) return new InvalidScopeError('scope may only narrow the scope of the refresh token');
+  if (asked !== null && !(asked.scopes.every((s) => token.scopes.includes(s)) && asked.identity.every((s) => token.identity_scopes.includes(s)))) {
+    return new InvalidScopeError('scope may only narrow the scope of the refresh token');
+  }
   const member = await ctx.db
     .selectFrom('memberships as m')
     .select(MEMBER_PERMISSIONS.as('permissions'))
@@ -114,12 +120,18 @@ async function refusal(ctx: TokenContext, application: Application, presented: s
   return token.scopes.every((s) => member.permissions.includes(s)) ? 'retry' : { narrow: { organizationId: token.organization_id, userId: token.user_id } };
 }
 
+/** A refresh request's `scope`: the scopes of data and the OpenID scopes asked for. */
+interface Asked {
+  scopes: string[];
+  identity: string[];
+}
+
 /** RT-2: `scope` may narrow the refresh token's scope, never widen it; null when not sent. */
-function askedScopes(params: Params): string[] | null {
+function askedScopes(params: Params): Asked | null {
   if (params.scope === undefined) return null;
   const asked = [...new Set(params.scope.split(' ').filter((s) => s !== ''))];
   if (asked.length === 0) throw new InvalidScopeError('scope may only narrow the scope of the refresh token');
-  return asked;
+  return { scopes: asked.filter((s) => !isIdentityScope(s)), identity: asked.filter((s) => isIdentityScope(s)) };
 }
 
 /**
@@ -157,8 +169,10 @@ export const refreshToken: GrantHandler = {
       clientId: application.client_id,
       userId: rotated.user_id,
       // The new refresh token keeps the old one's scope (RFC 6749 §6); the access token may be narrower.
-      accessScopes: asked === null ? rotated.scopes : rotated.scopes.filter((s) => asked.includes(s)),
+      accessScopes: asked === null ? rotated.scopes : rotated.scopes.filter((s) => asked.scopes.includes(s)),
       refreshToken: successor,
+      // OIDC Core §12.2: a new ID token with the same sub and auth_time (and sid), without a nonce.
+      identity: { ...rotated, identity_scopes: asked === null ? rotated.identity_scopes : rotated.identity_scopes.filter((s) => asked.identity.includes(s)), nonce: null },
     });
   },
 };

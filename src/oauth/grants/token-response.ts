@@ -2,6 +2,8 @@ import type { Config } from '../../config.js';
 import type { DB } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
 import { signAccessToken } from '../models/access-tokens.js';
+import { signIdToken } from '../models/id-tokens.js';
+import { IDENTITY_SCOPES } from '../helpers/scopes.js';
 import type { ClientGrants } from '../models/client-grants.js';
 import type { KeyStore, SigningKeyMaterial } from '../models/key-store.js';
 import type { RevocationList } from '../models/revocation-list.js';
@@ -16,6 +18,21 @@ export interface TokenResponse {
   scope: string;
   organization_id: number;
   organization_name: string;
+  /** OpenID Connect Core §3.1.3.3: with `openid` granted, on the authorization_code and refresh_token grants only. */
+  id_token?: string;
+}
+
+/**
+ * What a user's grant says about the user, as the token statements return it: the OpenID scopes
+ * granted, the sign-in they came from, and the user's claims as they are now.
+ */
+export interface GrantIdentity {
+  identity_scopes: string[];
+  auth_time: Date | null;
+  sid: string | null;
+  email: string;
+  name: string;
+  email_verified: boolean;
 }
 
 /** What issuing a client token needs (the CLI has no revocation list). */
@@ -48,23 +65,43 @@ export async function userTokenResponse(
     userId: number;
     accessScopes: readonly string[];
     refreshToken: string;
+    /** The grant's OpenID side; `nonce` only on the code's redemption. */
+    identity: GrantIdentity & { nonce: string | null };
   },
 ): Promise<TokenResponse> {
+  const identityScopes = IDENTITY_SCOPES.filter((s) => input.identity.identity_scopes.includes(s));
+  // The OpenID scopes first, in canonical order: the access token lets userinfo be read with them.
+  const scopes = [...identityScopes, ...input.accessScopes];
   const { token } = await signAccessToken(signingKey, ctx.config, {
     subject: String(input.userId),
     clientId: input.clientId,
-    scopes: input.accessScopes,
+    scopes,
     organizationId: input.organizationId,
     grantId: input.grantId,
   });
+  const organization = { id: input.organizationId, name: input.organizationName };
+  const idToken = identityScopes.includes('openid')
+    ? await signIdToken(signingKey, ctx.config, {
+        clientId: input.clientId,
+        user: { userId: input.userId, email: input.identity.email, emailVerified: input.identity.email_verified, name: input.identity.name },
+        organization,
+        identityScopes,
+        // Codes issued before the OpenID columns existed carry no sign-in time: they cannot ask for openid either.
+        authTime: input.identity.auth_time ?? new Date(),
+        nonce: input.identity.nonce,
+        sid: input.identity.sid,
+        accessToken: token,
+      })
+    : undefined;
   return {
     token_type: 'Bearer',
     expires_in: ctx.config.accessTokenTtl,
     access_token: token,
     refresh_token: input.refreshToken,
-    scope: input.accessScopes.join(' '),
+    scope: scopes.join(' '),
     organization_id: input.organizationId,
     organization_name: input.organizationName,
+    ...(idToken !== undefined ? { id_token: idToken } : {}),
   };
 }
 

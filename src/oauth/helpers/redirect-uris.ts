@@ -40,3 +40,16 @@ export const MAX_REDIRECT_URIS = 20;
 export function redirectUriListSchema(noun: string) {
   return z.array(redirectUriSchema).max(MAX_REDIRECT_URIS, `at most ${MAX_REDIRECT_URIS} ${noun}`);
 }
+
+/**
+ * The registered URI plus the response parameters. Appended as text, not through URL, so the
+ * registered query stays exactly as registered; registered URIs have no fragment (AZ-10).
+ */
+export function redirectLocation(redirectUri: string, params: Record<string, string | undefined>): string {
+  const query = new URLSearchParams();
+  for (const [name, value] of Object.entries(params)) if (value !== undefined) query.append(name, value);
+  const separator = !redirectUri.includes('?') ? '?' : /[?&]$/.test(redirectUri) ? '' : '&';
+  // A header value must be ASCII; percent-encode anything else the registered URI holds.
+  const base = redirectUri.replace(/[^\x21-\x7e]/gu, (c) => encodeURIComponent(c));
+  return `${base}${separator}${query.toString()}`;
+}

@@ -38,6 +38,28 @@ export const MANAGEMENT_SCOPES = [
 /** Canonical order: scope lists are always written in this order. */
 export const KNOWN_SCOPES: readonly Scope[] = [...DATA_SCOPES, ...MANAGEMENT_SCOPES];
 
+/**
+ * The OpenID Connect scopes (OIDC Core §5.4): what an application learns about the user who signs
+ * in, not what it may do with the organization's data. Any public application may ask for them
+ * and any member may grant them, so neither an application's registered scopes nor a role bound
+ * them: they are stored apart from `scopes` (identity_scopes), and every comparison of `scopes`
+ * with a role or an application leaves them out.
+ */
+export const IDENTITY_SCOPE_DESCRIPTIONS = {
+  openid: 'Know who you are (your user id) and which organization you chose',
+  profile: 'See your name',
+  email: 'See your email address and whether it is confirmed',
+} as const;
+export type IdentityScope = keyof typeof IDENTITY_SCOPE_DESCRIPTIONS;
+export const IDENTITY_SCOPES: readonly IdentityScope[] = ['openid', 'profile', 'email'];
+
+export function isIdentityScope(value: string): value is IdentityScope {
+  return Object.hasOwn(IDENTITY_SCOPE_DESCRIPTIONS, value);
+}
+
+/** What the discovery documents list: the OpenID scopes, then every scope orgauth knows. */
+export const SCOPES_SUPPORTED: readonly string[] = [...IDENTITY_SCOPES, ...KNOWN_SCOPES];
+
 export function isKnownScope(value: string): value is Scope {
   return Object.hasOwn(SCOPE_DESCRIPTIONS, value);
 }
@@ -87,6 +109,19 @@ export function applicationScopes(type: ApplicationType, input: string | readonl
     throw new InvalidRequestError(`scopes: ${message}`, { details: [{ path: 'scopes', message }] });
   }
   return scopes;
+}
+
+/**
+ * An authorization request's scope split in two: the OpenID scopes, in canonical order, and the
+ * rest (space-separated, '' when none), which the caller checks against the application's with
+ * grantableScopes. `profile` and `email` mean something only beside `openid` (OIDC Core §5.4):
+ * without it they are invalid_scope rather than silently dropped.
+ */
+export function splitIdentityScopes(requested: string): { identity: IdentityScope[]; rest: string } {
+  const words = requested.split(' ').filter((w) => w !== '');
+  const identity = IDENTITY_SCOPES.filter((s) => words.includes(s));
+  if (identity.length > 0 && !identity.includes('openid')) throw new InvalidScopeError(`scope ${identity.join(' ')} needs openid`);
+  return { identity, rest: words.filter((w) => !isIdentityScope(w)).join(' ') };
 }
 
 /**

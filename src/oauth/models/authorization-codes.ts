@@ -15,6 +15,11 @@ export interface NewAuthorizationCode {
   /** RFC 7636: only S256 is accepted (PK-1); both null when the client sent no challenge. */
   codeChallenge: string | null;
   ttlSeconds: number;
+  /** OpenID Connect: the scopes naming what the ID token tells, the request's nonce, and the sign-in (auth_time, sid) it came from. */
+  identityScopes?: readonly string[];
+  nonce?: string | null;
+  authTime?: Date | null;
+  sid?: string | null;
 }
 
 /** Stores a new code and returns it; the plaintext exists only in the redirect to the client. */
@@ -31,6 +36,10 @@ export async function createAuthorizationCode(db: DB, input: NewAuthorizationCod
       scopes: [...input.scopes],
       code_challenge: input.codeChallenge,
       code_challenge_method: input.codeChallenge === null ? null : 'S256',
+      identity_scopes: [...(input.identityScopes ?? [])],
+      nonce: input.nonce ?? null,
+      auth_time: input.authTime ?? null,
+      sid: input.sid ?? null,
       expires_at: new Date(Date.now() + input.ttlSeconds * 1000),
     })
     .execute();

@@ -207,7 +207,7 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
   const allowedArray = sql<string[]>`${[...allowed]}::text[]`;
   const old = await trx
     .selectFrom('grants')
-    .select(['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'created_at', 'last_used_at'])
+    .select(['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'identity_scopes', 'auth_time', 'sid', 'created_at', 'last_used_at'])
     .where('organization_id', '=', selection.organizationId)
     .where('revoked_at', 'is', null)
     .$if('userId' in selection, (qb) => qb.where('user_id', '=', 'userId' in selection ? selection.userId : 0))
@@ -243,6 +243,10 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
               application_id: g.application_id,
               user_id: g.user_id,
               scopes: g.kept,
+              // The sign-in the grant came from stays with it (a refresh's ID token keeps auth_time and sid).
+              identity_scopes: g.identity_scopes,
+              auth_time: g.auth_time,
+              sid: g.sid,
               created_at: g.created_at,
               last_used_at: g.last_used_at,
               narrowed_from_grant_id: g.id,
@@ -411,7 +415,8 @@ function liveGrants(db: DB, organizationId: number) {
     .leftJoin('users', 'users.id', 'grants.user_id')
     .select([
       'grants.id',
-      'grants.scopes',
+      // Everything granted, as its tokens carry it: the OpenID scopes, then the data scopes.
+      sql<string[]>`grants.identity_scopes || grants.scopes`.as('scopes'),
       'grants.created_at',
       'grants.last_used_at',
       'applications.client_id as application_client_id',

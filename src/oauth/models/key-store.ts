@@ -4,7 +4,7 @@
  * (RFC 8725 §3.10); an unknown kid triggers at most one reload per second, so a key rotated on
  * another instance is picked up while a flood of made-up kids costs one query a second.
  */
-import { KeyObject } from 'node:crypto';
+import { KeyObject, sign as cryptoSign } from 'node:crypto';
 import { type CryptoKey, importJWK, type JWK } from 'jose';
 import type { SigningAlg } from '../../config.js';
 import type { DB } from '../../db/connect.js';
@@ -20,8 +20,29 @@ export interface SigningKeyMaterial {
   key: CryptoKey;
   /** The same key for node:crypto, which signs about three times faster than WebCrypto here. */
   keyObject: KeyObject;
-  /** The base64url JWS header for this key (alg, kid, typ at+jwt), computed once. */
+  /** The base64url JWS header of access tokens for this key (alg, kid, typ at+jwt, RFC 9068), computed once. */
   header: string;
+  /** The base64url JWS header of ID tokens for this key (alg, kid, typ JWT): never taken for an access token. */
+  idTokenHeader: string;
+}
+
+/**
+ * A compact JWS (RFC 7515 §7.1) of `payload` under `header` (one of the key's), signed with
+ * node:crypto: jose through WebCrypto costs about 210 µs per ES256 signature here, node:crypto
+ * about 65 µs. ES256 signatures are the raw r||s form (ieee-p1363) JWS requires; EdDSA takes no
+ * digest. With a callback node:crypto signs on libuv's thread pool: the event loop goes on
+ * serving requests meanwhile, and a second core can sign.
+ */
+export async function signJws(signingKey: SigningKeyMaterial, header: string, payload: object): Promise<string> {
+  const { alg, keyObject } = signingKey;
+  const signingInput = `${header}.${Buffer.from(JSON.stringify(payload)).toString('base64url')}`;
+  const data = Buffer.from(signingInput);
+  const signature = await new Promise<Buffer>((resolve, reject) => {
+    const done = (err: Error | null, sig: Buffer) => (err ? reject(err) : resolve(sig));
+    if (alg === 'EdDSA') cryptoSign(null, data, keyObject, done);
+    else cryptoSign('sha256', data, alg === 'ES256' ? { key: keyObject, dsaEncoding: 'ieee-p1363' } : keyObject, done);
+  });
+  return `${signingInput}.${signature.toString('base64url')}`;
 }
 
 interface VerificationKey {
@@ -59,8 +80,8 @@ export class KeyStore {
       const row = await this.db.selectFrom('signing_keys').selectAll().where('retired_at', 'is', null).executeTakeFirst();
       if (!row) throw new Error('no active signing key: the server creates one at start, `orgauth keys rotate` makes a new one');
       const key = await importPrivateKey(row, this.options.secretKey);
-      const header = Buffer.from(JSON.stringify({ alg: row.alg, kid: row.kid, typ: 'at+jwt' })).toString('base64url');
-      return { kid: row.kid, alg: row.alg, key, keyObject: KeyObject.from(key), header };
+      const header = (typ: string) => Buffer.from(JSON.stringify({ alg: row.alg, kid: row.kid, typ })).toString('base64url');
+      return { kid: row.kid, alg: row.alg, key, keyObject: KeyObject.from(key), header: header('at+jwt'), idTokenHeader: header('JWT') };
     })().catch((err: unknown) => {
       this.signing = undefined;
       throw err;

@@ -15,6 +15,7 @@ export async function findRefreshToken(db: DB, token: string) {
       'r.organization_id',
       'o.name as organization_name',
       'r.scopes',
+      'g.identity_scopes',
       'r.expires_at',
       'r.rotated_at',
       'r.revoked_at',
