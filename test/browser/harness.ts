@@ -3,9 +3,11 @@
  * real port. Without /usr/bin/chromium they are skipped with a notice (CI installs it).
  */
 import { existsSync, mkdirSync } from 'node:fs';
+import { createServer, type Server } from 'node:http';
 import path from 'node:path';
 import type { FastifyInstance } from 'fastify';
 import { type Browser, chromium, type Page } from 'playwright-core';
+import { expect } from 'vitest';
 import { buildApp } from '../../src/app.js';
 import { parseConfig } from '../../src/config.js';
 import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
@@ -61,4 +63,43 @@ export async function startWorld(env: Record<string, string> = {}): Promise<Brow
 
 export async function screenshot(page: Page, name: string): Promise<void> {
   await page.screenshot({ path: path.join(SCREENSHOTS, `${name}.png`), fullPage: true });
+}
+
+/** A tiny OAuth client's callback: answers every request and remembers the URLs it was sent. */
+export class CallbackServer {
+  readonly received: URL[] = [];
+  private constructor(
+    private readonly server: Server,
+    readonly origin: string,
+  ) {}
+
+  static async start(): Promise<CallbackServer> {
+    const port = await freePort();
+    const origin = `http://127.0.0.1:${port}`;
+    let self: CallbackServer | undefined;
+    const server = createServer((req, res) => {
+      self?.received.push(new URL(req.url ?? '/', origin));
+      res.writeHead(200, { 'content-type': 'text/plain' }).end('client callback');
+    });
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(port, '127.0.0.1', () => resolve());
+    });
+    self = new CallbackServer(server, origin);
+    return self;
+  }
+
+  get callback(): string {
+    return `${this.origin}/callback`;
+  }
+
+  /** The last request to the callback path, once there is one with `param`. */
+  async waitFor(param: string): Promise<URL> {
+    await expect.poll(() => this.received.some((u) => u.pathname === '/callback' && u.searchParams.has(param)), { timeout: 10_000 }).toBe(true);
+    return this.received.filter((u) => u.pathname === '/callback' && u.searchParams.has(param)).at(-1)!;
+  }
+
+  stop(): Promise<void> {
+    return new Promise((resolve) => this.server.close(() => resolve()));
+  }
 }

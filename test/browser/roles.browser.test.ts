@@ -5,15 +5,13 @@
  * from the request it received. Screenshots land in test-results/screenshots.
  */
 import { createHash, randomBytes } from 'node:crypto';
-import { createServer, type Server } from 'node:http';
 import type { Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember, createOrganization } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import { type ApplicationWithSecret, createApplication } from '../../src/oauth/models/applications.js';
-import { freePort } from '../helpers/process.js';
 import { basic, form } from '../helpers/oauth.js';
-import { HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld } from './harness.js';
+import { CallbackServer, HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld } from './harness.js';
 
 const PASSWORD = 'a long roles password';
 const OWNER = 'owner@roles.example.com';
@@ -22,45 +20,6 @@ const MEMBER = 'member@roles.example.com';
 const ORG = 'Roles Org';
 /** Each test signs in (argon2) and loads several pages. */
 const LONG_TEST_MS = 60_000;
-
-/** A tiny OAuth client's callback: answers every request and remembers the URLs it was sent. */
-class CallbackServer {
-  readonly received: URL[] = [];
-  private constructor(
-    private readonly server: Server,
-    readonly origin: string,
-  ) {}
-
-  static async start(): Promise<CallbackServer> {
-    const port = await freePort();
-    const origin = `http://127.0.0.1:${port}`;
-    let self: CallbackServer | undefined;
-    const server = createServer((req, res) => {
-      self?.received.push(new URL(req.url ?? '/', origin));
-      res.writeHead(200, { 'content-type': 'text/plain' }).end('client callback');
-    });
-    await new Promise<void>((resolve, reject) => {
-      server.once('error', reject);
-      server.listen(port, '127.0.0.1', () => resolve());
-    });
-    self = new CallbackServer(server, origin);
-    return self;
-  }
-
-  get callback(): string {
-    return `${this.origin}/callback`;
-  }
-
-  /** The last request to the callback path, once there is one with `param`. */
-  async waitFor(param: string): Promise<URL> {
-    await expect.poll(() => this.received.some((u) => u.pathname === '/callback' && u.searchParams.has(param)), { timeout: 10_000 }).toBe(true);
-    return this.received.filter((u) => u.pathname === '/callback' && u.searchParams.has(param)).at(-1)!;
-  }
-
-  stop(): Promise<void> {
-    return new Promise((resolve) => this.server.close(() => resolve()));
-  }
-}
 
 function pkcePair(): { verifier: string; challenge: string } {
   const verifier = randomBytes(32).toString('base64url');

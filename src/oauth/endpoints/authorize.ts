@@ -337,7 +337,8 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
     const authTimeS = Math.floor(user.authTime.getTime() / 1000);
     if (request.signedInAfter !== undefined && authTimeS >= request.signedInAfter) return false;
     if (request.prompt.has('login') || request.prompt.has('select_account')) return true;
-    if (request.maxAge !== null && Math.floor(Date.now() / 1000) - authTimeS > request.maxAge) return true;
+    // In milliseconds: max_age=0 means a sign-in for this very request, however recent the last one.
+    if (request.maxAge !== null && Date.now() - user.authTime.getTime() > request.maxAge * 1000) return true;
     return hint !== undefined && hint.sub !== String(user.userId);
   }
 
