@@ -42,6 +42,11 @@ export async function up(db: Kysely<any>): Promise<void> {
 }
 
 export async function down(db: Kysely<any>): Promise<void> {
+  // Grants for signing in only (no scope of data) would give the code before this migration
+  // tokens with an empty scope: they end, with their refresh tokens.
+  await sql`update refresh_tokens r set revoked_at = now() from grants g
+    where g.id = r.grant_id and g.revoked_at is null and cardinality(g.scopes) = 0 and r.revoked_at is null`.execute(db);
+  await sql`update grants set revoked_at = now(), revoked_reason = 'scopes_narrowed' where revoked_at is null and cardinality(scopes) = 0`.execute(db);
   await db.schema.alterTable('applications').dropConstraint('applications_post_logout_redirect_uris_check').execute();
   await db.schema.alterTable('applications').dropColumn('post_logout_redirect_uris').execute();
   await db.schema.alterTable('authorization_codes').dropColumn('nonce').execute();

@@ -210,8 +210,10 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
     if (session) {
       if (!csrfTokenMatches(config, { session: session.sessionId }, form.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
       await deleteSession(db, session.sessionId);
+      // Only once a session was found and ended: a cross-site POST (no SameSite=Lax cookie sent)
+      // must not clear the cookie of a session it could not see.
+      clearSessionCookie(reply, config);
     }
-    clearSessionCookie(reply, config);
     return reply.redirect('/login', 303);
   });
 }

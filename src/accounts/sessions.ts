@@ -36,13 +36,15 @@ export interface SessionUser {
   emailVerified: boolean;
   /** When the user signed in for this session: OpenID Connect's auth_time. */
   authTime: Date;
-  /** The session's identifier for OpenID Connect (the ID token's sid): derived from the session's key, never the cookie. */
-  sid: string;
 }
 
-/** OpenID Connect's sid for the session whose key is `idHash`: stable for the session, and telling nothing of the cookie. */
-export function sessionSid(idHash: string): string {
-  return sha256Hex(`oidc-sid:${idHash}`).slice(0, 32);
+/**
+ * OpenID Connect's sid (the ID token's session id) of `session` for one application: stable for
+ * the session, different for each application (as node-oidc-provider does, so two applications
+ * cannot correlate sessions by it), telling nothing of the cookie.
+ */
+export function sessionSid(session: Pick<SessionUser, 'sessionId'>, clientId: string): string {
+  return sha256Hex(`oidc-sid:${clientId}:${sha256Hex(session.sessionId)}`).slice(0, 32);
 }
 
 export interface CookieNames {
@@ -74,6 +76,9 @@ export async function createSession(db: DB, userId: number, client: SessionClien
     .values({
       id_hash: sha256Hex(id),
       user_id: userId,
+      // The application's clock, not the database's: auth_time and the re-authentication checks
+      // (max_age, signed_in_after) compare it with Date.now().
+      created_at: new Date(),
       expires_at: new Date(Date.now() + ttlSeconds * 1000),
       user_agent: client.userAgent ? [...client.userAgent].slice(0, USER_AGENT_MAX).join('').replace(/[\u0000-\u001f\u007f]/g, ' ') : null,
       ip: client.ip ? client.ip.slice(0, 64) : null,
@@ -100,7 +105,7 @@ export async function findSession(db: DB, sessionId: string | undefined): Promis
   if (Date.now() - lastSeen.getTime() >= TOUCH_EVERY_MS) {
     await db.updateTable('sessions').set({ last_seen_at: sql`now()` }).where('id_hash', '=', idHash).execute();
   }
-  return { sessionId, ...user, emailVerified: verifiedAt !== null, sid: sessionSid(idHash) };
+  return { sessionId, ...user, emailVerified: verifiedAt !== null };
 }
 
 /** A user's live sessions, most recently used first (the account page shows the newest SESSIONS_LISTED). */
@@ -195,7 +200,8 @@ export function preSessionBinding(req: FastifyRequest, config: Config): CsrfBind
  * `/\` (browsers read both as another host), no backslashes or control characters at all.
  */
 export function safeReturnTo(value: unknown, fallback = '/dashboard'): string {
-  if (typeof value !== 'string' || value.length > 4096) return fallback;
+  // 8 kB: an authorization request with a long nonce and an id_token_hint still comes back.
+  if (typeof value !== 'string' || value.length > 8192) return fallback;
   if (!value.startsWith('/') || value.startsWith('//') || /[\\\x00-\x1f\x7f]/.test(value) || !isWellFormed(value)) return fallback;
   // Belt and braces: resolved against a dummy origin, it must stay on that origin.
   const base = 'http://orgauth.invalid';

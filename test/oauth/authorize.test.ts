@@ -163,14 +163,16 @@ describe(`GET /oauth/authorize: client and redirect_uri on ${BACKEND}`, () => {
 
 /**
  * The login page's return_to in `location`: the authorization request `url` as sent, plus the
- * signed_in_after mark of when it was sent there (nothing else added or changed).
+ * signed_in_after mark of when it was sent there, signed (nothing else added or changed).
  */
-function loginReturnTo(location: unknown, url?: string): string {
+function loginReturnTo(location: unknown, url?: string, marked = true): string {
   const login = new URL(String(location), 'http://orgauth.test');
   expect(login.pathname).toBe('/login');
   const returnTo = login.searchParams.get('return_to') ?? '';
   const back = new URL(returnTo, 'http://orgauth.test');
-  expect(back.searchParams.get('signed_in_after')).toMatch(/^\d+$/);
+  // Only a valid request is marked (an invalid one is refused once the user has signed in).
+  if (marked) expect(back.searchParams.get('signed_in_after')).toMatch(/^\d+\.[A-Za-z0-9_-]{32}$/);
+  else expect(back.searchParams.has('signed_in_after')).toBe(false);
   back.searchParams.delete('signed_in_after');
   const sent = new URL(url ?? returnTo, 'http://orgauth.test');
   if (url !== undefined) expect([...back.searchParams]).toEqual([...sent.searchParams]);
@@ -199,7 +201,7 @@ describe(`GET /oauth/authorize: sign-in first on ${BACKEND}`, () => {
     const url = authorizeUrl(base({ response_type: 'token', state: 'short' }));
     const res = await app.inject({ method: 'GET', url });
     expect(res.statusCode).toBe(303);
-    loginReturnTo(res.headers.location, url);
+    loginReturnTo(res.headers.location, url, false);
   });
 });
 

@@ -10,85 +10,44 @@ import { createRemoteJWKSet, decodeJwt, decodeProtectedHeader, jwtVerify } from 
 import * as oauth from 'oauth4webapi';
 import * as client from 'openid-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { addMember, changeMemberRole } from '../../src/accounts/organizations.js';
-import { createUser } from '../../src/accounts/users.js';
-import { buildApp } from '../../src/app.js';
-import { type Config, parseConfig } from '../../src/config.js';
-import { createLogger } from '../../src/logger.js';
-import { createApplication, type ApplicationWithSecret } from '../../src/oauth/models/applications.js';
-import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
-import { Browser } from '../accounts/browser.js';
-import { TEST_SECRET_KEY } from '../helpers/app.js';
-import { createTestDatabase } from '../helpers/db.js';
-import { basic, clientCredentialsToken, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
-import { freePort } from '../helpers/process.js';
+import { changeMemberRole } from '../../src/accounts/organizations.js';
+import type { Config } from '../../src/config.js';
+import type { ApplicationWithSecret } from '../../src/oauth/models/applications.js';
+import { basic, clientCredentialsToken, form, type OrgFixture } from '../helpers/oauth.js';
+import { createRelyingParty, discover, hiddenFields, oidcPerson, type OidcWorld, type Person, RP_REDIRECT, startOidcWorld } from '../helpers/oidc-world.js';
 
 const PASSWORD = 'oidc-password-12';
-const REDIRECT = 'https://rp.example.com/callback';
+const REDIRECT = RP_REDIRECT;
 const POST_LOGOUT = 'https://rp.example.com/signed-out';
 
-let t: Awaited<ReturnType<typeof createTestDatabase>>;
+let world: OidcWorld;
+let t: OidcWorld['t'];
 let app: FastifyInstance;
 let config: Config;
 let issuer: string;
 let org: OrgFixture;
 let rp: ApplicationWithSecret;
 let oidc: client.Configuration;
-let n = 0;
 
 beforeAll(async () => {
-  t = await createTestDatabase();
-  const port = await freePort();
-  issuer = `http://127.0.0.1:${port}`;
-  config = parseConfig({ SECRET_KEY: TEST_SECRET_KEY, LOG_LEVEL: 'silent', PORT: String(port), ISSUER: issuer, DATA_DIR: '/nonexistent-orgauth-test' });
-  await ensureSigningKey(t.handle.db, { alg: config.signingAlg, secretKey: config.secretKey });
-  app = await buildApp(config, { db: t.handle.db, logger: createLogger(config), listen: t.handle.listen });
-  await app.listen({ host: '127.0.0.1', port });
-  org = await createOrgFixture(t.handle.db);
-  rp = await createApplication(t.handle.db, {
-    organizationId: org.organizationId,
-    type: 'public',
-    name: 'Relying Party',
-    redirectUris: [REDIRECT],
-    postLogoutRedirectUris: [POST_LOGOUT],
-    scopes: 'contacts.read contacts.write tasks.read',
-  });
-  // Discovery through the OpenID document only; http is allowed for the test's loopback issuer.
-  oidc = await client.discovery(new URL(issuer), rp.client_id, rp.client_secret, undefined, { execute: [client.allowInsecureRequests] });
+  world = await startOidcWorld();
+  ({ t, app, config, issuer, org } = world);
+  rp = await createRelyingParty(world, [POST_LOGOUT]);
+  // Discovery through the OpenID document only.
+  oidc = await discover(world, rp);
 }, 60_000);
 
 afterAll(async () => {
-  await app?.close();
-  await t?.close();
+  await world?.close();
 });
 
-interface Person {
-  id: number;
-  email: string;
-  name: string;
-  browser: Browser;
-}
-
 /** A member of the organization with a name, not yet signed in. */
-async function person(role: 'member' | 'viewer' = 'member'): Promise<Person> {
-  const email = `oidc-${++n}-${Date.now()}@example.com`;
-  const name = `Ada Lovelace ${n}`;
-  const user = await createUser(t.handle.db, { email, password: PASSWORD, name });
-  await addMember(t.handle.db, { organizationId: org.organizationId, userId: user.id, role });
-  return { id: user.id, email, name, browser: new Browser(app) };
-}
+const person = (role: 'member' | 'viewer' = 'member') => oidcPerson(world, PASSWORD, role);
 
 const pathOf = (url: URL | string) => {
   const u = new URL(url, issuer);
   return `${u.pathname}${u.search}`;
 };
-
-function hiddenFields(html: string): Record<string, string> {
-  const fields: Record<string, string> = {};
-  const unescape = (s: string) => s.replace(/&quot;/g, '"').replace(/&#39;/g, "'").replace(/&lt;/g, '<').replace(/&gt;/g, '>').replace(/&amp;/g, '&');
-  for (const m of html.matchAll(/<input type="hidden" name="([^"]+)" value="([^"]*)">/g)) fields[m[1] ?? ''] = unescape(m[2] ?? '');
-  return fields;
-}
 
 /** Signs in on the login page the authorization request was sent to, and follows back to /oauth/authorize. */
 async function signInAt(p: Person, loginLocation: string) {
@@ -449,11 +408,26 @@ describe('identity scopes and roles', () => {
     const refreshed = await client.refreshTokenGrant(oidc, tokens.refresh_token!);
     expect(refreshed.scope).toBe('openid email contacts.read');
     expect(refreshed.claims()).toMatchObject({ sub: String(member.id), auth_time: tokens.claims()!.auth_time, email: member.email });
-    // A refresh may narrow the OpenID scopes too, never widen them.
+    // A refresh may narrow the access token's scope, OpenID scopes included; the new refresh
+    // token keeps the grant's (RFC 6749 §6), and nothing beyond the grant is given.
     const narrower = await client.refreshTokenGrant(oidc, refreshed.refresh_token!, { scope: 'contacts.read' });
     expect(narrower.scope).toBe('contacts.read');
     expect(narrower.id_token).toBeUndefined();
-    await expect(client.refreshTokenGrant(oidc, narrower.refresh_token!, { scope: 'openid profile' })).rejects.toMatchObject({ error: 'invalid_scope' });
+    const back = await client.refreshTokenGrant(oidc, narrower.refresh_token!, { scope: 'openid email' });
+    expect(back.scope).toBe('openid email');
+    expect(back.claims()).toMatchObject({ sub: String(member.id), email: member.email });
+    await expect(client.refreshTokenGrant(oidc, back.refresh_token!, { scope: 'openid profile' })).rejects.toMatchObject({ error: 'invalid_scope' });
+
+    // Demoted to a role that allows none of the data granted: the grant lives on for signing in.
+    const writer = await person('member');
+    const writeFlow = await request('openid contacts.write');
+    const writeTokens = await client.authorizationCodeGrant(oidc, (await browse(writer, writeFlow.url)).callback, writeFlow.checks);
+    expect(writeTokens.scope).toBe('openid contacts.write');
+    await changeMemberRole(t.handle.db, { organizationId: org.organizationId, userId: writer.id, role: 'viewer' });
+    const signInOnly2 = await client.refreshTokenGrant(oidc, writeTokens.refresh_token!);
+    expect(signInOnly2.scope).toBe('openid');
+    expect(signInOnly2.claims()).toMatchObject({ sub: String(writer.id), auth_time: writeTokens.claims()!.auth_time });
+    expect((await app.inject({ method: 'POST', url: `/api/v1/${org.organizationId}/contacts`, headers: { authorization: `Bearer ${signInOnly2.access_token}` }, payload: { name: 'x' } })).statusCode).toBe(403);
   });
 });
 
@@ -483,7 +457,26 @@ describe('RP-initiated logout', () => {
     // Signed out already: straight back.
     const again = await ada.browser.get(`/oauth/logout?client_id=${rp.client_id}&post_logout_redirect_uri=${encodeURIComponent(POST_LOGOUT)}`);
     expect(again.statusCode).toBe(303);
-    expect(again.headers.location).toBe(`${POST_LOGOUT}?`);
+    expect(again.headers.location).toBe(POST_LOGOUT);
+  });
+
+  it('a POST from another site (the SameSite=Lax cookie not sent) goes on as a GET and clears no cookie; so does POST /logout', async () => {
+    const { ada, idToken } = await signedInWithIdToken();
+    const fields = { id_token_hint: idToken, post_logout_redirect_uri: POST_LOGOUT, state: 's-2' };
+    const crossSite = await app.inject({ method: 'POST', url: '/oauth/logout', headers: { 'content-type': 'application/x-www-form-urlencoded' }, payload: form(fields) });
+    expect(crossSite.statusCode).toBe(303);
+    expect(crossSite.headers['set-cookie']).toBeUndefined();
+    const location = new URL(crossSite.headers.location as string, issuer);
+    expect(location.pathname).toBe('/oauth/logout');
+    expect(Object.fromEntries(location.searchParams)).toEqual(fields);
+    expect(await t.handle.db.selectFrom('sessions').select('id').where('user_id', '=', ada.id).execute()).toHaveLength(1);
+    // The navigation it leads to carries the cookie: this session's ID token signs out.
+    const followed = await ada.browser.get(pathOf(location));
+    expect(followed.headers.location).toBe(`${POST_LOGOUT}?state=s-2`);
+    expect(await t.handle.db.selectFrom('sessions').select('id').where('user_id', '=', ada.id).execute()).toEqual([]);
+    const dashboardLogout = await app.inject({ method: 'POST', url: '/logout', headers: { 'content-type': 'application/x-www-form-urlencoded' }, payload: form({}) });
+    expect(dashboardLogout.statusCode).toBe(303);
+    expect(dashboardLogout.headers['set-cookie']).toBeUndefined();
   });
 
   it('someone else’s ID token asks first; no post_logout_redirect_uri shows a signed-out page', async () => {

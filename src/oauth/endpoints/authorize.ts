@@ -7,10 +7,12 @@
  * client on its redirect_uri (AZ-3). POST /oauth/authorize (the consent form) repeats every
  * check, verifies the CSRF token and the chosen organization (AZ-8), and answers with a 303.
  */
+import { createHmac, timingSafeEqual } from 'node:crypto';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { deriveKey } from '../../lib/crypto.js';
 import { listUserOrganizations, loginPath, type UserOrganization } from '../../accounts/pages.js';
 import type { RoleRef } from '../../accounts/roles.js';
-import { csrfToken, csrfTokenMatches, currentUser, type SessionUser } from '../../accounts/sessions.js';
+import { csrfToken, csrfTokenMatches, currentUser, sessionSid, type SessionUser } from '../../accounts/sessions.js';
 import type { Config } from '../../config.js';
 import { type DB, inTransaction } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
@@ -37,12 +39,31 @@ const PROMPT_VALUES: ReadonlySet<string> = new Set(['none', 'login', 'consent', 
 const NONCE_MAX_LENGTH = 512;
 const MAX_AGE = /^(0|[1-9][0-9]{0,9})$/;
 /**
- * Set on the authorization request when the user is sent to sign in: a sign-in (a session
- * created) at or after this second satisfies prompt=login, max_age and id_token_hint, so the
- * request, brought back by the login page, goes on instead of asking again. Not a secret: only the
- * application gains from a re-authentication, and it controls the request anyway.
+ * Set on the authorization request when the user is sent to sign in: `<time>.<mac>`. A sign-in
+ * (a session created) at or after that second satisfies prompt=login, max_age and
+ * id_token_hint, so the request, brought back by the login page, goes on instead of asking
+ * again. The MAC (under SECRET_KEY) binds the time to this client and state, so whoever holds the
+ * browser cannot write an old time in to skip the sign-in; a mark older than SIGN_IN_MARK_TTL_S
+ * (a login page left open) counts for nothing, and prompt=none never honours one.
  */
 const SIGNED_IN_AFTER = 'signed_in_after';
+const SIGN_IN_MARK_TTL_S = 15 * 60;
+
+function signInMarkMac(config: Pick<Config, 'secretKey'>, time: number, clientId: string, state: string): string {
+  return createHmac('sha256', deriveKey(config.secretKey, 'signed-in-after')).update(`${time}|${clientId}|${state}`, 'utf8').digest('base64url').slice(0, 32);
+}
+
+/** The time of a valid mark for this client and state, or undefined. */
+function readSignInMark(config: Pick<Config, 'secretKey'>, value: string | undefined, clientId: string, state: string): number | undefined {
+  const match = value === undefined ? null : /^([0-9]{1,12})\.([A-Za-z0-9_-]{32})$/.exec(value);
+  if (!match) return undefined;
+  const time = Number(match[1]);
+  const now = Math.floor(Date.now() / 1000);
+  if (time > now + 60 || now - time > SIGN_IN_MARK_TTL_S) return undefined;
+  const expected = Buffer.from(signInMarkMac(config, time, clientId, state));
+  const actual = Buffer.from(match[2]!);
+  return actual.length === expected.length && timingSafeEqual(actual, expected) ? time : undefined;
+}
 
 type Raw = Record<string, unknown>;
 
@@ -73,7 +94,16 @@ interface AuthorizationRequest extends ClientTarget {
 
 /** An error for the client, delivered on its redirect_uri (RFC 6749 §4.1.2.1). */
 interface RedirectError {
-  error: 'invalid_request' | 'unsupported_response_type' | 'invalid_scope' | 'unauthorized_client' | 'access_denied' | 'login_required' | 'consent_required';
+  error:
+    | 'invalid_request'
+    | 'unsupported_response_type'
+    | 'invalid_scope'
+    | 'unauthorized_client'
+    | 'access_denied'
+    | 'login_required'
+    | 'consent_required'
+    | 'request_not_supported'
+    | 'request_uri_not_supported';
   description: string;
   /** The state as sent, echoed even when it is what was wrong. */
   state: string | undefined;
@@ -120,7 +150,7 @@ async function identifyClient(db: DB, raw: Raw): Promise<ClientTarget> {
 }
 
 /** Everything else about the request; problems go back to the client (AZ-3). */
-function validateRequest(target: ClientTarget, raw: Raw): AuthorizationRequest | RedirectError {
+function validateRequest(config: Pick<Config, 'secretKey'>, target: ClientTarget, raw: Raw): AuthorizationRequest | RedirectError {
   const sentState = firstValue(raw, 'state');
   const fail = (error: RedirectError['error'], description: string): RedirectError => ({ error, description, state: sentState });
   let params;
@@ -132,6 +162,9 @@ function validateRequest(target: ClientTarget, raw: Raw): AuthorizationRequest |
   const { response_type: responseType, state, scope } = params;
   if (responseType === undefined) return fail('invalid_request', 'response_type is required');
   if (responseType !== 'code') return fail('unsupported_response_type', 'response_type must be code');
+  // OIDC Core §6: request objects are not supported, and saying so beats ignoring what they hold.
+  if (params.request !== undefined) return fail('request_not_supported', 'request objects are not supported');
+  if (params.request_uri !== undefined) return fail('request_uri_not_supported', 'request_uri is not supported');
   if (state === undefined) return fail('invalid_request', 'state is required');
   if (state.length < STATE_MIN_LENGTH) return fail('invalid_request', `state must be at least ${STATE_MIN_LENGTH} characters`);
   if (target.application.type !== 'public') return fail('unauthorized_client', 'this application may not use the authorization code grant');
@@ -166,7 +199,7 @@ function validateRequest(target: ClientTarget, raw: Raw): AuthorizationRequest |
   if (nonce !== null && nonce.length > NONCE_MAX_LENGTH) return fail('invalid_request', `nonce must be at most ${NONCE_MAX_LENGTH} characters`);
   const maxAge = params.max_age;
   if (maxAge !== undefined && !MAX_AGE.test(maxAge)) return fail('invalid_request', 'max_age must be a non-negative number of seconds');
-  const signedInAfter = params[SIGNED_IN_AFTER];
+
   const carried = CARRIED_PARAMS.flatMap((name) => {
     const value = params[name];
     return value === undefined ? [] : [{ name, value }];
@@ -179,7 +212,8 @@ function validateRequest(target: ClientTarget, raw: Raw): AuthorizationRequest |
     maxAge: maxAge === undefined ? null : Number(maxAge),
     loginHint: params.login_hint,
     idTokenHint: params.id_token_hint,
-    signedInAfter: signedInAfter !== undefined && /^[0-9]{1,12}$/.test(signedInAfter) ? Number(signedInAfter) : undefined,
+    // prompt=none never comes back from the login page: a mark on it was not made by us for it.
+    signedInAfter: prompt.has('none') ? undefined : readSignInMark(config, params[SIGNED_IN_AFTER], target.application.client_id, state),
     state,
     codeChallenge: challenge ?? null,
     prompt,
@@ -233,11 +267,18 @@ async function rememberedConsent(db: DB, userId: number, memberships: readonly U
   return covered.length === 1 ? covered[0] : undefined;
 }
 
-/** The request's own URL with SIGNED_IN_AFTER set to now: where the login page brings the browser back. */
-function afterSignIn(url: string): string {
+/**
+ * The request's own URL with SIGNED_IN_AFTER set to now, for this client and state when the
+ * request is valid: where the login page brings the browser back.
+ */
+function afterSignIn(config: Pick<Config, 'secretKey'>, url: string, request: AuthorizationRequest | undefined): string {
   const question = url.indexOf('?');
   const query = new URLSearchParams(question === -1 ? '' : url.slice(question + 1));
-  query.set(SIGNED_IN_AFTER, String(Math.floor(Date.now() / 1000)));
+  query.delete(SIGNED_IN_AFTER);
+  if (request) {
+    const now = Math.floor(Date.now() / 1000);
+    query.set(SIGNED_IN_AFTER, `${now}.${signInMarkMac(config, now, request.application.client_id, request.state)}`);
+  }
   return `${question === -1 ? url : url.slice(0, question)}?${query.toString()}`;
 }
 
@@ -307,7 +348,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
         identityScopes: request.identityScopes,
         nonce: request.nonce,
         authTime: user.authTime,
-        sid: user.sid,
+        sid: sessionSid(user, request.application.client_id),
       });
       await recordAuditEvent(trx, {
         organizationId,
@@ -356,17 +397,18 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
   }
 
   /** To the login page, which brings the browser back to this request, now marked as signed in for. */
-  const toLogin = (reply: FastifyReply, req: FastifyRequest, request: { loginHint?: string | undefined } | undefined, again: boolean) =>
-    reply.redirect(loginPath(afterSignIn(req.url), { again, loginHint: request?.loginHint }), 303);
+  const toLogin = (reply: FastifyReply, req: FastifyRequest, request: AuthorizationRequest | undefined, again: boolean) =>
+    reply.redirect(loginPath(afterSignIn(config, req.url, request), { again, loginHint: request?.loginHint }), 303);
 
   app.get('/oauth/authorize', async (req: FastifyRequest, reply) => {
     const raw = asRaw(req.query);
     const target = await identifyClient(db, raw);
     const user = await currentUser(db, config, req);
-    const request = validateRequest(target, raw);
+    const request = validateRequest(config, target, raw);
     if (!user) {
       // prompt=none: no page at all, so a signed-out user is login_required (OIDC Core §3.1.2.6).
-      if (firstValue(raw, 'prompt') === 'none') {
+      // (An invalid request says so only after sign-in, AZ-6, unless it asks for prompt=none alone.)
+      if ('error' in request ? firstValue(raw, 'prompt') === 'none' : request.prompt.has('none')) {
         return redirectError(reply, target.redirectUri, 'error' in request ? request : { error: 'login_required', description: 'the user is not signed in', state: request.state });
       }
       // AZ-6: sign in first; the login page brings the browser back to this very request.
@@ -409,7 +451,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
     if (!csrfTokenMatches(config, { session: user.sessionId }, token)) {
       throw new ForbiddenError('This form has expired or did not come from this site. Go back to the application and start again.');
     }
-    const request = validateRequest(target, raw);
+    const request = validateRequest(config, target, raw);
     if ('error' in request) return redirectError(reply, target.redirectUri, request);
 
     const decision = raw.decision;
@@ -418,7 +460,12 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
         organizationId,
         action: 'authorization.denied',
         actor: { actorUserId: user.userId, actorClientId: request.application.client_id },
-        details: { client_id: request.application.client_id, application_id: request.application.id, scopes: request.scopes.join(' ') },
+        details: {
+          client_id: request.application.client_id,
+          application_id: request.application.id,
+          scopes: request.scopes.join(' '),
+          ...(request.identityScopes.length > 0 ? { identity_scopes: request.identityScopes.join(' ') } : {}),
+        },
       });
     // AZ-8: the organization comes from the form, so it is checked against the user's memberships.
     const organizationId = typeof raw.organization_id === 'string' ? parseCanonicalId(raw.organization_id) : undefined;

@@ -6,13 +6,14 @@
  *   `client_id` names the application without one. `post_logout_redirect_uri` must be one the
  *   application registered, byte for byte, or nothing is redirected anywhere (an error page, as
  *   for a bad redirect_uri); `state` goes back with it.
- * - With a hint naming the signed-in user, the session ends at once (§2). Otherwise (no hint, or
- *   the hint names someone else) the user is asked first, on a page whose form carries a CSRF
- *   token: a link on another site must not sign people out (§3, "MUST ask the End-User").
+ * - With a hint issued for the browser's current session (its sub and sid), the session ends at
+ *   once (§2). Otherwise (no hint, another user's, an older session's) the user is asked first,
+ *   on a page whose form carries a CSRF token: a link on another site must not sign people out
+ *   (§3, "MUST ask the End-User").
  * - Nobody signed in: nothing to end; the browser goes on as if it had been.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { clearSessionCookie, csrfToken, csrfTokenMatches, currentUser, deleteSession } from '../../accounts/sessions.js';
+import { clearSessionCookie, csrfToken, csrfTokenMatches, currentUser, deleteSession, sessionSid } from '../../accounts/sessions.js';
 import type { Config } from '../../config.js';
 import type { DB } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
@@ -62,7 +63,6 @@ export async function endSessionEndpoint(app: FastifyInstance, { db, config, key
 
   /** Signed out: back to the application, or a page saying so. */
   function signedOut(reply: FastifyReply, request: LogoutRequest) {
-    clearSessionCookie(reply, config);
     if (request.destination !== undefined) return reply.redirect(request.destination, 303);
     return renderPage(reply, 200, 'message', { title: 'Signed out', message: 'You are signed out of orgauth.', link: { href: '/login', label: 'Sign in again' } });
   }
@@ -70,10 +70,22 @@ export async function endSessionEndpoint(app: FastifyInstance, { db, config, key
   async function logout(req: FastifyRequest, reply: FastifyReply, source: unknown, confirmation: unknown) {
     const request = await readRequest(source);
     const user = await currentUser(db, config, req);
-    if (!user) return signedOut(reply, request);
+    if (!user) {
+      // A POST from another site arrives without the SameSite=Lax session cookie: the same
+      // request again as a GET, a top-level navigation the cookie goes with, so a session there
+      // is asked about rather than looking absent (and its cookie cleared behind its back).
+      if (req.method === 'POST' && confirmation === undefined) {
+        return reply.redirect(`/oauth/logout?${new URLSearchParams(readParams(source) as Record<string, string>).toString()}`, 303);
+      }
+      return signedOut(reply, request);
+    }
     const confirmed = confirmation !== undefined && csrfTokenMatches(config, { session: user.sessionId }, confirmation);
-    if (confirmed || request.hint?.sub === String(user.userId)) {
+    // At once only for an ID token of this very session (its sid for the application): any
+    // other ID token of the user (an older session, a leaked one) is asked about (§3).
+    const thisSession = request.hint !== undefined && request.hint.sub === String(user.userId) && request.hint.sid === sessionSid(user, request.hint.clientId);
+    if (confirmed || thisSession) {
       await deleteSession(db, user.sessionId);
+      clearSessionCookie(reply, config);
       req.log.info({ client_id: request.application?.client_id, confirmed }, 'signed out (RP-initiated logout)');
       return signedOut(reply, request);
     }

@@ -160,7 +160,7 @@ export const authorizationCode: GrantHandler = {
       userId: redeemed.user_id,
       accessScopes: redeemed.scopes,
       refreshToken,
-      identity: { ...redeemed, nonce: redeemed.nonce },
+      identity: redeemed,
     });
   },
 };

@@ -131,7 +131,10 @@ function askedScopes(params: Params): Asked | null {
   if (params.scope === undefined) return null;
   const asked = [...new Set(params.scope.split(' ').filter((s) => s !== ''))];
   if (asked.length === 0) throw new InvalidScopeError('scope may only narrow the scope of the refresh token');
-  return { scopes: asked.filter((s) => !isIdentityScope(s)), identity: asked.filter((s) => isIdentityScope(s)) };
+  const identity = asked.filter((s) => isIdentityScope(s));
+  // As in the authorization request: profile and email mean something only beside openid.
+  if (identity.length > 0 && !identity.includes('openid')) throw new InvalidScopeError(`scope ${identity.join(' ')} needs openid`);
+  return { scopes: asked.filter((s) => !isIdentityScope(s)), identity };
 }
 
 /**

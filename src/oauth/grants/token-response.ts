@@ -86,8 +86,7 @@ export async function userTokenResponse(
         user: { userId: input.userId, email: input.identity.email, emailVerified: input.identity.email_verified, name: input.identity.name },
         organization,
         identityScopes,
-        // Codes issued before the OpenID columns existed carry no sign-in time: they cannot ask for openid either.
-        authTime: input.identity.auth_time ?? new Date(),
+        authTime: input.identity.auth_time,
         nonce: input.identity.nonce,
         sid: input.identity.sid,
         accessToken: token,

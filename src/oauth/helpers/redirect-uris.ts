@@ -51,5 +51,6 @@ export function redirectLocation(redirectUri: string, params: Record<string, str
   const separator = !redirectUri.includes('?') ? '?' : /[?&]$/.test(redirectUri) ? '' : '&';
   // A header value must be ASCII; percent-encode anything else the registered URI holds.
   const base = redirectUri.replace(/[^\x21-\x7e]/gu, (c) => encodeURIComponent(c));
-  return `${base}${separator}${query.toString()}`;
+  const added = query.toString();
+  return added === '' ? base : `${base}${separator}${added}`;
 }

@@ -118,7 +118,8 @@ export function applicationScopes(type: ApplicationType, input: string | readonl
  * without it they are invalid_scope rather than silently dropped.
  */
 export function splitIdentityScopes(requested: string): { identity: IdentityScope[]; rest: string } {
-  const words = requested.split(' ').filter((w) => w !== '');
+  // offline_access (OIDC Core §11) asks for a refresh token, which every authorization gets: understood, nothing to grant.
+  const words = requested.split(' ').filter((w) => w !== '' && w !== 'offline_access');
   const identity = IDENTITY_SCOPES.filter((s) => words.includes(s));
   if (identity.length > 0 && !identity.includes('openid')) throw new InvalidScopeError(`scope ${identity.join(' ')} needs openid`);
   return { identity, rest: words.filter((w) => !isIdentityScope(w)).join(' ') };

@@ -230,8 +230,10 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
     .forUpdate()
     .execute();
   if (old.length === 0) return [];
-  const narrowed = old.map((g) => ({ ...g, kept: g.scopes.filter((s) => allowed.includes(s)) }));
-  const replaced = narrowed.filter((g) => g.kept.length > 0);
+  // A grant keeps its OpenID scopes (signing in is every member's): one left with only those
+  // lives on for sign-in, and its refresh tokens with it.
+  const narrowed = old.map((g) => ({ ...g, kept: g.scopes.filter((s) => allowed.includes(s)), lives: g.identity_scopes.length > 0 || g.scopes.some((s) => allowed.includes(s)) }));
+  const replaced = narrowed.filter((g) => g.lives);
   const successors =
     replaced.length === 0
       ? []
@@ -257,17 +259,19 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
   const oldIds = old.map((g) => g.id);
   const moves = successors.map((s) => ({ from: s.narrowed_from_grant_id!, to: s.id }));
   if (moves.length > 0) {
-    const pairs = sql`unnest(${moves.map((m) => m.from)}::bigint[], ${moves.map((m) => m.to)}::bigint[]) as m(from_id, to_id)`;
+    const signIn = new Set(replaced.filter((g) => g.identity_scopes.length > 0).map((g) => g.id));
+    const pairs = sql`unnest(${moves.map((m) => m.from)}::bigint[], ${moves.map((m) => m.to)}::bigint[], ${moves.map((m) => signIn.has(m.from))}::boolean[]) as m(from_id, to_id, sign_in)`;
     // Every refresh token of the grant, used ones too: a retired token replayed later still
-    // revokes the family. By (organization_id, grant_id), the index refresh tokens have.
+    // revokes the family. By (organization_id, grant_id), the index refresh tokens have. One
+    // left with no scope of data lives on only for a grant that signs in (OpenID scopes).
     await sql`update refresh_tokens r set grant_id = m.to_id,
         scopes = array(select s from unnest(r.scopes) s where s = any(${allowedArray})),
-        revoked_at = case when r.scopes && ${allowedArray} then r.revoked_at else coalesce(r.revoked_at, now()) end
+        revoked_at = case when r.scopes && ${allowedArray} or m.sign_in then r.revoked_at else coalesce(r.revoked_at, now()) end
       from ${pairs} where r.organization_id = ${selection.organizationId} and r.grant_id = m.from_id`.execute(trx);
   }
   await trx.updateTable('grants').set({ revoked_at: sql`now()`, revoked_reason: 'role_changed' }).where('id', '=', sql<number>`any(${oldIds}::bigint[])`).execute();
   // Grants left with nothing: their refresh tokens end with them.
-  const emptied = narrowed.filter((g) => g.kept.length === 0).map((g) => g.id);
+  const emptied = narrowed.filter((g) => !g.lives).map((g) => g.id);
   if (emptied.length > 0) {
     await trx
       .updateTable('refresh_tokens')
@@ -283,11 +287,11 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
     .values(
       narrowed.map((g) => ({
         organization_id: g.organization_id,
-        action: g.kept.length > 0 ? 'grant.narrowed' : 'grant.revoked',
+        action: g.lives ? 'grant.narrowed' : 'grant.revoked',
         actor_user_id: actor.actorUserId ?? null,
         actor_client_id: actor.actorClientId ?? null,
         details: JSON.stringify(
-          g.kept.length > 0
+          g.lives
             ? { grant_id: successorOf.get(g.id), replaced_grant_id: g.id, application_id: g.application_id, user_id: g.user_id, scopes: g.kept.join(' '), removed_scopes: g.scopes.filter((s) => !allowed.includes(s)).join(' '), reason: 'role_changed' }
             : { grant_id: g.id, application_id: g.application_id, user_id: g.user_id, reason: 'role_changed' },
         ),

@@ -35,7 +35,7 @@ export function userClaims(user: UserClaimsSource, organization: { id: number; n
   };
 }
 
-/** What the claims a provider may put in an ID token or userinfo are (the discovery documents list them). */
+/** The claims an ID token or userinfo may carry (the discovery documents list them). */
 export const CLAIMS_SUPPORTED = ['iss', 'sub', 'aud', 'exp', 'iat', 'auth_time', 'nonce', 'at_hash', 'sid', 'azp', 'organization_id', 'organization_name', 'email', 'email_verified', 'name'] as const;
 
 /**
@@ -55,8 +55,8 @@ export interface IdTokenInput {
   user: UserClaimsSource;
   organization: { id: number; name: string };
   identityScopes: readonly IdentityScope[];
-  /** When the user signed in (OIDC Core auth_time), seconds precision. */
-  authTime: Date;
+  /** When the user signed in (OIDC Core auth_time); null for a grant from before OpenID Connect, whose ID token then has none. */
+  authTime: Date | null;
   /** The authorization request's nonce, on the code's ID token only. */
   nonce?: string | null | undefined;
   sid?: string | null | undefined;
@@ -80,7 +80,7 @@ export async function signIdToken(signingKey: SigningKeyMaterial, config: Pick<C
     azp: input.clientId,
     iat,
     exp: iat + idTokenTtl(config),
-    auth_time: Math.floor(input.authTime.getTime() / 1000),
+    ...(input.authTime ? { auth_time: Math.floor(input.authTime.getTime() / 1000) } : {}),
     ...(input.nonce ? { nonce: input.nonce } : {}),
     ...(input.sid ? { sid: input.sid } : {}),
     at_hash: accessTokenHash(signingKey.alg, input.accessToken),
