@@ -6,6 +6,12 @@
  * before anything goes back to the client (AZ-6). Every other problem is reported to the
  * client on its redirect_uri (AZ-3). POST /oauth/authorize (the consent form) repeats every
  * check, verifies the CSRF token and the chosen organization (AZ-8), and answers with a 303.
+ *
+ * OpenID Connect (Core §3.1.2.1): prompt, max_age and id_token_hint decide whether a signed-in
+ * user signs in again first (mustSignInAgain, with the login page's signed mark so it is asked
+ * once); a consent given before is not asked again (rememberedConsent) unless prompt says so. The
+ * consent form does not look at max_age again: a page left open longer still gives a code, with
+ * the ID token's auth_time saying when the user really signed in.
  */
 import { createHmac, timingSafeEqual } from 'node:crypto';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
