@@ -378,6 +378,38 @@ const COMMANDS: Record<string, Command> = {
     },
   },
 
+  'app update': {
+    usage:
+      'orgauth app update --client-id ID [--name N] [--redirect-uri URI]... [--post-logout-redirect-uri URI]... [--no-post-logout-redirect-uris] [--scopes "contacts.read"] [--require-pkce yes|no]',
+    summary:
+      'change an application; what is not given stays. --redirect-uri and --post-logout-redirect-uri replace the whole list (repeat them for several); narrowing --scopes revokes the grants holding a removed scope',
+    options: {
+      'client-id': { type: 'string' },
+      name: { type: 'string' },
+      'redirect-uri': { type: 'string', multiple: true },
+      'post-logout-redirect-uri': { type: 'string', multiple: true },
+      'no-post-logout-redirect-uris': { type: 'boolean' },
+      scopes: { type: 'string' },
+      'require-pkce': { type: 'string' },
+    },
+    run: async ({ db }, v) => {
+      const application = await applicationByClientId(db, required(v, 'client-id'));
+      const postLogout = repeated(v, 'post-logout-redirect-uri');
+      if (postLogout.length > 0 && v['no-post-logout-redirect-uris'] === true) throw new UsageError('--post-logout-redirect-uri and --no-post-logout-redirect-uris contradict each other');
+      const pkce = optionalString(v, 'require-pkce');
+      if (pkce !== undefined && pkce !== 'yes' && pkce !== 'no') throw new UsageError('--require-pkce must be yes or no');
+      const redirectUris = repeated(v, 'redirect-uri');
+      const a = await updateApplication(db, application, {
+        ...(typeof v.name === 'string' ? { name: v.name } : {}),
+        ...(redirectUris.length > 0 ? { redirectUris } : {}),
+        ...(postLogout.length > 0 ? { postLogoutRedirectUris: postLogout } : v['no-post-logout-redirect-uris'] === true ? { postLogoutRedirectUris: [] } : {}),
+        ...(typeof v.scopes === 'string' ? { scopes: v.scopes } : {}),
+        ...(pkce !== undefined ? { requirePkce: pkce === 'yes' } : {}),
+      });
+      return { json: { organization_id: a.organization_id, ...applicationOut(a) }, text: `updated application ${a.client_id} "${a.name}"` };
+    },
+  },
+
   'app rotate-secret': {
     usage: 'orgauth app rotate-secret --client-id ID',
     summary: "replace an application's client secret; the old one stops working at once",

@@ -227,6 +227,26 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
     expect(help).toContain('RP-initiated logout');
   });
 
+  it('app update changes what it is given and keeps the rest; the URI lists are replaced whole, or cleared', async () => {
+    const created = await json('app', 'create', '--org', String(orgId), '--type', 'public', '--name', 'Updated', '--redirect-uri', 'https://u.example.com/cb', '--scopes', 'contacts.read tasks.read');
+    const id = created.client_id as string;
+    const byes = ['https://u.example.com/bye', 'https://u.example.com/bye2'];
+    const updated = await json('app', 'update', '--client-id', id, '--post-logout-redirect-uri', byes[0]!, '--post-logout-redirect-uri', byes[1]!, '--require-pkce', 'yes');
+    expect(updated).toMatchObject({ client_id: id, name: 'Updated', redirect_uris: ['https://u.example.com/cb'], post_logout_redirect_uris: byes, scopes: ['contacts.read', 'tasks.read'], require_pkce: true });
+    const renamed = await json('app', 'update', '--client-id', id, '--name', 'Renamed', '--redirect-uri', 'https://u.example.com/cb2', '--scopes', 'contacts.read');
+    expect(renamed).toMatchObject({ name: 'Renamed', redirect_uris: ['https://u.example.com/cb2'], post_logout_redirect_uris: byes, scopes: ['contacts.read'], require_pkce: true });
+    expect(await json('app', 'update', '--client-id', id, '--no-post-logout-redirect-uris')).toMatchObject({ post_logout_redirect_uris: [], name: 'Renamed' });
+    const row = await withDb((db) => db.selectFrom('applications').select(['name', 'post_logout_redirect_uris', 'require_pkce']).where('client_id', '=', id).executeTakeFirstOrThrow());
+    expect(row).toEqual({ name: 'Renamed', post_logout_redirect_uris: [], require_pkce: true });
+    // Refused as create refuses, nothing changed.
+    expect((await jsonError('app', 'update', '--client-id', id, '--post-logout-redirect-uri', 'http://evil.example.com/bye')).error_description).toMatch(/^post_logout_redirect_uris\.0: /);
+    expect((await jsonError('app', 'update', '--client-id', id, '--post-logout-redirect-uri', byes[0]!, '--no-post-logout-redirect-uris')).error).toBe('usage');
+    expect((await jsonError('app', 'update', '--client-id', id, '--require-pkce', 'maybe')).error).toBe('usage');
+    expect((await jsonError('app', 'update', '--client-id', 'no-such-client')).error).toBe('not_found');
+    expect((await json('app', 'show', '--client-id', id)).post_logout_redirect_uris).toEqual([]);
+    expect((await cli('app', 'update', '--client-id', id, '--name', 'Text')).stdout).toBe(`updated application ${id} "Text"\n`);
+  });
+
   it('app rotate-secret replaces the secret and refuses unknown clients', async () => {
     const app = await json('app', 'create', '--org', String(orgId), '--type', 'private', '--name', 'Rotate me');
     const rotated = await json('app', 'rotate-secret', '--client-id', app.client_id as string);
