@@ -9,6 +9,7 @@ COPY package.json package-lock.json .npmrc ./
 RUN npm ci --ignore-scripts --no-audit --no-fund
 COPY tsconfig.json tsconfig.build.json ./
 COPY src ./src
+COPY scripts ./scripts
 COPY migrations ./migrations
 RUN npm run build && npm prune --omit=dev --ignore-scripts
 

@@ -13,7 +13,7 @@
  * example one of an older commit, for a before/after). Both databases are dropped at the end.
  */
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
-import { cpSync, existsSync, mkdirSync, readFileSync, symlinkSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, symlinkSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
@@ -65,7 +65,8 @@ function build(): string {
   console.log(`building the working tree into ${dist}...`);
   const result = spawnSync('npx', ['tsc', '-p', 'tsconfig.build.json', '--outDir', dist], { cwd: ROOT, stdio: ['ignore', 'inherit', 'inherit'] });
   if (result.status !== 0) throw new Error('tsc failed');
-  for (const d of ['views', 'assets']) cpSync(path.join(ROOT, 'src/pages', d), path.join(dist, 'src/pages', d), { recursive: true });
+  const copied = spawnSync('node', ['scripts/copy-templates.mjs', dist], { cwd: ROOT, stdio: ['ignore', 'inherit', 'inherit'] });
+  if (copied.status !== 0) throw new Error('copying the templates failed');
   return dist;
 }
 

@@ -12,7 +12,7 @@
  */
 import { sql, type Transaction } from 'kysely';
 import { changeMemberRole, listMembers } from '../src/accounts/organizations.js';
-import { listUserOrganizations } from '../src/accounts/pages.js';
+import { listUserOrganizations } from '../src/accounts/organizations.js';
 import { deleteRole, updateRole } from '../src/accounts/roles.js';
 import { connectDatabase } from '../src/db/connect.js';
 import { migrateToLatest } from '../src/db/migrate.js';

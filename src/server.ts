@@ -9,7 +9,7 @@ import { loadConfig } from './config.js';
 import type { DatabaseHandle } from './db/connect.js';
 import { formatDemoBanner, isDatabaseEmpty, seedDemo } from './demo.js';
 import { createLogger } from './logger.js';
-import { DEV_OUTBOX_PATH } from './mail/dev-outbox.js';
+import { DEV_OUTBOX_PATH } from './web/dev-outbox.js';
 import { ensureSigningKey } from './oauth/models/signing-keys.js';
 import { describeStartupError, limitHeapGrowth, openDatabase } from './runtime.js';
 

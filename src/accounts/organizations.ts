@@ -267,3 +267,28 @@ export async function getMember(db: DB, organizationId: number, userId: number):
   if (!member) throw new NotFoundError('no such member in this organization');
   return memberOf(member);
 }
+
+/** An organization of the user's, with their role there: `role` its name, `access` the role itself. */
+export interface UserOrganization {
+  id: number;
+  name: string;
+  role: string;
+  access: RoleRef;
+}
+
+/** The organizations a user belongs to, with their role in each (dashboard, consent page). */
+export async function listUserOrganizations(db: DB, userId: number): Promise<UserOrganization[]> {
+  const rows = await db
+    .selectFrom('memberships')
+    .innerJoin('organizations', 'organizations.id', 'memberships.organization_id')
+    .leftJoin('roles', 'roles.id', 'memberships.role_id')
+    .select(['organizations.id', 'organizations.name', 'memberships.role', 'memberships.role_id', 'roles.name as role_name', 'roles.permissions as role_permissions'])
+    .where('memberships.user_id', '=', userId)
+    .orderBy('organizations.name')
+    .orderBy('organizations.id')
+    .execute();
+  return rows.map((row) => {
+    const access = roleOf(row);
+    return { id: row.id, name: row.name, role: access.name, access };
+  });
+}

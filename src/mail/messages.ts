@@ -1,9 +1,17 @@
 /**
  * The messages orgauth sends: a subject and text and HTML bodies, from the templates in
- * src/pages/views/mail (the HTML escaped as pages are). Every value that comes from a user
- * (names, addresses, organization names) goes through the templates, never into markup by hand.
+ * src/mail/views (copied to dist/src/mail/views by the build; the HTML escaped as pages are).
+ * Every value that comes from a user (names, addresses, organization names) goes through the
+ * templates, never into markup by hand.
  */
-import { renderHtml, renderText } from '../pages/render.js';
+import { fileURLToPath } from 'node:url';
+import { Eta } from 'eta';
+
+const VIEWS_DIR = fileURLToPath(new URL('./views/', import.meta.url));
+// autoEscape: `<%= %>` XML-escapes (& < > " '), so names and addresses are inert in the HTML part.
+const html = new Eta({ views: VIEWS_DIR, autoEscape: true, cache: true });
+/** The same views with nothing escaped: for the plain-text part only, never for HTML. */
+const text = new Eta({ views: VIEWS_DIR, autoEscape: false, cache: true });
 
 export interface MailMessage {
   to: string;
@@ -20,7 +28,7 @@ function headerText(value: string, max = 200): string {
 
 function compose(view: string, to: string, subject: string, data: Record<string, unknown>): MailMessage {
   const values = { ...data, subject };
-  return { to, subject: headerText(subject), text: renderText(`mail/${view}-text`, values), html: renderHtml(`mail/${view}-html`, values) };
+  return { to, subject: headerText(subject), text: text.render(`${view}-text`, values), html: html.render(`${view}-html`, values) };
 }
 
 export function verifyEmailMessage(input: { issuer: string; to: string; name: string; link: string; hours: number; change: boolean }): MailMessage {
@@ -55,3 +63,4 @@ export function invitationMessage(input: {
     expires: `${input.expiresAt.toISOString().slice(0, 16).replace('T', ' ')} UTC`,
   });
 }
+

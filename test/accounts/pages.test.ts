@@ -1,7 +1,7 @@
 import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrganization } from '../../src/accounts/organizations.js';
-import { LOGIN_MAX_FAILURES_PER_EMAIL, LOGIN_MAX_FAILURES_PER_IP } from '../../src/accounts/pages.js';
+import { LOGIN_MAX_FAILURES_PER_EMAIL, LOGIN_MAX_FAILURES_PER_IP } from '../../src/web/sign-in.js';
 import { createUser } from '../../src/accounts/users.js';
 import { sha256Hex } from '../../src/lib/crypto.js';
 import { buildTestApp } from '../helpers/app.js';

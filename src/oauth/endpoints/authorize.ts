@@ -16,14 +16,15 @@
 import { createHmac, timingSafeEqual } from 'node:crypto';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { deriveKey } from '../../lib/crypto.js';
-import { listUserOrganizations, loginPath, type UserOrganization } from '../../accounts/pages.js';
+import { listUserOrganizations, type UserOrganization } from '../../accounts/organizations.js';
+import { loginPath } from '../../web/sign-in.js';
 import type { RoleRef } from '../../accounts/roles.js';
 import { csrfToken, csrfTokenMatches, currentUser, sessionSid, type SessionUser } from '../../accounts/sessions.js';
 import type { Config } from '../../config.js';
 import { type DB, inTransaction } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
 import { InvalidRequestError, sanitizeDescription } from '../../errors.js';
-import { ForbiddenError, renderError, renderPage, setUpPages } from '../../pages/render.js';
+import { ForbiddenError, renderError, renderPage, setUpPages } from '../../web/render.js';
 import { findApplicationByClientId } from '../models/applications.js';
 import { createAuthorizationCode } from '../models/authorization-codes.js';
 import { recordAuditEvent } from '../../audit/events.js';

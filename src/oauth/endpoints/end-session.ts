@@ -18,7 +18,7 @@ import type { Config } from '../../config.js';
 import type { DB } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
 import { InvalidRequestError } from '../../errors.js';
-import { renderPage, setUpPages } from '../../pages/render.js';
+import { renderPage, setUpPages } from '../../web/render.js';
 import { findApplicationByClientId } from '../models/applications.js';
 import { verifyIdTokenHint, type IdTokenHint } from '../models/id-tokens.js';
 import type { KeyStore } from '../models/key-store.js';

@@ -9,7 +9,6 @@ import { z } from 'zod';
 import { type Config, SIGNING_ALGS } from '../../config.js';
 import { AppError } from '../../errors.js';
 import { type KeyStore, type SigningKeyMaterial, signJws } from './key-store.js';
-import type { RevocationList } from './revocation-list.js';
 import type { FindApplication } from './application-cache.js';
 import type { Application } from '../../db/schema.js';
 import { isIdentityScope } from '../helpers/scopes.js';
@@ -135,11 +134,16 @@ export interface VerifiedToken extends CheckedToken {
  * calls, so verified claims are kept (bounded, keyed by the whole token, dropped at exp): a
  * repeat costs a Map lookup instead of a signature check. Revocation is checked every time.
  */
+/** What the verifier asks of the revoked set (revocation-list.ts's RevocationList). */
+export interface RevokedTokens {
+  isTokenRevoked(token: { jti: string; grant_id: number }): boolean;
+}
+
 export class AccessTokenVerifier {
   private readonly verified = new Map<string, CheckedToken>();
 
   constructor(
-    private readonly ctx: { keys: KeyStore; revocations: RevocationList; applications: { find: FindApplication }; config: Pick<Config, 'issuer'> },
+    private readonly ctx: { keys: KeyStore; revocations: RevokedTokens; applications: { find: FindApplication }; config: Pick<Config, 'issuer'> },
     private readonly maxEntries = 10_000,
   ) {}
 

@@ -4,10 +4,10 @@
  * holds: see src/accounts/roles.ts). Roles are named in URLs by name.
  */
 import type { FastifyInstance, FastifyReply } from 'fastify';
-import { createRole, deleteRole, listRoles, mayAssign, PERMISSION_DESCRIPTIONS, PERMISSIONS, type RoleChangeOptions, updateRole } from '../accounts/roles.js';
-import { AppError, ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../errors.js';
-import { DATA_SCOPES } from '../oauth/helpers/scopes.js';
-import { renderPage } from '../pages/render.js';
+import { createRole, deleteRole, listRoles, mayAssign, PERMISSION_DESCRIPTIONS, PERMISSIONS, type RoleChangeOptions, updateRole } from '../../accounts/roles.js';
+import { AppError, ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../../errors.js';
+import { DATA_SCOPES } from '../../oauth/helpers/scopes.js';
+import { renderPage } from '../render.js';
 import type { DashboardDeps } from './applications.js';
 import { type ActionContext, dashboardContext, type DashboardContext, readForm, requireAction, requireView } from './context.js';
 

@@ -4,19 +4,19 @@
  * organization.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { addMember, changeMemberRole, listMembers, removeMember, UnverifiedEmailError } from '../accounts/organizations.js';
-import { findRole, listRoles, mayAssign, type RoleRef } from '../accounts/roles.js';
-import { createInvitation, type InvitationActor, listPendingInvitations, resendInvitation, revokeInvitation } from '../accounts/invitations.js';
-import { emailSchema, findUserByEmail } from '../accounts/users.js';
-import { listAuditEvents } from '../audit/events.js';
-import type { DB } from '../db/connect.js';
-import { ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../errors.js';
-import { findLiveGrant, listLiveGrants } from '../oauth/models/grants.js';
-import type { Params } from '../oauth/helpers/params.js';
-import { renderPage } from '../pages/render.js';
+import { addMember, changeMemberRole, listMembers, removeMember, UnverifiedEmailError } from '../../accounts/organizations.js';
+import { findRole, listRoles, mayAssign, type RoleRef } from '../../accounts/roles.js';
+import { createInvitation, type InvitationActor, listPendingInvitations, resendInvitation, revokeInvitation } from '../../accounts/invitations.js';
+import { emailSchema, findUserByEmail } from '../../accounts/users.js';
+import { listAuditEvents } from '../../audit/events.js';
+import type { DB } from '../../db/connect.js';
+import { ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../../errors.js';
+import { findLiveGrant, listLiveGrants } from '../../oauth/models/grants.js';
+import type { Params } from '../../oauth/helpers/params.js';
+import { renderPage } from '../render.js';
 import type { DashboardDeps } from './applications.js';
 import { type ActionContext, DASHBOARD_PAGE_SIZE, dashboardContext, type DashboardContext, parseId, readForm, requireAction, requireView } from './context.js';
-import { selectOrganization } from './current-organization.js';
+import { selectOrganization } from '../../accounts/current-organization.js';
 
 export const AUDIT_PAGE_SIZE = 50;
 

@@ -4,7 +4,7 @@
  * user removed from an organization (or demoted) loses it, or the role, at their next click.
  */
 import type { DB } from '../db/connect.js';
-import type { UserOrganization } from '../accounts/pages.js';
+import type { UserOrganization } from './organizations.js';
 import { sha256Hex } from '../lib/crypto.js';
 
 export type CurrentOrganization = UserOrganization;

@@ -5,9 +5,9 @@
  * signed-out POST is a 403), and setUpPages gives every route the page security headers.
  */
 import type { FastifyInstance } from 'fastify';
-import { loginPath } from '../accounts/pages.js';
-import { ForbiddenError } from '../errors.js';
-import { setUpPages } from '../pages/render.js';
+import { loginPath } from '../sign-in.js';
+import { ForbiddenError } from '../../errors.js';
+import { setUpPages } from '../render.js';
 import { accountRoutes } from './account.js';
 import { applicationRoutes, type DashboardDeps } from './applications.js';
 import { CSRF_FAILED, loadContext, setDashboardContext } from './context.js';

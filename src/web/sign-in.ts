@@ -1,21 +1,20 @@
 /**
- * Sign-up, sign-in and sign-out: the browser side of accounts (the dashboard is src/dashboard/).
+ * Sign-up, sign-in and sign-out: the browser side of accounts (the dashboard is src/web/dashboard/).
  *
  * Every form carries a CSRF token (see sessions.ts); every redirect after a POST is a 303
  * (AZ-9); failed sign-ins are throttled per email and per client IP and never say whether the
  * email exists.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { type DB, inTransaction } from '../db/connect.js';
-import { roleOf, type RoleRef } from './roles.js';
+import { inTransaction } from '../db/connect.js';
 import { ConflictError, InvalidRequestError } from '../errors.js';
 import { FailureThrottle } from '../lib/throttle.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
 import { readParams } from '../oauth/helpers/params.js';
-import { ForbiddenError, renderPage, setUpPages } from '../pages/render.js';
-import { type EmailPagesDeps, emailLinkPages } from './email-pages.js';
-import { createOrganization, organizationNameSchema } from './organizations.js';
-import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH, verifyPassword } from './passwords.js';
+import { ForbiddenError, renderPage, setUpPages } from './render.js';
+import { type EmailPagesDeps, emailLinkPages } from './email-links.js';
+import { createOrganization, organizationNameSchema } from '../accounts/organizations.js';
+import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH, verifyPassword } from '../accounts/passwords.js';
 import {
   clearSessionCookie,
   createSession,
@@ -28,9 +27,9 @@ import {
   checkPreSessionCsrf,
   safeReturnTo,
   setSessionCookie,
-} from './sessions.js';
-import { emailSchema, findUserByEmail, insertUser, prepareUser } from './users.js';
-import { queueVerification } from './verification.js';
+} from '../accounts/sessions.js';
+import { emailSchema, findUserByEmail, insertUser, prepareUser } from '../accounts/users.js';
+import { queueVerification } from '../accounts/verification.js';
 
 export const LOGIN_WINDOW_MS = 15 * 60 * 1000;
 export const LOGIN_MAX_FAILURES_PER_EMAIL = 5;
@@ -215,30 +214,5 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
       clearSessionCookie(reply, config);
     }
     return reply.redirect('/login', 303);
-  });
-}
-
-/** An organization of the user's, with their role there: `role` its name, `access` the role itself. */
-export interface UserOrganization {
-  id: number;
-  name: string;
-  role: string;
-  access: RoleRef;
-}
-
-/** The organizations a user belongs to, with their role in each (dashboard, consent page). */
-export async function listUserOrganizations(db: DB, userId: number): Promise<UserOrganization[]> {
-  const rows = await db
-    .selectFrom('memberships')
-    .innerJoin('organizations', 'organizations.id', 'memberships.organization_id')
-    .leftJoin('roles', 'roles.id', 'memberships.role_id')
-    .select(['organizations.id', 'organizations.name', 'memberships.role', 'memberships.role_id', 'roles.name as role_name', 'roles.permissions as role_permissions'])
-    .where('memberships.user_id', '=', userId)
-    .orderBy('organizations.name')
-    .orderBy('organizations.id')
-    .execute();
-  return rows.map((row) => {
-    const access = roleOf(row);
-    return { id: row.id, name: row.name, role: access.name, access };
   });
 }

@@ -2,7 +2,7 @@
  * HTML pages (login, signup, consent, dashboard, error pages): one template engine that escapes
  * every interpolation by default, and the security headers every page carries (AZ-7).
  *
- * Templates live in src/pages/views next to this module and are copied to dist/src/pages/views by
+ * Templates live in src/web/views next to this module and are copied to dist/src/web/views by
  * the build, so the folder resolved from import.meta.url works under vitest and from dist/.
  */
 import { readFileSync } from 'node:fs';
@@ -21,19 +21,6 @@ const STYLESHEET = readFileSync(new URL('./assets/style.css', import.meta.url), 
 
 // autoEscape: `<%= %>` XML-escapes (& < > " '), so user- and client-supplied text is inert.
 const eta = new Eta({ views: VIEWS_DIR, autoEscape: true, cache: true });
-
-/** The same views with nothing escaped: for plain-text email bodies only, never for HTML. */
-const etaText = new Eta({ views: VIEWS_DIR, autoEscape: false, cache: true });
-
-/** A view rendered to an HTML string (escaped as pages are): email bodies. */
-export function renderHtml(view: string, data: Record<string, unknown>): string {
-  return eta.render(view, data);
-}
-
-/** A plain-text view (`*.txt.eta`): email bodies' text part. */
-export function renderText(view: string, data: Record<string, unknown>): string {
-  return etaText.render(view, data);
-}
 
 export function renderPage(reply: FastifyReply, status: number, view: string, data: Record<string, unknown>): FastifyReply {
   return reply.code(status).type('text/html; charset=utf-8').send(eta.render(view, data));

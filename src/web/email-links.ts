@@ -13,7 +13,7 @@
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Config } from '../config.js';
-import { selectOrganization } from '../dashboard/current-organization.js';
+import { selectOrganization } from '../accounts/current-organization.js';
 import type { DB } from '../db/connect.js';
 import { ConflictError, ForbiddenError } from '../errors.js';
 import type { BackgroundTasks } from '../lib/background.js';
@@ -21,14 +21,14 @@ import { FailureThrottle } from '../lib/throttle.js';
 import type { MailOutbox } from '../mail/outbox.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
 import { readParams } from '../oauth/helpers/params.js';
-import { renderPage } from '../pages/render.js';
-import { findAccountToken } from './account-tokens.js';
-import { acceptInvitation, findOpenInvitation, InvitationUnavailableError, sameAddress, signUpFromInvitation } from './invitations.js';
-import { requestPasswordReset, resetPassword } from './password-reset.js';
-import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH } from './passwords.js';
-import { createSession, CSRF_FAILED, csrfToken, csrfTokenMatches, currentUser, deleteSession, checkPreSessionCsrf, ensurePreSession, setSessionCookie } from './sessions.js';
-import { emailSchema, findUserByEmail } from './users.js';
-import { confirmEmail } from './verification.js';
+import { renderPage } from './render.js';
+import { findAccountToken } from '../accounts/account-tokens.js';
+import { acceptInvitation, findOpenInvitation, InvitationUnavailableError, sameAddress, signUpFromInvitation } from '../accounts/invitations.js';
+import { requestPasswordReset, resetPassword } from '../accounts/password-reset.js';
+import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH } from '../accounts/passwords.js';
+import { createSession, CSRF_FAILED, csrfToken, csrfTokenMatches, currentUser, deleteSession, checkPreSessionCsrf, ensurePreSession, setSessionCookie } from '../accounts/sessions.js';
+import { emailSchema, findUserByEmail } from '../accounts/users.js';
+import { confirmEmail } from '../accounts/verification.js';
 
 const HOUR_MS = 3600_000;
 /** Reset requests per address an hour (whether or not it has an account), and per client IP in 15 minutes. */

@@ -6,8 +6,8 @@
  */
 import type { FastifyInstance } from 'fastify';
 import type { Config } from '../config.js';
-import { renderPage, setUpPages } from '../pages/render.js';
-import type { MailOutbox } from './outbox.js';
+import { renderPage, setUpPages } from './render.js';
+import type { MailOutbox } from '../mail/outbox.js';
 
 export const DEV_OUTBOX_PATH = '/dev/outbox';
 

@@ -6,14 +6,14 @@
  * together with `ctx.organization.id`, never on their own.
  */
 import type { FastifyRequest } from 'fastify';
-import { CSRF_FAILED, csrfToken, csrfTokenMatches, currentUser, type SessionUser } from '../accounts/sessions.js';
-import type { Config } from '../config.js';
-import type { DB } from '../db/connect.js';
-import { hasPermission, type Permission, PERMISSIONS } from '../accounts/roles.js';
-import { ForbiddenError, InvalidRequestError } from '../errors.js';
-import { type Params, parseCanonicalId, readParams } from '../oauth/helpers/params.js';
-import { listUserOrganizations } from '../accounts/pages.js';
-import { type CurrentOrganization, resolveCurrentOrganization } from './current-organization.js';
+import { CSRF_FAILED, csrfToken, csrfTokenMatches, currentUser, type SessionUser } from '../../accounts/sessions.js';
+import type { Config } from '../../config.js';
+import type { DB } from '../../db/connect.js';
+import { hasPermission, type Permission, PERMISSIONS } from '../../accounts/roles.js';
+import { ForbiddenError, InvalidRequestError } from '../../errors.js';
+import { type Params, parseCanonicalId, readParams } from '../../oauth/helpers/params.js';
+import { listUserOrganizations } from '../../accounts/organizations.js';
+import { type CurrentOrganization, resolveCurrentOrganization } from '../../accounts/current-organization.js';
 
 /** Rows per page of the dashboard's lists (keyset pagination: every page costs what the first does). */
 export const DASHBOARD_PAGE_SIZE = 100;

@@ -4,13 +4,13 @@
  * client_id of another organization is a 404 whatever the form says.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { recordAuditEvent } from '../audit/events.js';
-import type { Config } from '../config.js';
-import type { DB } from '../db/connect.js';
-import type { MailOutbox } from '../mail/outbox.js';
-import type { Application, ApplicationType } from '../db/schema.js';
-import { ForbiddenError, NotFoundError } from '../errors.js';
-import type { ApplicationCache } from '../oauth/models/application-cache.js';
+import { recordAuditEvent } from '../../audit/events.js';
+import type { Config } from '../../config.js';
+import type { DB } from '../../db/connect.js';
+import type { MailOutbox } from '../../mail/outbox.js';
+import type { Application, ApplicationType } from '../../db/schema.js';
+import { ForbiddenError, NotFoundError } from '../../errors.js';
+import type { ApplicationCache } from '../../oauth/models/application-cache.js';
 import {
   type ChangeOptions,
   countGrantsBeyond,
@@ -20,16 +20,16 @@ import {
   listApplications,
   rotateClientSecret,
   updateApplication,
-} from '../oauth/models/applications.js';
-import type { ClientGrants } from '../oauth/models/client-grants.js';
-import type { Metrics } from '../metrics.js';
-import { InvalidScopeError } from '../oauth/errors.js';
-import type { KeyStore } from '../oauth/models/key-store.js';
-import { MAX_REDIRECT_URIS, redirectUriProblem } from '../oauth/helpers/redirect-uris.js';
-import type { RevocationList } from '../oauth/models/revocation-list.js';
-import { DATA_SCOPES, grantableScopes, mayHold, SCOPE_DESCRIPTIONS, type Scope, scopesForType } from '../oauth/helpers/scopes.js';
-import { issueClientToken, type TokenResponse } from '../oauth/grants/token-response.js';
-import { renderPage } from '../pages/render.js';
+} from '../../oauth/models/applications.js';
+import type { ClientGrants } from '../../oauth/models/client-grants.js';
+import type { Metrics } from '../../metrics.js';
+import { InvalidScopeError } from '../../oauth/errors.js';
+import type { KeyStore } from '../../oauth/models/key-store.js';
+import { MAX_REDIRECT_URIS, redirectUriProblem } from '../../oauth/helpers/redirect-uris.js';
+import type { RevocationList } from '../../oauth/models/revocation-list.js';
+import { DATA_SCOPES, grantableScopes, mayHold, SCOPE_DESCRIPTIONS, type Scope, scopesForType } from '../../oauth/helpers/scopes.js';
+import { issueClientToken, type TokenResponse } from '../../oauth/grants/token-response.js';
+import { renderPage } from '../render.js';
 import { type ActionContext, DASHBOARD_PAGE_SIZE, dashboardContext, type DashboardContext, parseId, readForm, requireAction, requireView } from './context.js';
 
 export interface DashboardDeps {

@@ -1,15 +1,15 @@
 /** The account page: change the password; the browser sessions, each with its own sign-out, and sign-out everywhere (else). */
 import type { FastifyInstance } from 'fastify';
-import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH, verifyPassword } from '../accounts/passwords.js';
-import { emailSchema, setPassword } from '../accounts/users.js';
-import { sendVerification } from '../accounts/verification.js';
-import { clearSessionCookie, csrfTokenMatches, endOtherSessions, endSession, listSessions, SESSIONS_LISTED } from '../accounts/sessions.js';
-import { recordAuditEvent } from '../audit/events.js';
-import { inTransaction } from '../db/connect.js';
-import { ConflictError, ForbiddenError, NotFoundError } from '../errors.js';
-import { TooManyAttemptsError } from '../oauth/errors.js';
-import { sha256Hex } from '../lib/crypto.js';
-import { renderPage } from '../pages/render.js';
+import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH, verifyPassword } from '../../accounts/passwords.js';
+import { emailSchema, setPassword } from '../../accounts/users.js';
+import { sendVerification } from '../../accounts/verification.js';
+import { clearSessionCookie, csrfTokenMatches, endOtherSessions, endSession, listSessions, SESSIONS_LISTED } from '../../accounts/sessions.js';
+import { recordAuditEvent } from '../../audit/events.js';
+import { inTransaction } from '../../db/connect.js';
+import { ConflictError, ForbiddenError, NotFoundError } from '../../errors.js';
+import { TooManyAttemptsError } from '../../oauth/errors.js';
+import { sha256Hex } from '../../lib/crypto.js';
+import { renderPage } from '../render.js';
 import type { DashboardDeps } from './applications.js';
 import { CSRF_FAILED, dashboardContext, readForm } from './context.js';
 
