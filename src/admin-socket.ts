@@ -6,7 +6,7 @@
  * a directory of mode 0700 owned by the server's user, the socket itself 0600: no network port,
  * and only that user (and root) can connect, the same people who could read the database files
  * and the generated SECRET_KEY beside them anyway. The CLI sends its command line there when
- * the database is locked, and the server runs it exactly as the CLI would (src/cli.ts), in its
+ * the database is locked, and the server runs it exactly as the CLI would (src/cli/index.ts), in its
  * own process, on its own database handle, and answers with the exit code and output.
  *
  * Why not @electric-sql/pglite-socket (PGlite's wire protocol on a socket, the CLI connecting

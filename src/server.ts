@@ -3,7 +3,7 @@ import type { FastifyInstance } from 'fastify';
 import type { Server } from 'node:http';
 import { type AdminSocket, serveAdminSocket } from './admin-socket.js';
 import { buildApp } from './app.js';
-import { runCommandLine } from './cli.js';
+import { runCommandLine } from './cli/index.js';
 import { Metrics, serveMetrics } from './metrics.js';
 import { loadConfig } from './config.js';
 import type { DatabaseHandle } from './db/connect.js';

@@ -1,6 +1,6 @@
 import { readdirSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { runCli } from '../src/cli.js';
+import { runCli } from '../src/cli/index.js';
 import { connectDatabase } from '../src/db/connect.js';
 import { secretMatches } from '../src/lib/crypto.js';
 import { BACKEND, createEmptyDatabase, type TestDatabase } from './helpers/db.js';

@@ -9,7 +9,7 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { verifyPassword } from '../src/accounts/passwords.js';
-import { runCli } from '../src/cli.js';
+import { runCli } from '../src/cli/index.js';
 import { connectDatabase } from '../src/db/connect.js';
 import { secretMatches } from '../src/lib/crypto.js';
 import { createEmptyDatabase, TEST_DATABASE_URL, type TestDatabase } from './helpers/db.js';

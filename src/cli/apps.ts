@@ -1,0 +1,151 @@
+import { applicationOut } from '../api/applications.js';
+import { decodeCursor } from '../api/pagination.js';
+import { createApplication, deleteApplication, listApplications, rotateClientSecret, updateApplication } from '../oauth/models/applications.js';
+import { applicationByClientId, listed, optionalString, orgId, PAGE_OPTIONS, PAGE_USAGE, repeated, required, UsageError, type Command } from './shared.js';
+
+export const appCommands: Record<string, Command> = {
+  'app create': {
+    usage:
+      'orgauth app create --org ID --type public|private --name N [--redirect-uri URI]... [--post-logout-redirect-uri URI]... [--scopes "contacts.read tasks.read"] [--require-pkce]',
+    summary:
+      'register an application; prints its client secret once. Public applications only: --redirect-uri (at least one) and --post-logout-redirect-uri (where RP-initiated logout may send the browser), each repeatable',
+    options: {
+      org: { type: 'string' },
+      type: { type: 'string' },
+      name: { type: 'string' },
+      'redirect-uri': { type: 'string', multiple: true },
+      'post-logout-redirect-uri': { type: 'string', multiple: true },
+      scopes: { type: 'string' },
+      'require-pkce': { type: 'boolean' },
+    },
+    run: async ({ db }, v) => {
+      const type = required(v, 'type');
+      if (type !== 'public' && type !== 'private') throw new UsageError('--type must be public or private');
+      const app = await createApplication(db, {
+        organizationId: orgId(v),
+        type,
+        name: required(v, 'name'),
+        redirectUris: repeated(v, 'redirect-uri'),
+        postLogoutRedirectUris: repeated(v, 'post-logout-redirect-uri'),
+        ...(typeof v.scopes === 'string' ? { scopes: v.scopes } : {}),
+        requirePkce: v['require-pkce'] === true,
+      });
+      return {
+        json: app,
+        text: [
+          `created ${app.type} application "${app.name}" in organization ${app.organization_id}`,
+          `client_id:     ${app.client_id}`,
+          `client_secret: ${app.client_secret}   (shown once; only its hash is stored)`,
+          `scopes:        ${app.scopes.join(' ')}`,
+          ...(app.redirect_uris.length > 0 ? [`redirect_uris: ${app.redirect_uris.join(' ')}`] : []),
+          ...(app.post_logout_redirect_uris.length > 0 ? [`post_logout_redirect_uris: ${app.post_logout_redirect_uris.join(' ')}`] : []),
+        ].join('\n'),
+      };
+    },
+  },
+
+  'app list': {
+    usage: `orgauth app list --org ID ${PAGE_USAGE}`,
+    summary: "list an organization's applications (never their secrets)",
+    options: { org: { type: 'string' }, ...PAGE_OPTIONS },
+    run: async ({ db }, v) => {
+      const organizationId = orgId(v);
+      return listed(
+        v,
+        (limit) => listApplications(db, organizationId, { afterId: decodeCursor(optionalString(v, 'cursor')), limit }),
+        (a) => a.id,
+        (a) => ({ organization_id: a.organization_id, ...applicationOut(a) }),
+        [
+          ['CLIENT_ID', (a) => a.client_id],
+          ['TYPE', (a) => a.type],
+          ['NAME', (a) => a.name],
+          ['STATUS', (a) => (a.disabled ? 'disabled' : 'active')],
+          ['SCOPES', (a) => a.scopes.join(' ')],
+        ],
+      );
+    },
+  },
+
+  'app show': {
+    usage: 'orgauth app show --client-id ID',
+    summary: 'show an application (never its secret)',
+    options: { 'client-id': { type: 'string' } },
+    run: async ({ db }, v) => {
+      const a = await applicationByClientId(db, required(v, 'client-id'));
+      const shown = { organization_id: a.organization_id, ...applicationOut(a) };
+      const width = Math.max(...Object.keys(shown).map((k) => k.length)) + 2;
+      return {
+        json: shown,
+        text: Object.entries(shown)
+          .map(([k, value]) => `${`${k}:`.padEnd(width)}${Array.isArray(value) ? value.join(' ') : String(value)}`)
+          .join('\n'),
+      };
+    },
+  },
+
+  'app update': {
+    usage:
+      'orgauth app update --client-id ID [--name N] [--redirect-uri URI]... [--post-logout-redirect-uri URI]... [--no-post-logout-redirect-uris] [--scopes "contacts.read"] [--require-pkce yes|no]',
+    summary:
+      'change an application; what is not given stays. --redirect-uri and --post-logout-redirect-uri replace the whole list (repeat them for several); narrowing --scopes revokes the grants holding a removed scope',
+    options: {
+      'client-id': { type: 'string' },
+      name: { type: 'string' },
+      'redirect-uri': { type: 'string', multiple: true },
+      'post-logout-redirect-uri': { type: 'string', multiple: true },
+      'no-post-logout-redirect-uris': { type: 'boolean' },
+      scopes: { type: 'string' },
+      'require-pkce': { type: 'string' },
+    },
+    run: async ({ db }, v) => {
+      const application = await applicationByClientId(db, required(v, 'client-id'));
+      const postLogout = repeated(v, 'post-logout-redirect-uri');
+      if (postLogout.length > 0 && v['no-post-logout-redirect-uris'] === true) throw new UsageError('--post-logout-redirect-uri and --no-post-logout-redirect-uris contradict each other');
+      const pkce = optionalString(v, 'require-pkce');
+      if (pkce !== undefined && pkce !== 'yes' && pkce !== 'no') throw new UsageError('--require-pkce must be yes or no');
+      const redirectUris = repeated(v, 'redirect-uri');
+      const a = await updateApplication(db, application, {
+        ...(typeof v.name === 'string' ? { name: v.name } : {}),
+        ...(redirectUris.length > 0 ? { redirectUris } : {}),
+        ...(postLogout.length > 0 ? { postLogoutRedirectUris: postLogout } : v['no-post-logout-redirect-uris'] === true ? { postLogoutRedirectUris: [] } : {}),
+        ...(typeof v.scopes === 'string' ? { scopes: v.scopes } : {}),
+        ...(pkce !== undefined ? { requirePkce: pkce === 'yes' } : {}),
+      });
+      return { json: { organization_id: a.organization_id, ...applicationOut(a) }, text: `updated application ${a.client_id} "${a.name}"` };
+    },
+  },
+
+  'app rotate-secret': {
+    usage: 'orgauth app rotate-secret --client-id ID',
+    summary: "replace an application's client secret; the old one stops working at once",
+    options: { 'client-id': { type: 'string' } },
+    run: async ({ db }, v) => {
+      const result = await rotateClientSecret(db, await applicationByClientId(db, required(v, 'client-id')));
+      return {
+        json: result,
+        text: `client_id:     ${result.client_id}\nclient_secret: ${result.client_secret}   (shown once; the old secret no longer works)`,
+      };
+    },
+  },
+
+  'app disable': {
+    usage: 'orgauth app disable --client-id ID',
+    summary: 'disable an application: its credentials and tokens stop working on every instance within a second; its grants are revoked',
+    options: { 'client-id': { type: 'string' } },
+    run: async ({ db }, v) => {
+      const a = await updateApplication(db, await applicationByClientId(db, required(v, 'client-id')), { disabled: true });
+      return { json: { organization_id: a.organization_id, ...applicationOut(a) }, text: `disabled application ${a.client_id} "${a.name}"` };
+    },
+  },
+
+  'app delete': {
+    usage: 'orgauth app delete --client-id ID',
+    summary: 'delete an application after revoking every grant of it',
+    options: { 'client-id': { type: 'string' } },
+    run: async ({ db }, v) => {
+      const a = await applicationByClientId(db, required(v, 'client-id'));
+      await deleteApplication(db, a);
+      return { json: { client_id: a.client_id, organization_id: a.organization_id, deleted: true }, text: `deleted application ${a.client_id} "${a.name}"` };
+    },
+  },
+};

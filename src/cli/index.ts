@@ -1,0 +1,172 @@
+/**
+ * The `orgauth` command: administration from a shell, with the server's configuration.
+ * With --json every command prints exactly one JSON object on stdout; errors go to stderr and
+ * the exit code is 1. Lists print `{"data": [...], "next_cursor"}`, a page at a time.
+ *
+ * On PostgreSQL the command connects to the database itself. On the embedded database, which
+ * one process opens at a time, it does so when no server runs; while one does, it sends the
+ * command line to that server's admin socket (src/admin-socket.ts), which runs it here, in
+ * runCommandLine, with the same output and exit code.
+ */
+import { parseArgs } from 'node:util';
+import { sendToAdminSocket, type CommandOutcome } from '../admin-socket.js';
+import { ConfigError, loadConfig, type Config } from '../config.js';
+import { DatabaseInUseError } from '../db/lock.js';
+import { AppError } from '../errors.js';
+import { describeStartupError, openDatabase } from '../runtime.js';
+import { appCommands } from './apps.js';
+import { cleanupCommands } from './cleanup.js';
+import { grantCommands } from './grants.js';
+import { keyCommands } from './keys.js';
+import { memberCommands } from './members.js';
+import { migrateCommands } from './migrate.js';
+import { orgCommands } from './orgs.js';
+import { roleCommands } from './roles.js';
+import { seedDemoCommands } from './seed-demo.js';
+import { UsageError, type Command, type CommandContext, type Options, type Values } from './shared.js';
+import { tokenCommands } from './tokens.js';
+import { userCommands } from './users.js';
+
+export type { CommandContext } from './shared.js';
+
+/** Every command, in the order the help lists them. */
+const COMMANDS: Record<string, Command> = {
+  ...migrateCommands,
+  ...userCommands,
+  ...orgCommands,
+  ...memberCommands,
+  ...roleCommands,
+  ...appCommands,
+  ...tokenCommands,
+  ...grantCommands,
+  ...keyCommands,
+  ...cleanupCommands,
+  ...seedDemoCommands,
+};
+
+/**
+ * How long a command waits for an embedded database in use by a server that is starting, or by
+ * other commands: each opens the database, runs and closes it in a second or two, more on a busy
+ * machine (three at once, on two loaded cores in CI, took more than 5 s).
+ */
+const IN_USE_WAIT_MS = 15_000;
+
+const GLOBAL_OPTIONS: Options = { json: { type: 'boolean' }, help: { type: 'boolean', short: 'h' } };
+
+function helpText(): string {
+  const width = Math.max(...Object.keys(COMMANDS).map((k) => k.length));
+  return [
+    'usage: orgauth <command> [options] [--json]',
+    '',
+    'commands:',
+    ...Object.entries(COMMANDS).map(([name, c]) => `  ${name.padEnd(width)}  ${c.summary}`),
+    '',
+    'Every command uses the server\'s configuration (DATABASE_URL, DATA_DIR, SECRET_KEY, ...).',
+    'On the embedded database, while the server runs, commands are run by that server.',
+    'With --json a command prints exactly one JSON object on stdout.',
+    'Run `orgauth <command> --help` for its options.',
+  ].join('\n');
+}
+
+export interface CliIo {
+  stdout: (text: string) => void;
+  stderr: (text: string) => void;
+  env: NodeJS.ProcessEnv;
+}
+
+/** Finds the command named by the leading words of argv ("app create"), longest name first. */
+function findCommand(argv: string[]): { name: string; command: Command; rest: string[] } | undefined {
+  for (const words of [2, 1]) {
+    const name = argv.slice(0, words).join(' ');
+    const command = Object.hasOwn(COMMANDS, name) ? COMMANDS[name] : undefined;
+    if (command && argv.slice(0, words).every((w) => !w.startsWith('-'))) return { name, command, rest: argv.slice(words) };
+  }
+  return undefined;
+}
+
+const failure = (json: boolean, code: string, description: string): CommandOutcome => ({
+  code: 1,
+  stdout: '',
+  stderr: json ? `${JSON.stringify({ error: code, error_description: description })}\n` : `orgauth: ${description}\n`,
+});
+
+type Parsed = { outcome: CommandOutcome } | { command: Command; values: Values; json: boolean };
+
+/** Reads the command line: help and usage errors are answered here, before any database is opened. */
+function parseCommandLine(argv: string[]): Parsed {
+  const json = argv.includes('--json');
+  const found = findCommand(argv);
+  if (!found) {
+    if (argv.length === 0 || argv[0] === '--help' || argv[0] === '-h' || argv[0] === 'help') return { outcome: { code: 0, stdout: `${helpText()}\n`, stderr: '' } };
+    return { outcome: failure(json, 'usage', `unknown command "${argv.filter((a) => !a.startsWith('-')).slice(0, 2).join(' ')}"; run \`orgauth --help\``) };
+  }
+  let values: Values;
+  try {
+    values = parseArgs({ args: found.rest, options: { ...GLOBAL_OPTIONS, ...found.command.options }, strict: true, allowPositionals: false }).values;
+  } catch (err) {
+    return { outcome: failure(json, 'usage', `${err instanceof Error ? err.message.split('\n')[0] : String(err)}\nusage: ${found.command.usage}`) };
+  }
+  if (values.help === true) return { outcome: { code: 0, stdout: `usage: ${found.command.usage}\n  ${found.command.summary}\n`, stderr: '' } };
+  return { command: found.command, values, json };
+}
+
+async function execute(parsed: Exclude<Parsed, { outcome: CommandOutcome }>, ctx: CommandContext): Promise<CommandOutcome> {
+  const { command, values, json } = parsed;
+  try {
+    const result = await command.run(ctx, values);
+    return { code: 0, stdout: json ? `${JSON.stringify(result.json)}\n` : `${result.text}\n`, stderr: '' };
+  } catch (err) {
+    if (err instanceof UsageError) return failure(json, 'usage', `${err.description}\nusage: ${command.usage}`);
+    if (err instanceof AppError) return failure(json, err.code, err.description);
+    return failure(json, 'server_error', describeStartupError(err).join('; '));
+  }
+}
+
+/** Runs a command line on an open database: what the server does for a command sent to its admin socket. Never throws. */
+export async function runCommandLine(argv: string[], ctx: CommandContext): Promise<CommandOutcome> {
+  const parsed = parseCommandLine(argv);
+  return 'outcome' in parsed ? parsed.outcome : execute(parsed, ctx);
+}
+
+/** Runs one command; returns the exit code. Never throws. */
+export async function runCli(argv: string[], io: CliIo): Promise<number> {
+  const emit = (outcome: CommandOutcome): number => {
+    if (outcome.stdout) io.stdout(outcome.stdout);
+    if (outcome.stderr) io.stderr(outcome.stderr);
+    return outcome.code;
+  };
+  const parsed = parseCommandLine(argv);
+  if ('outcome' in parsed) return emit(parsed.outcome);
+
+  const startupFailure = (err: unknown) =>
+    failure(parsed.json, err instanceof ConfigError ? 'invalid_configuration' : err instanceof AppError ? err.code : 'startup_failed', describeStartupError(err).join('; '));
+  let config: Config;
+  try {
+    config = loadConfig(io.env);
+  } catch (err) {
+    return emit(startupFailure(err));
+  }
+  // The embedded database may belong to a running server, which then runs the command; to a
+  // server still starting (no socket yet); or to another command, finishing soon. Both are
+  // waited for, a little.
+  const deadline = Date.now() + IN_USE_WAIT_MS;
+  let opened: Awaited<ReturnType<typeof openDatabase>>;
+  for (;;) {
+    try {
+      opened = await openDatabase(config);
+      break;
+    } catch (err) {
+      if (!(err instanceof DatabaseInUseError)) return emit(startupFailure(err));
+      const forwarded = await sendToAdminSocket(config.dataDir, argv);
+      if ('outcome' in forwarded) return emit(forwarded.outcome);
+      if ('error' in forwarded) return emit(failure(parsed.json, err.code, `${err.description}; its admin socket cannot be used: ${forwarded.error}`));
+      if (Date.now() > deadline) return emit(startupFailure(err));
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+  }
+  try {
+    return emit(await execute(parsed, { db: opened.handle.db, config, applied: opened.applied }));
+  } finally {
+    await opened.handle.close();
+  }
+}
