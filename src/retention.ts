@@ -16,21 +16,27 @@
  * - Invitations go 30 days after they expire (the Members page lists expired ones, to re-send).
  * - Sent and failed emails go a week after they were done with (mail_outbox.expires_at, set
  *   then; a message still waiting to be sent has none).
+ * - Sign-ins waiting for their second step go once expired; wrong second-step codes once they
+ *   are out of the window that counts them (15 minutes).
  */
 import { sql } from 'kysely';
 import type { Logger } from 'pino';
+import { SECOND_STEP_WINDOW_MS } from './accounts/second-factors.js';
 import type { DB } from './db/connect.js';
 
 const DAY_S = 24 * 3600;
 
+/** Each table, its key, the time after which (plus the grace) a row has expired. */
 const RULES = [
-  { table: 'authorization_codes', key: 'id', graceSeconds: 7 * DAY_S },
-  { table: 'refresh_tokens', key: 'id', graceSeconds: 0 },
-  { table: 'revoked_access_tokens', key: 'jti', graceSeconds: 3600 },
-  { table: 'sessions', key: 'id_hash', graceSeconds: 0 },
-  { table: 'account_tokens', key: 'id', graceSeconds: 3600 },
-  { table: 'invitations', key: 'id', graceSeconds: 30 * DAY_S },
-  { table: 'mail_outbox', key: 'id', graceSeconds: 0 },
+  { table: 'authorization_codes', key: 'id', at: 'expires_at', graceSeconds: 7 * DAY_S },
+  { table: 'refresh_tokens', key: 'id', at: 'expires_at', graceSeconds: 0 },
+  { table: 'revoked_access_tokens', key: 'jti', at: 'expires_at', graceSeconds: 3600 },
+  { table: 'sessions', key: 'id_hash', at: 'expires_at', graceSeconds: 0 },
+  { table: 'account_tokens', key: 'id', at: 'expires_at', graceSeconds: 3600 },
+  { table: 'invitations', key: 'id', at: 'expires_at', graceSeconds: 30 * DAY_S },
+  { table: 'mail_outbox', key: 'id', at: 'expires_at', graceSeconds: 0 },
+  { table: 'pending_sign_ins', key: 'id_hash', at: 'expires_at', graceSeconds: 0 },
+  { table: 'second_step_failures', key: 'id', at: 'failed_at', graceSeconds: SECOND_STEP_WINDOW_MS / 1000 },
 ] as const;
 
 export type Expired = Record<(typeof RULES)[number]['table'], number>;
@@ -50,14 +56,14 @@ export async function deleteExpired(
   options: { stopping?: () => boolean; onError?: (table: string, err: unknown) => void } = {},
 ): Promise<Expired> {
   const deleted = {} as Expired;
-  for (const { table, key, graceSeconds } of RULES) {
+  for (const { table, key, at, graceSeconds } of RULES) {
     deleted[table] = 0;
     try {
       while (!options.stopping?.()) {
         const result = await sql`
           delete from ${sql.table(table)} where ${sql.ref(key)} in (
             select ${sql.ref(key)} from ${sql.table(table)}
-            where expires_at < now() - make_interval(secs => ${graceSeconds})
+            where ${sql.ref(at)} < now() - make_interval(secs => ${graceSeconds})
             limit ${BATCH}
             for update skip locked
           )`.execute(db);

@@ -47,6 +47,33 @@ export async function getOrganization(db: DB, organizationId: number): Promise<O
   return org;
 }
 
+/**
+ * Changes an organization's name or its two-step sign-in requirement, audited. Turning the
+ * requirement on takes effect at once: members with a one-step session cannot choose it at
+ * consent or reach its dashboard, codes issued to them are not redeemed, and grants made from
+ * a one-step sign-in are not refreshed (their users sign in again with two factors).
+ */
+export async function updateOrganization(
+  db: DB,
+  organizationId: number,
+  change: { name?: string | undefined; requireMfa?: boolean | undefined },
+  actor?: Actor,
+): Promise<Organization> {
+  const name = change.name === undefined ? undefined : parseInput(organizationNameSchema, change.name);
+  return inTransaction(db, async (trx) => {
+    const before = await trx.selectFrom('organizations').selectAll().where('id', '=', organizationId).forUpdate().executeTakeFirst();
+    if (!before) throw new NotFoundError(`organization ${organizationId} not found`);
+    const set = {
+      ...(name !== undefined && name !== before.name ? { name } : {}),
+      ...(change.requireMfa !== undefined && change.requireMfa !== before.require_mfa ? { require_mfa: change.requireMfa } : {}),
+    };
+    if (Object.keys(set).length === 0) return before;
+    const after = await trx.updateTable('organizations').set({ ...set, updated_at: new Date() }).where('id', '=', organizationId).returningAll().executeTakeFirstOrThrow();
+    await recordAuditEvent(trx, { organizationId, action: 'organization.updated', actor, details: set });
+    return after;
+  });
+}
+
 /** Every organization in id order, a page at a time (the operator's `orgauth org list`). */
 export async function listOrganizations(db: DB, page: { afterId: number; limit: number }): Promise<Organization[]> {
   return db.selectFrom('organizations').selectAll().where('id', '>', page.afterId).orderBy('id').limit(page.limit).execute();
@@ -231,6 +258,8 @@ export interface Member {
   name: string;
   /** The role's name. */
   role: string;
+  /** Whether the member has a second factor (an authenticator app or a passkey). */
+  two_step: boolean;
   created_at: Date;
 }
 
@@ -240,12 +269,21 @@ function members(db: DB, organizationId: number) {
     .innerJoin('users', 'users.id', 'memberships.user_id')
     .leftJoin('roles', 'roles.id', 'memberships.role_id')
     .select(['memberships.user_id', 'users.email', 'users.name', 'memberships.role', 'memberships.role_id', 'roles.name as role_name', 'memberships.created_at'])
+    .select((eb) =>
+      eb
+        .or([
+          eb.exists(eb.selectFrom('totp_factors').select('totp_factors.user_id').whereRef('totp_factors.user_id', '=', 'memberships.user_id').where('totp_factors.confirmed_at', 'is not', null)),
+          eb.exists(eb.selectFrom('passkeys').select('passkeys.id').whereRef('passkeys.user_id', '=', 'memberships.user_id')),
+        ])
+        .as('two_step'),
+    )
     .where('memberships.organization_id', '=', organizationId);
 }
 
-const memberOf = ({ role, role_id, role_name, ...rest }: { role: RoleRef['kind']; role_id: number | null; role_name: string | null } & Omit<Member, 'role'>): Member => ({
+const memberOf = ({ role, role_id, role_name, two_step, ...rest }: { role: RoleRef['kind']; role_id: number | null; role_name: string | null; two_step: boolean | number } & Omit<Member, 'role' | 'two_step'>): Member => ({
   ...rest,
   role: roleOf({ role, role_id, role_name }).name,
+  two_step: Boolean(two_step),
 });
 
 /** An organization's members in user id order, a page at a time (keyset on the memberships primary key). */
@@ -274,6 +312,8 @@ export interface UserOrganization {
   name: string;
   role: string;
   access: RoleRef;
+  /** Members reach it only after signing in with two factors. */
+  requireMfa: boolean;
 }
 
 /** The organizations a user belongs to, with their role in each (dashboard, consent page). */
@@ -282,13 +322,13 @@ export async function listUserOrganizations(db: DB, userId: number): Promise<Use
     .selectFrom('memberships')
     .innerJoin('organizations', 'organizations.id', 'memberships.organization_id')
     .leftJoin('roles', 'roles.id', 'memberships.role_id')
-    .select(['organizations.id', 'organizations.name', 'memberships.role', 'memberships.role_id', 'roles.name as role_name', 'roles.permissions as role_permissions'])
+    .select(['organizations.id', 'organizations.name', 'organizations.require_mfa', 'memberships.role', 'memberships.role_id', 'roles.name as role_name', 'roles.permissions as role_permissions'])
     .where('memberships.user_id', '=', userId)
     .orderBy('organizations.name')
     .orderBy('organizations.id')
     .execute();
   return rows.map((row) => {
     const access = roleOf(row);
-    return { id: row.id, name: row.name, role: access.name, access };
+    return { id: row.id, name: row.name, role: access.name, access, requireMfa: row.require_mfa };
   });
 }

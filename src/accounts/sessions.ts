@@ -19,6 +19,7 @@ import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
 import { ForbiddenError } from '../errors.js';
 import { deriveKey, generateSecret, sha256Hex } from '../lib/crypto.js';
+import { PASSWORD_MAX_LENGTH, verifyPassword } from './passwords.js';
 
 export const SESSION_TTL_SECONDS = 12 * 3600;
 
@@ -36,6 +37,13 @@ export interface SessionUser {
   emailVerified: boolean;
   /** When the user signed in for this session: OpenID Connect's auth_time. */
   authTime: Date;
+  /** How they signed in (RFC 8176): ['pwd'], ['pwd', 'otp', 'mfa'], ['hwk', 'user', 'mfa'], ... */
+  amr: string[];
+}
+
+/** RFC 8176 `mfa`: the session was signed in with two factors. */
+export function signedInWithTwoFactors(session: Pick<SessionUser, 'amr'>): boolean {
+  return session.amr.includes('mfa');
 }
 
 /**
@@ -50,13 +58,15 @@ export function sessionSid(session: Pick<SessionUser, 'sessionId'>, clientId: st
 export interface CookieNames {
   session: string;
   preSession: string;
+  /** A sign-in waiting for its second step (pending-sign-ins.ts): never a session. */
+  pendingSignIn: string;
 }
 
 /** Whether cookies get `Secure` (and the `__Host-` prefix, which pins them to this host and path /). */
 export function cookieSecurity(config: Config): { secure: boolean; names: CookieNames } {
   const secure = config.issuer.startsWith('https:');
   const prefix = secure ? '__Host-' : '';
-  return { secure, names: { session: `${prefix}orgauth_session`, preSession: `${prefix}orgauth_csrf` } };
+  return { secure, names: { session: `${prefix}orgauth_session`, preSession: `${prefix}orgauth_csrf`, pendingSignIn: `${prefix}orgauth_signin` } };
 }
 
 /** The browser a session was started from, as the account page lists it. */
@@ -69,7 +79,7 @@ const USER_AGENT_MAX = 512;
 /** last_seen_at is written at most this often per session: a page view is not a write. */
 const TOUCH_EVERY_MS = 60_000;
 
-export async function createSession(db: DB, userId: number, client: SessionClient = {}, ttlSeconds = SESSION_TTL_SECONDS): Promise<string> {
+export async function createSession(db: DB, userId: number, client: SessionClient = {}, ttlSeconds = SESSION_TTL_SECONDS, amr: readonly string[] = ['pwd']): Promise<string> {
   const id = generateSecret(32);
   await db
     .insertInto('sessions')
@@ -82,6 +92,7 @@ export async function createSession(db: DB, userId: number, client: SessionClien
       expires_at: new Date(Date.now() + ttlSeconds * 1000),
       user_agent: client.userAgent ? [...client.userAgent].slice(0, USER_AGENT_MAX).join('').replace(/[\u0000-\u001f\u007f]/g, ' ') : null,
       ip: client.ip ? client.ip.slice(0, 64) : null,
+      amr: [...amr],
     })
     .execute();
   // Housekeeping: this user's expired sessions are of no use to anyone.
@@ -96,7 +107,7 @@ export async function findSession(db: DB, sessionId: string | undefined): Promis
   const row = await db
     .selectFrom('sessions')
     .innerJoin('users', 'users.id', 'sessions.user_id')
-    .select(['users.id as userId', 'users.email', 'users.name', 'users.email_verified_at', 'sessions.last_seen_at', 'sessions.created_at as authTime'])
+    .select(['users.id as userId', 'users.email', 'users.name', 'users.email_verified_at', 'sessions.last_seen_at', 'sessions.created_at as authTime', 'sessions.amr'])
     .where('sessions.id_hash', '=', idHash)
     .where('sessions.expires_at', '>', new Date())
     .executeTakeFirst();
@@ -133,6 +144,29 @@ export async function endSession(db: DB, userId: number, id: number): Promise<st
 export async function endOtherSessions(db: DB, userId: number, keep: string): Promise<number> {
   const ended = await db.deleteFrom('sessions').where('user_id', '=', userId).where('id_hash', '!=', sha256Hex(keep)).executeTakeFirst();
   return Number(ended.numDeletedRows);
+}
+
+/** Adds what a second step proved to the session's amr (enrolling a factor proves it, with a correct code). */
+export async function raiseSessionAmr(db: DB, sessionId: string, amr: readonly string[]): Promise<void> {
+  await db.updateTable('sessions').set({ amr: [...amr] }).where('id_hash', '=', sha256Hex(sessionId)).execute();
+}
+
+/**
+ * Changing how the account signs in (adding or removing a factor, new recovery codes) needs the
+ * password again, unless the session signed in this recently ("sudo mode", as GitHub does).
+ */
+export const RECENT_SIGN_IN_MS = 10 * 60 * 1000;
+
+export function signedInRecently(session: Pick<SessionUser, 'authTime'>): boolean {
+  return Date.now() - session.authTime.getTime() < RECENT_SIGN_IN_MS;
+}
+
+/** The password again (form field current_password), unless the session signed in a moment ago. */
+export async function identityConfirmed(db: DB, session: Pick<SessionUser, 'authTime' | 'userId'>, password: string | undefined): Promise<boolean> {
+  if (signedInRecently(session)) return true;
+  if (password === undefined || password.length > PASSWORD_MAX_LENGTH) return false;
+  const row = await db.selectFrom('users').select('password_hash').where('id', '=', session.userId).executeTakeFirstOrThrow();
+  return verifyPassword(row.password_hash, password);
 }
 
 export async function deleteSession(db: DB, sessionId: string): Promise<void> {

@@ -9,13 +9,14 @@ import { z } from 'zod';
 import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
 import type { MailOutbox } from '../mail/outbox.js';
-import { getOrganization } from '../accounts/organizations.js';
+import { getOrganization, updateOrganization } from '../accounts/organizations.js';
+import type { Organization } from '../db/schema.js';
 import type { KeyStore } from '../oauth/models/key-store.js';
 import type { RevocationList } from '../oauth/models/revocation-list.js';
 import type { ApplicationCache } from '../oauth/models/application-cache.js';
 import { applicationRoutes } from './applications.js';
 import { auditEventRoutes } from './audit-events.js';
-import { authenticateApiRequest, authOf } from './auth.js';
+import { actorOf, authenticateApiRequest, authOf } from './auth.js';
 import { contactRoutes } from './contacts.js';
 import { registerApiRateLimit } from './rate-limit.js';
 import { grantRoutes } from './grants.js';
@@ -27,7 +28,16 @@ import { taskRoutes } from './tasks.js';
 
 export const API_PREFIX = '/api/v1/:organization_id';
 
-const organizationSchema = z.object({ id: z.number().int(), name: z.string(), created_at: z.iso.datetime() }).meta({ id: 'Organization' });
+const organizationSchema = z
+  .object({
+    id: z.number().int(),
+    name: z.string(),
+    require_mfa: z.boolean().describe('Members reach the organization only after signing in with two factors'),
+    created_at: z.iso.datetime(),
+  })
+  .meta({ id: 'Organization' });
+
+const organizationOut = (org: Organization) => ({ id: org.id, name: org.name, require_mfa: org.require_mfa, created_at: org.created_at.toISOString() });
 
 export async function apiRoutes(
   app: FastifyInstance,
@@ -57,9 +67,24 @@ export async function apiRoutes(
         response: { 200: organizationSchema, ...errorResponses },
       },
     },
+    async (req) => organizationOut(await getOrganization(options.db, authOf(req).organizationId)),
+  );
+  api.patch(
+    '/',
+    {
+      // The requirement guards the members' sign-in: the scope that manages members changes it.
+      config: { scope: 'members.write' },
+      schema: {
+        tags: ['organization'],
+        summary: "Rename the organization, or turn its two-step sign-in requirement on or off",
+        params: orgParams,
+        body: z.strictObject({ name: z.string().optional(), require_mfa: z.boolean().optional() }),
+        response: { 200: organizationSchema, ...errorResponses },
+      },
+    },
     async (req) => {
-      const org = await getOrganization(options.db, authOf(req).organizationId);
-      return { id: org.id, name: org.name, created_at: org.created_at.toISOString() };
+      const auth = authOf(req);
+      return organizationOut(await updateOrganization(options.db, auth.organizationId, { name: req.body.name, requireMfa: req.body.require_mfa }, actorOf(auth)));
     },
   );
   await api.register(contactRoutes, { db: options.db });

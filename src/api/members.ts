@@ -24,12 +24,13 @@ export const memberSchema = z
     email: z.string(),
     name: z.string(),
     role: z.string().describe('the role’s name: owner, admin, member, viewer or one of the organization’s own (GET /roles)'),
+    two_step: z.boolean().describe('whether the member has a second factor (an authenticator app or a passkey)'),
     created_at: z.iso.datetime().describe('when the user joined the organization'),
   })
   .meta({ id: 'Member' });
 
 export function memberOut(m: Member): z.infer<typeof memberSchema> {
-  return { user_id: m.user_id, email: m.email, name: m.name, role: m.role, created_at: m.created_at.toISOString() };
+  return { user_id: m.user_id, email: m.email, name: m.name, role: m.role, two_step: m.two_step, created_at: m.created_at.toISOString() };
 }
 
 export const roleField = z

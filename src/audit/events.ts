@@ -62,3 +62,26 @@ export async function listAuditEvents(db: DB, organizationId: number, page: { be
     .limit(page.limit)
     .execute();
 }
+
+/**
+ * A person's own security log (account_events): how they sign in changed, a recovery code was
+ * used, the second step locked. It belongs to the user, whatever organizations they are in; the
+ * Account page lists it.
+ */
+export async function recordAccountEvent(db: DB, event: { userId: number; action: string; details?: Record<string, unknown> }): Promise<void> {
+  await db
+    .insertInto('account_events')
+    .values({ user_id: event.userId, action: event.action, details: JSON.stringify(event.details ?? {}) })
+    .execute();
+}
+
+/** The user's newest account events (the (user_id, id) index, newest first). */
+export async function listAccountEvents(db: DB, userId: number, limit = 20) {
+  return db
+    .selectFrom('account_events')
+    .select(['id', 'action', 'details', 'created_at'])
+    .where('user_id', '=', userId)
+    .orderBy('id', 'desc')
+    .limit(limit)
+    .execute();
+}

@@ -1,7 +1,7 @@
 import { applicationOut } from '../api/applications.js';
 import { decodeCursor } from '../api/pagination.js';
 import { createApplication, deleteApplication, listApplications, rotateClientSecret, updateApplication } from '../oauth/models/applications.js';
-import { applicationByClientId, listed, optionalString, orgId, PAGE_OPTIONS, PAGE_USAGE, repeated, required, UsageError, type Command } from './shared.js';
+import { applicationByClientId, listed, optionalString, orgId, PAGE_OPTIONS, PAGE_USAGE, repeated, required, UsageError, type Command, yesNo } from './shared.js';
 
 export const appCommands: Record<string, Command> = {
   'app create': {
@@ -101,15 +101,14 @@ export const appCommands: Record<string, Command> = {
       const application = await applicationByClientId(db, required(v, 'client-id'));
       const postLogout = repeated(v, 'post-logout-redirect-uri');
       if (postLogout.length > 0 && v['no-post-logout-redirect-uris'] === true) throw new UsageError('--post-logout-redirect-uri and --no-post-logout-redirect-uris contradict each other');
-      const pkce = optionalString(v, 'require-pkce');
-      if (pkce !== undefined && pkce !== 'yes' && pkce !== 'no') throw new UsageError('--require-pkce must be yes or no');
+      const pkce = yesNo(v, 'require-pkce');
       const redirectUris = repeated(v, 'redirect-uri');
       const a = await updateApplication(db, application, {
         ...(typeof v.name === 'string' ? { name: v.name } : {}),
         ...(redirectUris.length > 0 ? { redirectUris } : {}),
         ...(postLogout.length > 0 ? { postLogoutRedirectUris: postLogout } : v['no-post-logout-redirect-uris'] === true ? { postLogoutRedirectUris: [] } : {}),
         ...(typeof v.scopes === 'string' ? { scopes: v.scopes } : {}),
-        ...(pkce !== undefined ? { requirePkce: pkce === 'yes' } : {}),
+        ...(pkce !== undefined ? { requirePkce: pkce } : {}),
       });
       return { json: { organization_id: a.organization_id, ...applicationOut(a) }, text: `updated application ${a.client_id} "${a.name}"` };
     },

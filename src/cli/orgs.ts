@@ -1,7 +1,9 @@
-import { createOrganization, listOrganizations } from '../accounts/organizations.js';
+import { createOrganization, listOrganizations, updateOrganization } from '../accounts/organizations.js';
 import { getUserByEmail } from '../accounts/users.js';
 import { decodeCursor } from '../api/pagination.js';
-import { listed, optionalString, PAGE_OPTIONS, PAGE_USAGE, required, type Command } from './shared.js';
+import { listed, optionalString, orgId, PAGE_OPTIONS, PAGE_USAGE, required, type Command, yesNo } from './shared.js';
+
+const orgOut = (o: { id: number; name: string; require_mfa: boolean; created_at: Date }) => ({ id: o.id, name: o.name, require_mfa: o.require_mfa, created_at: o.created_at.toISOString() });
 
 export const orgCommands: Record<string, Command> = {
   'org create': {
@@ -15,6 +17,16 @@ export const orgCommands: Record<string, Command> = {
     },
   },
 
+  'org update': {
+    usage: 'orgauth org update --org ID [--name N] [--require-mfa yes|no]',
+    summary: "rename an organization, or turn on or off its two-step sign-in requirement (members then reach it only after two factors)",
+    options: { org: { type: 'string' }, name: { type: 'string' }, 'require-mfa': { type: 'string' } },
+    run: async ({ db }, v) => {
+      const org = await updateOrganization(db, orgId(v), { name: optionalString(v, 'name'), requireMfa: yesNo(v, 'require-mfa') });
+      return { json: orgOut(org), text: `organization ${org.id} "${org.name}": two-step sign-in ${org.require_mfa ? 'required' : 'not required'}` };
+    },
+  },
+
   'org list': {
     usage: `orgauth org list ${PAGE_USAGE}`,
     summary: 'list organizations, in id order',
@@ -24,8 +36,8 @@ export const orgCommands: Record<string, Command> = {
         v,
         (limit) => listOrganizations(db, { afterId: decodeCursor(optionalString(v, 'cursor')), limit }),
         (o) => o.id,
-        (o) => ({ id: o.id, name: o.name, created_at: o.created_at.toISOString() }),
-        [['ID', (o) => String(o.id)], ['NAME', (o) => o.name], ['CREATED', (o) => o.created_at]],
+        orgOut,
+        [['ID', (o) => String(o.id)], ['NAME', (o) => o.name], ['REQUIRE MFA', (o) => (o.require_mfa ? 'yes' : 'no')], ['CREATED', (o) => o.created_at]],
       ),
   },
 };

@@ -39,6 +39,14 @@ export function optionalString(values: Values, name: string): string | undefined
   return typeof value === 'string' ? value : undefined;
 }
 
+/** A yes|no option: true, false, or undefined when not given. */
+export function yesNo(values: Values, name: string): boolean | undefined {
+  const value = optionalString(values, name);
+  if (value === undefined) return undefined;
+  if (value !== 'yes' && value !== 'no') throw new UsageError(`--${name} must be yes or no`);
+  return value === 'yes';
+}
+
 /** A repeatable option (`multiple: true`): every value given, in order. */
 export function repeated(values: Values, name: string): string[] {
   const value = values[name];

@@ -1,4 +1,6 @@
-import { createUser, listUsers } from '../accounts/users.js';
+import { resetSecondFactors } from '../accounts/second-factors.js';
+import { createUser, getUserByEmail, listUsers } from '../accounts/users.js';
+import { queueMail } from '../mail/outbox.js';
 import { decodeCursor } from '../api/pagination.js';
 import { listed, optionalString, PAGE_OPTIONS, PAGE_USAGE, required, type Command } from './shared.js';
 
@@ -15,6 +17,22 @@ export const userCommands: Record<string, Command> = {
         emailVerified: true,
       });
       return { json: user, text: `created user ${user.id} <${user.email}>` };
+    },
+  },
+
+  'user reset-mfa': {
+    usage: 'orgauth user reset-mfa --email E',
+    summary: "account recovery: remove a user's second factors (authenticator app, recovery codes, passkeys); recorded on the account and mailed to the user",
+    options: { email: { type: 'string' } },
+    run: async ({ db, config }, v) => {
+      const user = await getUserByEmail(db, required(v, 'email'));
+      // The notice is queued; the server's outbox sends it (this process sends nothing).
+      const mail = { queue: (trx: typeof db, message: Parameters<typeof queueMail>[2]) => queueMail(trx, config.secretKey, message), wake: () => {} };
+      const removed = await resetSecondFactors(db, { issuer: config.issuer, mail }, user);
+      return {
+        json: { user_id: user.id, email: user.email, totp: removed.totp, recovery_codes: removed.recoveryCodes, passkeys: removed.passkeys },
+        text: `removed the second factors of ${user.email}: ${removed.totp ? 'authenticator app, ' : ''}${removed.recoveryCodes} recovery codes, ${removed.passkeys} passkeys`,
+      };
     },
   },
 

@@ -28,6 +28,8 @@ export interface UsersTable {
   email_verified_at: NullableTimestamp;
   created_at: Generated<Date>;
   updated_at: Timestamp;
+  /** Set when too many wrong second-step codes landed in the window (accounts/second-factors.ts). */
+  second_step_locked_until: NullableTimestamp;
 }
 
 export type AccountTokenPurpose = 'verify_email' | 'reset_password';
@@ -85,6 +87,8 @@ export interface MailOutboxTable {
 export interface OrganizationsTable {
   id: Generated<number>;
   name: string;
+  /** Members reach this organization only after signing in with two factors. */
+  require_mfa: ColumnType<boolean, boolean | undefined, boolean>;
   created_at: Generated<Date>;
   updated_at: Timestamp;
 }
@@ -152,6 +156,8 @@ export interface GrantsTable {
   /** When the user signed in for the authorization (the ID token's auth_time), and that browser session's sid. */
   auth_time: ColumnType<Date | null, Date | null | undefined, Date | null>;
   sid: ColumnType<string | null, string | null | undefined, string | null>;
+  /** How the user signed in (RFC 8176 values: pwd, otp, hwk, swk, user, mfa). */
+  amr: ColumnType<string[], string[] | undefined, string[]>;
   created_at: Generated<Date>;
   last_used_at: NullableTimestamp;
   revoked_at: NullableTimestamp;
@@ -184,6 +190,8 @@ export interface AuthorizationCodesTable {
   nonce: ColumnType<string | null, string | null | undefined, string | null>;
   auth_time: ColumnType<Date | null, Date | null | undefined, Date | null>;
   sid: ColumnType<string | null, string | null | undefined, string | null>;
+  /** How the user signed in (RFC 8176 values: pwd, otp, hwk, swk, user, mfa). */
+  amr: ColumnType<string[], string[] | undefined, string[]>;
   expires_at: Timestamp;
   consumed_at: NullableTimestamp;
   grant_id: number | null;
@@ -224,6 +232,75 @@ export interface SessionsTable {
   /** What the request that signed in sent, cut to 512 characters. */
   user_agent: string | null;
   ip: string | null;
+  /** The WebAuthn challenge given to this session to register a passkey, until used. */
+  webauthn_challenge: ColumnType<string | null, string | null | undefined, string | null>;
+  /** How the user signed in (RFC 8176 values: pwd, otp, hwk, swk, user, mfa). */
+  amr: ColumnType<string[], string[] | undefined, string[]>;
+}
+
+/** A user's authenticator app (RFC 6238). Only a confirmed one is a second factor. */
+export interface TotpFactorsTable {
+  user_id: number;
+  /** The base32 secret, sealed under a key derived from SECRET_KEY (lib/crypto.ts sealText). */
+  secret_sealed: string;
+  confirmed_at: NullableTimestamp;
+  /** The newest time step accepted: codes of that step or older are refused (used once). */
+  last_step: number | null;
+  created_at: Generated<Date>;
+}
+
+/** A single-use recovery code: only its SHA-256. */
+export interface RecoveryCodesTable {
+  id: Generated<number>;
+  user_id: number;
+  code_hash: string;
+  used_at: NullableTimestamp;
+  created_at: Generated<Date>;
+}
+
+/** A WebAuthn credential (passkey) registered by a user. */
+export interface PasskeysTable {
+  id: Generated<number>;
+  user_id: number;
+  /** The credential's id, base64url. */
+  credential_id: string;
+  /** The COSE public key. */
+  public_key: Uint8Array;
+  sign_count: ColumnType<number, number | undefined, number>;
+  transports: ColumnType<string[], string[] | undefined, string[]>;
+  /** Whether the authenticator said the credential is synced (a "multi-device" passkey). */
+  backed_up: ColumnType<boolean, boolean | undefined, boolean>;
+  name: string;
+  created_at: Generated<Date>;
+  last_used_at: NullableTimestamp;
+}
+
+/** A browser between its first step (password, or none for a passkey) and its second: not a session. */
+export interface PendingSignInsTable {
+  id_hash: string;
+  /** Null while a passwordless passkey sign-in has not said who it is yet. */
+  user_id: number | null;
+  amr: ColumnType<string[], string[] | undefined, string[]>;
+  return_to: string;
+  /** The WebAuthn challenge this browser was given, until it is used. */
+  challenge: string | null;
+  created_at: Generated<Date>;
+  expires_at: Timestamp;
+}
+
+/** A user's own security log (audit/events.ts recordAccountEvent): never secrets. */
+export interface AccountEventsTable {
+  id: Generated<number>;
+  user_id: number;
+  action: string;
+  details: Json<Record<string, unknown>>;
+  created_at: Generated<Date>;
+}
+
+export interface SecondStepFailuresTable {
+  id: Generated<number>;
+  user_id: number;
+  failed_at: Generated<Date>;
 }
 
 export interface AuditEventsTable {
@@ -279,6 +356,12 @@ export interface Database {
   account_tokens: AccountTokensTable;
   invitations: InvitationsTable;
   mail_outbox: MailOutboxTable;
+  totp_factors: TotpFactorsTable;
+  recovery_codes: RecoveryCodesTable;
+  passkeys: PasskeysTable;
+  pending_sign_ins: PendingSignInsTable;
+  second_step_failures: SecondStepFailuresTable;
+  account_events: AccountEventsTable;
 }
 
 export type User = Selectable<UsersTable>;
@@ -295,3 +378,4 @@ export type Contact = Selectable<ContactsTable>;
 export type Task = Selectable<TasksTable>;
 export type Invitation = Selectable<InvitationsTable>;
 export type CustomRole = Selectable<RolesTable>;
+export type Passkey = Selectable<PasskeysTable>;

@@ -64,3 +64,12 @@ export function invitationMessage(input: {
   });
 }
 
+/** A change to how the account signs in (a factor added or removed, a recovery code used, the second step locked). */
+export function securityNoticeMessage(input: { issuer: string; to: string; name: string; subject: string; what: string; at: Date }): MailMessage {
+  return compose('security-notice', input.to, input.subject, {
+    ...input,
+    email: input.to,
+    when: `${input.at.toISOString().slice(0, 16).replace('T', ' ')} UTC`,
+    forgotLink: `${input.issuer}/forgot-password`,
+  });
+}

@@ -45,6 +45,21 @@ const GIVE_UP_AFTER_MS = 48 * 3600_000;
 /** Sent and failed messages stay this long (what was sent to whom), then retention deletes them. */
 const KEEP_DONE_S = 7 * 24 * 3600;
 
+/**
+ * Queues a message in `db`'s transaction (or on its own), its bodies sealed: what MailOutbox.queue
+ * does, for a process that does not send (the CLI beside a server, whose outbox sends it).
+ */
+export async function queueMail(db: DB, secretKey: string, message: MailMessage): Promise<void> {
+  const { text, html } = message;
+  await db
+    .insertInto('mail_outbox')
+    .values({ recipient: message.to, subject: message.subject, body_encrypted: sealText(secretKey, SEAL_PURPOSE, JSON.stringify({ text, html })) })
+    .execute();
+}
+
+/** What queues mail: the outbox, or a process that only writes to it. */
+export type MailQueue = Pick<MailOutbox, 'queue' | 'wake'>;
+
 /** Seconds before attempt `attempts + 1`, after `attempts` failed ones. */
 export function retryDelaySeconds(attempts: number): number {
   return Math.min(MAX_BACKOFF_S, 2 ** Math.max(0, Math.min(attempts - 1, 20)));
@@ -93,15 +108,7 @@ export class MailOutbox {
 
   /** Queues a message in `db`'s transaction (or on its own); call wake() once that has committed. */
   async queue(db: DB, message: MailMessage): Promise<void> {
-    const { text, html } = message;
-    await db
-      .insertInto('mail_outbox')
-      .values({
-        recipient: message.to,
-        subject: message.subject,
-        body_encrypted: sealText(this.options.secretKey, SEAL_PURPOSE, JSON.stringify({ text, html })),
-      })
-      .execute();
+    await queueMail(db, this.options.secretKey, message);
   }
 
   start(): void {

@@ -6,6 +6,8 @@
  * the build, so the folder resolved from import.meta.url works under vitest and from dist/.
  */
 import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import helmet from '@fastify/helmet';
 import { Eta } from 'eta';
@@ -17,7 +19,18 @@ import { AppError } from '../errors.js';
 export { ForbiddenError } from '../errors.js';
 
 const VIEWS_DIR = fileURLToPath(new URL('./views/', import.meta.url));
-const STYLESHEET = readFileSync(new URL('./assets/style.css', import.meta.url), 'utf8');
+
+/**
+ * The files pages load, all from this origin (the CSP allows nothing else): read once at start.
+ * webauthn.js is @simplewebauthn/browser's UMD bundle (the global SimpleWebAuthnBrowser),
+ * straight from node_modules (a production dependency); passkeys.js is ours and uses it.
+ */
+const WEBAUTHN_BUNDLE = path.join(path.dirname(createRequire(import.meta.url).resolve('@simplewebauthn/browser')), '..', 'dist', 'bundle', 'index.umd.min.js');
+const ASSETS: Record<string, { type: string; body: string }> = {
+  '/assets/style.css': { type: 'text/css; charset=utf-8', body: readFileSync(new URL('./assets/style.css', import.meta.url), 'utf8') },
+  '/assets/webauthn.js': { type: 'text/javascript; charset=utf-8', body: readFileSync(WEBAUTHN_BUNDLE, 'utf8') },
+  '/assets/passkeys.js': { type: 'text/javascript; charset=utf-8', body: readFileSync(new URL('./assets/passkeys.js', import.meta.url), 'utf8') },
+};
 
 // autoEscape: `<%= %>` XML-escapes (& < > " '), so user- and client-supplied text is inert.
 const eta = new Eta({ views: VIEWS_DIR, autoEscape: true, cache: true });
@@ -43,7 +56,8 @@ export async function setUpPages(app: FastifyInstance, config: Config): Promise<
         defaultSrc: ["'self'"],
         baseUri: ["'none'"],
         objectSrc: ["'none'"],
-        scriptSrc: ["'none'"],
+        // Our own scripts only (the passkey ceremonies): no inline script, no other origin.
+        scriptSrc: ["'self'"],
         styleSrc: ["'self'"],
         imgSrc: ["'self'"],
         // RFC 9700 §4.16: no page of ours may be framed (clickjacking on login and consent).
@@ -77,9 +91,9 @@ export async function setUpPages(app: FastifyInstance, config: Config): Promise<
   });
 }
 
-/** GET /assets/style.css: the one stylesheet the pages use (CSP allows only this origin). */
+/** GET /assets/*: the stylesheet and the passkey scripts the pages use (CSP allows only this origin). */
 export async function pageAssets(app: FastifyInstance): Promise<void> {
-  app.get('/assets/style.css', async (_req, reply) =>
-    reply.type('text/css; charset=utf-8').header('cache-control', 'public, max-age=3600').header('x-content-type-options', 'nosniff').send(STYLESHEET),
-  );
+  for (const [url, asset] of Object.entries(ASSETS)) {
+    app.get(url, async (_req, reply) => reply.type(asset.type).header('cache-control', 'public, max-age=3600').header('x-content-type-options', 'nosniff').send(asset.body));
+  }
 }

@@ -6,7 +6,13 @@
  * email exists.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { inTransaction } from '../db/connect.js';
+import type { Config } from '../config.js';
+import { type DB, inTransaction } from '../db/connect.js';
+import { startPendingSignIn } from '../accounts/pending-sign-ins.js';
+import { factorSummary, hasSecondFactor } from '../accounts/second-factors.js';
+import { SECOND_STEP_PATH, secondStepPages } from './second-step.js';
+import { beginSession } from './begin-session.js';
+import { passkeyPages } from './passkey-pages.js';
 import { ConflictError, InvalidRequestError } from '../errors.js';
 import { FailureThrottle } from '../lib/throttle.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
@@ -75,6 +81,8 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
   const { db, config, mail } = deps;
   await setUpPages(app, config);
   await emailLinkPages(app, deps);
+  await secondStepPages(app, deps);
+  await passkeyPages(app, deps);
   const emailThrottle = new FailureThrottle(LOGIN_MAX_FAILURES_PER_EMAIL, LOGIN_WINDOW_MS);
   const ipThrottle = new FailureThrottle(LOGIN_MAX_FAILURES_PER_IP, LOGIN_WINDOW_MS);
 
@@ -110,13 +118,7 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
   }
 
 
-  /** Starts a new session (never reusing one the browser brought: no session fixation) and goes on. */
-  async function signIn(req: FastifyRequest, reply: FastifyReply, userId: number, returnTo: string) {
-    const previous = await currentUser(db, config, req);
-    if (previous) await deleteSession(db, previous.sessionId);
-    setSessionCookie(reply, config, await createSession(db, userId, { userAgent: req.headers['user-agent'], ip: req.ip }));
-    return reply.redirect(returnTo, 303);
-  }
+  const signIn = (req: FastifyRequest, reply: FastifyReply, userId: number, returnTo: string) => beginSession(db, config, req, reply, { userId, amr: ['pwd'], returnTo });
 
   app.get('/login', async (req, reply) => {
     const returnTo = safeReturnTo(queryValue(req, 'return_to'));
@@ -155,6 +157,11 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
     }
     // The IP counter is not reset: one good account must not buy an address more guesses.
     emailThrottle.reset(emailKey);
+    // MF-2: with a second factor, the password leads only to the second step, not to a session.
+    if (hasSecondFactor(await factorSummary(db, user.id))) {
+      await startPendingSignIn(db, config, reply, { userId: user.id, amr: ['pwd'], returnTo });
+      return reply.redirect(SECOND_STEP_PATH, 303);
+    }
     return signIn(req, reply, user.id, returnTo);
   });
 

@@ -19,7 +19,10 @@ import { deriveKey } from '../../lib/crypto.js';
 import { listUserOrganizations, type UserOrganization } from '../../accounts/organizations.js';
 import { loginPath } from '../../web/sign-in.js';
 import type { RoleRef } from '../../accounts/roles.js';
-import { csrfToken, csrfTokenMatches, currentUser, sessionSid, type SessionUser } from '../../accounts/sessions.js';
+import { csrfToken, csrfTokenMatches, currentUser, sessionSid, type SessionUser, signedInWithTwoFactors } from '../../accounts/sessions.js';
+import { factorSummary, hasSecondFactor } from '../../accounts/second-factors.js';
+import { stepUpPath } from '../../web/second-step.js';
+import { asksForTwoFactors } from '../helpers/acr.js';
 import type { Config } from '../../config.js';
 import { type DB, inTransaction } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
@@ -39,7 +42,7 @@ export const STATE_MIN_LENGTH = 16;
 /** RFC 7636 §4.2: a code challenge is 43 to 128 unreserved characters. */
 const CODE_CHALLENGE = /^[A-Za-z0-9\-._~]{43,128}$/;
 /** The OAuth parameters the consent form carries back, in hidden fields. */
-const CARRIED_PARAMS = ['client_id', 'redirect_uri', 'response_type', 'scope', 'state', 'code_challenge', 'code_challenge_method', 'nonce'] as const;
+const CARRIED_PARAMS = ['client_id', 'redirect_uri', 'response_type', 'scope', 'state', 'code_challenge', 'code_challenge_method', 'nonce', 'acr_values'] as const;
 /** A user's newest live grants of one application looked at for a remembered consent (one per authorization they approved). */
 const MAX_REMEMBERED_GRANTS = 100;
 const PROMPT_VALUES: ReadonlySet<string> = new Set(['none', 'login', 'consent', 'select_account']);
@@ -95,6 +98,8 @@ interface AuthorizationRequest extends ClientTarget {
   codeChallenge: string | null;
   /** OpenID Connect Core §3.1.2.1 `prompt`, as a set: none, login, consent, select_account. */
   prompt: ReadonlySet<string>;
+  /** acr_values asks for two factors (helpers/acr.ts): a session with a password alone takes its second step first. */
+  twoFactors: boolean;
   /** The carried parameters as sent, for the consent form's hidden fields. */
   carried: { name: string; value: string }[];
 }
@@ -109,6 +114,7 @@ interface RedirectError {
     | 'access_denied'
     | 'login_required'
     | 'consent_required'
+    | 'interaction_required'
     | 'request_not_supported'
     | 'request_uri_not_supported';
   description: string;
@@ -224,6 +230,7 @@ function validateRequest(config: Pick<Config, 'secretKey'>, target: ClientTarget
     state,
     codeChallenge: challenge ?? null,
     prompt,
+    twoFactors: asksForTwoFactors(params.acr_values),
     carried,
   };
 }
@@ -301,7 +308,14 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
   const described = (scopes: readonly (Scope | IdentityScope)[]) =>
     scopes.map((name) => ({ name, description: isIdentityScope(name) ? IDENTITY_SCOPE_DESCRIPTIONS[name] : SCOPE_DESCRIPTIONS[name] }));
 
-  async function renderConsent(reply: FastifyReply, user: SessionUser, memberships: readonly UserOrganization[], request: AuthorizationRequest) {
+  /**
+   * Where a user goes to reach an organization that requires two factors from a session with a
+   * password alone, coming back to `returnTo`: the second step, or setting one up first.
+   */
+  const twoFactorsLink = (hasFactor: boolean, returnTo: string) =>
+    hasFactor ? stepUpPath(returnTo) : `/dashboard/account?${new URLSearchParams({ return_to: returnTo }).toString()}`;
+
+  async function renderConsent(reply: FastifyReply, user: SessionUser, memberships: readonly UserOrganization[], request: AuthorizationRequest, returnTo: string) {
     if (memberships.length === 0) {
       return renderPage(reply, 403, 'error', {
         title: 'No organization',
@@ -310,14 +324,27 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
     }
     // Per organization, what the user's role there lets them grant; an organization where it
     // allows nothing asked for cannot be chosen, and when none can, the request ends here.
+    const hasFactor = hasSecondFactor(await factorSummary(db, user.userId));
     const organizations = memberships.map((o: UserOrganization) => {
       const { granted, refused } = grantableByRole(request.scopes, o.access);
-      const choosable = canGrant(request, granted);
+      const grantable = canGrant(request, granted);
+      // An organization that requires two factors is shown, with the way to reach it, but not offered to a one-step session.
+      const needsTwoFactors = grantable && o.requireMfa && !signedInWithTwoFactors(user);
+      const choosable = grantable && !needsTwoFactors;
       // Signing in (the OpenID scopes) goes with any organization that can be chosen.
-      return { id: o.id, name: o.name, role: o.role, granted: described(choosable ? [...request.identityScopes, ...granted] : []), refused: described(refused), choosable };
+      return {
+        id: o.id,
+        name: o.name,
+        role: o.role,
+        granted: described(grantable ? [...request.identityScopes, ...granted] : []),
+        refused: described(refused),
+        choosable,
+        needsTwoFactors,
+        twoFactorsLink: needsTwoFactors ? twoFactorsLink(hasFactor, returnTo) : '',
+      };
     });
     const choosable = organizations.filter((o) => o.choosable);
-    if (choosable.length === 0) {
+    if (choosable.length === 0 && !organizations.some((o) => o.needsTwoFactors)) {
       return redirectError(reply, request.redirectUri, {
         error: 'access_denied',
         description: 'the user’s role allows none of the requested scopes in any of their organizations',
@@ -334,6 +361,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
       hidden: request.carried,
       redirectOrigin: new URL(request.redirectUri).origin,
       csrfToken: csrfToken(config, { session: user.sessionId }),
+      hasSecondFactor: hasFactor,
     });
   }
 
@@ -355,6 +383,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
         identityScopes: request.identityScopes,
         nonce: request.nonce,
         authTime: user.authTime,
+        amr: user.amr,
         sid: sessionSid(user, request.application.client_id),
       });
       await recordAuditEvent(trx, {
@@ -434,19 +463,28 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
     if (hint !== undefined && hint.sub !== String(user.userId)) {
       return redirectError(reply, target.redirectUri, { error: 'login_required', description: 'the signed-in user is not the one id_token_hint names', state: request.state });
     }
+    // OIDC Core §3.1.2.1 acr_values: two factors asked for, and this session has one.
+    if (request.twoFactors && !signedInWithTwoFactors(user)) {
+      if (request.prompt.has('none')) {
+        return redirectError(reply, target.redirectUri, { error: 'interaction_required', description: 'the application asks for two-step sign-in', state: request.state });
+      }
+      return reply.redirect(stepUpPath(req.url), 303);
+    }
     // The user's organizations with their roles, read once for both the remembered consent and the page.
     const memberships = await listUserOrganizations(db, user.userId);
     // Asked before for this application (and not revoked since): not asked again, unless the
     // application wants the page: prompt=consent, or select_account (the user signs in again and
     // chooses the organization again). prompt=login asks only for the sign-in, done above.
     if (!request.prompt.has('consent') && !request.prompt.has('select_account')) {
-      const remembered = await rememberedConsent(db, user.userId, memberships, request);
+      // Not an organization this session may not reach (one that requires two factors, from a one-step session).
+      const reachable = memberships.filter((o) => !o.requireMfa || signedInWithTwoFactors(user));
+      const remembered = await rememberedConsent(db, user.userId, reachable, request);
       if (remembered) return approve(reply, req, user, request, remembered.organizationId, remembered.granted, true);
     }
     if (request.prompt.has('none')) {
       return redirectError(reply, target.redirectUri, { error: 'consent_required', description: 'the user has not approved this request for one organization before', state: request.state });
     }
-    return renderConsent(reply, user, memberships, request);
+    return renderConsent(reply, user, memberships, request, req.url);
   });
 
   app.post('/oauth/authorize', async (req, reply) => {
@@ -486,6 +524,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
     if (decision !== 'approve') throw new InvalidRequestError('Choose Allow or Deny.');
     if (organizationId === undefined) throw new InvalidRequestError('Choose an organization.');
     if (!membership) throw new ForbiddenError('You are not a member of the organization you chose.');
+    if (membership.requireMfa && !signedInWithTwoFactors(user)) throw new ForbiddenError(`${membership.name} requires two-step sign-in. Go back to the application and start again.`);
     // The role as it is now, not as the page showed it.
     const { granted } = grantableByRole(request.scopes, membership.access);
     if (!canGrant(request, granted)) throw new ForbiddenError(`Your role in ${membership.name} (${membership.role}) allows none of the access ${request.application.name} asks for.`);

@@ -4,6 +4,7 @@
  * (RFC 8414 §2 takes the OpenID fields), so the two can never disagree; and the RFC 7517 JWK Set.
  */
 import type { FastifyInstance } from 'fastify';
+import { ACR_VALUES_SUPPORTED } from '../helpers/acr.js';
 import type { Config } from '../../config.js';
 import type { KeyStore } from '../models/key-store.js';
 import { SCOPES_SUPPORTED } from '../helpers/scopes.js';
@@ -22,6 +23,7 @@ export function authorizationServerMetadata(config: Pick<Config, 'issuer' | 'sig
     jwks_uri: url('/.well-known/jwks.json'),
     scopes_supported: SCOPES_SUPPORTED,
     claims_supported: CLAIMS_SUPPORTED,
+    acr_values_supported: ACR_VALUES_SUPPORTED,
     response_types_supported: ['code'],
     response_modes_supported: ['query'],
     subject_types_supported: ['public'],

@@ -49,13 +49,15 @@ function expectedChallenge(verifier: string | undefined): string | null {
 async function redeemCode(db: DB, application: Application, presented: Presented, refreshToken: string, ttlSeconds: number): Promise<Redeemed | undefined> {
   const { rows } = await sql<Redeemed>`${prepared('redeem_code')}
     with found as (
-      select c.id, c.organization_id, c.user_id, c.scopes, c.identity_scopes, c.nonce, c.auth_time, c.sid
+      select c.id, c.organization_id, c.user_id, c.scopes, c.identity_scopes, c.nonce, c.auth_time, c.sid, c.amr
       from authorization_codes c
       where c.code_hash = ${sha256Hex(presented.code)} and c.application_id = ${application.id}
         and c.consumed_at is null and c.expires_at > now() and c.redirect_uri = ${presented.redirectUri}
         and c.code_challenge is not distinct from ${expectedChallenge(presented.verifier)}::text
         -- The application as it is now, not as cached: disabled or narrowed since, it gains no grant.
         and exists (select 1 from applications a where a.id = c.application_id and not a.disabled and c.scopes <@ a.scopes)
+        -- An organization that requires two-step sign-in (as it is now) takes only codes of a two-factor sign-in.
+        and ('mfa' = any(c.amr) or not (select o.require_mfa from organizations o where o.id = c.organization_id))
     ),
     member as (
       select m.organization_id from memberships m join found f on m.organization_id = f.organization_id and m.user_id = f.user_id
@@ -67,11 +69,11 @@ async function redeemCode(db: DB, application: Application, presented: Presented
       update authorization_codes c set consumed_at = now(), grant_id = nextval(pg_get_serial_sequence('grants', 'id'))
       from found, member
       where c.id = found.id and c.consumed_at is null
-      returning c.grant_id, c.organization_id, c.user_id, c.scopes, c.identity_scopes, c.nonce, c.auth_time, c.sid
+      returning c.grant_id, c.organization_id, c.user_id, c.scopes, c.identity_scopes, c.nonce, c.auth_time, c.sid, c.amr
     ),
     grant_row as (
-      insert into grants (id, organization_id, application_id, user_id, scopes, identity_scopes, auth_time, sid, last_used_at) overriding system value
-      select grant_id, organization_id, ${application.id}, user_id, scopes, identity_scopes, auth_time, sid, now() from consumed
+      insert into grants (id, organization_id, application_id, user_id, scopes, identity_scopes, auth_time, sid, amr, last_used_at) overriding system value
+      select grant_id, organization_id, ${application.id}, user_id, scopes, identity_scopes, auth_time, sid, amr, now() from consumed
       returning id
     ),
     refresh as (
@@ -81,7 +83,7 @@ async function redeemCode(db: DB, application: Application, presented: Presented
       returning id
     )
     select c.grant_id, c.organization_id, o.name as organization_name, c.user_id, c.scopes,
-      c.identity_scopes, c.nonce, c.auth_time, c.sid, u.email, u.name, u.email_verified_at is not null as email_verified
+      c.identity_scopes, c.nonce, c.auth_time, c.sid, c.amr, u.email, u.name, u.email_verified_at is not null as email_verified
     from consumed c join organizations o on o.id = c.organization_id join users u on u.id = c.user_id
     where exists (select 1 from refresh)`.execute(db);
   return rows[0];
@@ -116,6 +118,10 @@ async function refusal(ctx: TokenContext, application: Application, presented: P
     if (presented.verifier !== undefined) return new InvalidGrantError('code_verifier sent for a code issued without code_challenge');
   } else if (!verifyPkce(presented.verifier, row.code_challenge)) {
     return new InvalidGrantError('code_verifier is missing or does not match the code_challenge');
+  }
+  if (!row.amr.includes('mfa')) {
+    const organization = await ctx.db.selectFrom('organizations').select('require_mfa').where('id', '=', row.organization_id).executeTakeFirst();
+    if (organization?.require_mfa) return new InvalidGrantError('the organization requires two-step sign-in, and the user signed in with one step; start a new authorization');
   }
   // The user may have left the organization, or the application lost scopes, since consent.
   if (!row.scopes.every((s) => application.scopes.includes(s))) return new InvalidGrantError('the application may no longer use the scope granted');

@@ -40,7 +40,7 @@ async function rotateRefreshToken(
   const askedIdentity = input.asked === null ? null : [...input.asked.identity];
   const { rows } = await sql<Rotated>`${prepared('rotate_refresh_token')}
     with t as (
-      select r.id, r.grant_id, r.organization_id, r.scopes, g.user_id, g.identity_scopes, g.auth_time, g.sid
+      select r.id, r.grant_id, r.organization_id, r.scopes, g.user_id, g.identity_scopes, g.auth_time, g.sid, g.amr
       from refresh_tokens r
       join grants g on g.id = r.grant_id and g.organization_id = r.organization_id
       join memberships m on m.organization_id = r.organization_id and m.user_id = g.user_id
@@ -57,6 +57,8 @@ async function rotateRefreshToken(
         and r.rotated_at is null and r.revoked_at is null and r.expires_at > now() and g.revoked_at is null
         and (${asked}::text[] is null or r.scopes @> ${asked}::text[])
         and (${askedIdentity}::text[] is null or g.identity_scopes @> ${askedIdentity}::text[])
+        -- An organization that requires two-step sign-in refreshes only grants of a two-factor sign-in.
+        and ('mfa' = any(g.amr) or not (select o.require_mfa from organizations o where o.id = r.organization_id))
     ),
     live as (
       update grants set last_used_at = now() from t
@@ -76,7 +78,7 @@ async function rotateRefreshToken(
       returning id
     )
     select t.grant_id, t.organization_id, o.name as organization_name, t.user_id, t.scopes,
-      t.identity_scopes, t.auth_time, t.sid, u.email, u.name, u.email_verified_at is not null as email_verified
+      t.identity_scopes, t.auth_time, t.sid, t.amr, u.email, u.name, u.email_verified_at is not null as email_verified
     from t join organizations o on o.id = t.organization_id join users u on u.id = t.user_id
     where exists (select 1 from successor)`.execute(db);
   return rows[0];
@@ -105,6 +107,11 @@ async function refusal(ctx: TokenContext, application: Application, presented: s
       ctx.metrics.refreshReuse.inc({ outcome: 'refused' });
     }
     return new InvalidGrantError('the refresh token was already used');
+  }
+  if (!token.amr.includes('mfa')) {
+    const organization = await ctx.db.selectFrom('organizations').select('require_mfa').where('id', '=', token.organization_id).executeTakeFirst();
+    // A grant made before the organization required two factors is not refreshed: its user signs in again, with both.
+    if (organization?.require_mfa) return new InvalidGrantError('the organization requires two-step sign-in; sign in again');
   }
   if (asked !== null && !(asked.scopes.every((s) => token.scopes.includes(s)) && asked.identity.every((s) => token.identity_scopes.includes(s)))) {
     return new InvalidScopeError('scope may only narrow the scope of the refresh token');

@@ -30,6 +30,8 @@ export interface GrantIdentity {
   identity_scopes: string[];
   auth_time: Date | null;
   sid: string | null;
+  /** How the user signed in (RFC 8176), for the ID token's amr and acr. */
+  amr: string[];
   email: string;
   name: string;
   email_verified: boolean;
@@ -89,6 +91,7 @@ export async function userTokenResponse(
         authTime: input.identity.auth_time,
         nonce: input.identity.nonce,
         sid: input.identity.sid,
+        amr: input.identity.amr,
         accessToken: token,
       })
     : undefined;

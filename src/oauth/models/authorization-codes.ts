@@ -19,6 +19,8 @@ export interface NewAuthorizationCode {
   identityScopes?: readonly string[];
   nonce?: string | null;
   authTime?: Date | null;
+  /** How the user signed in for this authorization (RFC 8176). */
+  amr?: readonly string[];
   sid?: string | null;
 }
 
@@ -39,6 +41,7 @@ export async function createAuthorizationCode(db: DB, input: NewAuthorizationCod
       identity_scopes: [...(input.identityScopes ?? [])],
       nonce: input.nonce ?? null,
       auth_time: input.authTime ?? null,
+      amr: [...(input.amr ?? [])],
       sid: input.sid ?? null,
       expires_at: new Date(Date.now() + input.ttlSeconds * 1000),
     })

@@ -207,7 +207,7 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
   const allowedArray = sql<string[]>`${[...allowed]}::text[]`;
   const old = await trx
     .selectFrom('grants')
-    .select(['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'identity_scopes', 'auth_time', 'sid', 'created_at', 'last_used_at'])
+    .select(['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'identity_scopes', 'auth_time', 'sid', 'amr', 'created_at', 'last_used_at'])
     .where('organization_id', '=', selection.organizationId)
     .where('revoked_at', 'is', null)
     .$if('userId' in selection, (qb) => qb.where('user_id', '=', 'userId' in selection ? selection.userId : 0))
@@ -248,6 +248,7 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
               // The sign-in the grant came from stays with it (a refresh's ID token keeps auth_time and sid).
               identity_scopes: g.identity_scopes,
               auth_time: g.auth_time,
+              amr: g.amr,
               sid: g.sid,
               created_at: g.created_at,
               last_used_at: g.last_used_at,

@@ -4,6 +4,7 @@
  * is ever accepted for the other (access tokens are `at+jwt` for the API's audience).
  */
 import { createHash } from 'node:crypto';
+import { acrOf } from '../helpers/acr.js';
 import { compactVerify, errors as joseErrors } from 'jose';
 import { z } from 'zod';
 import { type Config, SIGNING_ALGS } from '../../config.js';
@@ -36,7 +37,7 @@ export function userClaims(user: UserClaimsSource, organization: { id: number; n
 }
 
 /** The claims an ID token or userinfo may carry (the discovery documents list them). */
-export const CLAIMS_SUPPORTED = ['iss', 'sub', 'aud', 'exp', 'iat', 'auth_time', 'nonce', 'at_hash', 'sid', 'azp', 'organization_id', 'organization_name', 'email', 'email_verified', 'name'] as const;
+export const CLAIMS_SUPPORTED = ['iss', 'sub', 'aud', 'exp', 'iat', 'auth_time', 'nonce', 'at_hash', 'sid', 'azp', 'amr', 'acr', 'organization_id', 'organization_name', 'email', 'email_verified', 'name'] as const;
 
 /**
  * at_hash (OIDC Core §3.1.3.6): the left half of the hash of the access token's ASCII, with the
@@ -60,6 +61,8 @@ export interface IdTokenInput {
   /** The authorization request's nonce, on the code's ID token only. */
   nonce?: string | null | undefined;
   sid?: string | null | undefined;
+  /** How the user signed in (RFC 8176 amr); empty for a grant from before it was kept (no amr, no acr then). */
+  amr?: readonly string[] | undefined;
   accessToken: string;
 }
 
@@ -83,6 +86,7 @@ export async function signIdToken(signingKey: SigningKeyMaterial, config: Pick<C
     ...(input.authTime ? { auth_time: Math.floor(input.authTime.getTime() / 1000) } : {}),
     ...(input.nonce ? { nonce: input.nonce } : {}),
     ...(input.sid ? { sid: input.sid } : {}),
+    ...(input.amr && input.amr.length > 0 ? { amr: [...input.amr], acr: acrOf(input.amr) } : {}),
     at_hash: accessTokenHash(signingKey.alg, input.accessToken),
   };
   return signJws(signingKey, signingKey.idTokenHeader, claims);

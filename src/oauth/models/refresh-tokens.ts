@@ -16,6 +16,7 @@ export async function findRefreshToken(db: DB, token: string) {
       'o.name as organization_name',
       'r.scopes',
       'g.identity_scopes',
+      'g.amr',
       'r.expires_at',
       'r.rotated_at',
       'r.revoked_at',

@@ -1,5 +1,5 @@
 /** The account page: change the password; the browser sessions, each with its own sign-out, and sign-out everywhere (else). */
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply } from 'fastify';
 import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH, verifyPassword } from '../../accounts/passwords.js';
 import { emailSchema, setPassword } from '../../accounts/users.js';
 import { sendVerification } from '../../accounts/verification.js';
@@ -11,14 +11,22 @@ import { TooManyAttemptsError } from '../../oauth/errors.js';
 import { sha256Hex } from '../../lib/crypto.js';
 import { renderPage } from '../render.js';
 import type { DashboardDeps } from './applications.js';
-import { CSRF_FAILED, dashboardContext, readForm } from './context.js';
+import { CSRF_FAILED, type DashboardContext, dashboardContext, readForm } from './context.js';
+import { twoStepSection, type TwoStepView } from './two-step-section.js';
 
-export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): Promise<void> {
-  const { db, config } = deps;
+/** What one rendering of the Account page adds to what it always shows. */
+export interface AccountView extends TwoStepView {
+  errors?: string[];
+  message?: string;
+  newEmail?: string;
+}
 
-  const mailDeps = { mail: deps.mail, issuer: config.issuer };
+export type AccountPageRenderer = (reply: FastifyReply, status: number, ctx: DashboardContext, view?: AccountView) => Promise<FastifyReply>;
 
-  const page = async (ctx: ReturnType<typeof dashboardContext>, view: { errors?: string[]; message?: string; newEmail?: string } = {}) => {
+/** Renders the Account page: what it always shows, and what this request adds (a message, errors, a started enrolment, new recovery codes). */
+export function accountPageRenderer(deps: DashboardDeps): AccountPageRenderer {
+  const { db } = deps;
+  const page = async (ctx: DashboardContext, view: AccountView = {}) => {
     const current = sha256Hex(ctx.session.sessionId);
     const pending = await db
       .selectFrom('account_tokens')
@@ -42,8 +50,16 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
       sessionsCapped: sessions.length === SESSIONS_LISTED,
       pendingEmail: pending?.email ?? '',
       newEmail: view.newEmail ?? '',
+      twoStep: await twoStepSection(db, deps, ctx, view),
     };
   };
+  return async (reply, status, ctx, view = {}) => renderPage(reply, status, 'dashboard/account', await page(ctx, view));
+}
+
+export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): Promise<void> {
+  const { db, config } = deps;
+  const mailDeps = { mail: deps.mail, issuer: config.issuer };
+  const renderAccount = accountPageRenderer(deps);
 
   /** A refusal the user can act on is shown on the page; anything else goes to the error page. */
   const refusal = (err: unknown): string | undefined => (err instanceof ConflictError || err instanceof TooManyAttemptsError ? err.description : undefined);
@@ -57,9 +73,9 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
     } catch (err) {
       const message = refusal(err);
       if (message === undefined) throw err;
-      return renderPage(reply, err instanceof TooManyAttemptsError ? 429 : 409, 'dashboard/account', await page(ctx, { errors: [message] }));
+      return renderAccount(reply, err instanceof TooManyAttemptsError ? 429 : 409, ctx, { errors: [message] });
     }
-    return renderPage(reply, 200, 'dashboard/account', await page(ctx, { message: `We sent a new link to ${ctx.session.email}.` }));
+    return renderAccount(reply, 200, ctx, { message: `We sent a new link to ${ctx.session.email}.` });
   });
 
   // A new address takes effect when its link is followed; the password guards against a borrowed session.
@@ -68,7 +84,7 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
     const ctx = dashboardContext(req);
     if (!csrfTokenMatches(config, { session: ctx.session.sessionId }, params.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
     const newEmail = (params.email ?? '').trim();
-    const again = async (status: number, error: string) => renderPage(reply, status, 'dashboard/account', await page(ctx, { errors: [error], newEmail }));
+    const again = async (status: number, error: string) => renderAccount(reply, status, ctx, { errors: [error], newEmail });
     const parsed = emailSchema.safeParse(newEmail);
     if (!parsed.success) return again(400, 'Enter a valid email address.');
     if (parsed.data === ctx.session.email) return again(400, 'That is already your email address.');
@@ -82,10 +98,10 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
       if (message === undefined) throw err;
       return again(err instanceof TooManyAttemptsError ? 429 : 409, message);
     }
-    return renderPage(reply, 200, 'dashboard/account', await page(ctx, { message: `We sent a link to ${parsed.data}. Your address changes when you follow it.` }));
+    return renderAccount(reply, 200, ctx, { message: `We sent a link to ${parsed.data}. Your address changes when you follow it.` });
   });
 
-  app.get('/dashboard/account', async (req, reply) => renderPage(reply, 200, 'dashboard/account', await page(dashboardContext(req))));
+  app.get<{ Querystring: { return_to?: unknown } }>('/dashboard/account', async (req, reply) => renderAccount(reply, 200, dashboardContext(req), { returnTo: req.query?.return_to }));
 
   // The account is the user's own: no organization or role is needed, only the session's CSRF token.
   app.post('/dashboard/account/password', async (req, reply) => {
@@ -96,10 +112,10 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
     const next = params.new_password ?? '';
     const user = await db.selectFrom('users').select(['id', 'password_hash']).where('id', '=', ctx.session.userId).executeTakeFirstOrThrow();
     if (current.length > PASSWORD_MAX_LENGTH || !(await verifyPassword(user.password_hash, current))) {
-      return renderPage(reply, 400, 'dashboard/account', await page(ctx, { errors: ['The current password is not correct.'] }));
+      return renderAccount(reply, 400, ctx, { errors: ['The current password is not correct.'] });
     }
     if (next.length < PASSWORD_MIN_LENGTH || next.length > PASSWORD_MAX_LENGTH) {
-      return renderPage(reply, 400, 'dashboard/account', await page(ctx, { errors: [`The new password must be ${PASSWORD_MIN_LENGTH} to ${PASSWORD_MAX_LENGTH} characters long.`] }));
+      return renderAccount(reply, 400, ctx, { errors: [`The new password must be ${PASSWORD_MIN_LENGTH} to ${PASSWORD_MAX_LENGTH} characters long.`] });
     }
     const hash = await hashPassword(next);
     await inTransaction(db, async (trx) => {
@@ -111,7 +127,7 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
         await recordAuditEvent(trx, { organizationId: org.id, action: 'user.password_changed', actor: { actorUserId: user.id }, details: { user_id: user.id } });
       }
     });
-    return renderPage(reply, 200, 'dashboard/account', await page(ctx, { message: 'Password changed. Your other sessions were signed out.' }));
+    return renderAccount(reply, 200, ctx, { message: 'Password changed. Your other sessions were signed out.' });
   });
 
   // One session of the user's own, by its number; another user's number is "no such session".
@@ -127,7 +143,7 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
       clearSessionCookie(reply, config);
       return reply.redirect('/login', 303);
     }
-    return renderPage(reply, 200, 'dashboard/account', await page(ctx, { message: 'That session was signed out.' }));
+    return renderAccount(reply, 200, ctx, { message: 'That session was signed out.' });
   });
 
   app.post('/dashboard/account/sessions/others', async (req, reply) => {
@@ -135,7 +151,7 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
     const ctx = dashboardContext(req);
     if (!csrfTokenMatches(config, { session: ctx.session.sessionId }, params.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
     const ended = await endOtherSessions(db, ctx.session.userId, ctx.session.sessionId);
-    return renderPage(reply, 200, 'dashboard/account', await page(ctx, { message: ended === 1 ? 'One other session was signed out.' : `${ended} other sessions were signed out.` }));
+    return renderAccount(reply, 200, ctx, { message: ended === 1 ? 'One other session was signed out.' : `${ended} other sessions were signed out.` });
   });
 
   app.post('/dashboard/account/sessions', async (req, reply) => {

@@ -2,13 +2,20 @@
  * The developer dashboard (/dashboard/*): server-rendered pages behind sign-in, acting on the
  * session's current organization. One encapsulated plugin: its hook loads the signed-in user and
  * current organization for every route in it (a signed-out GET goes to the login page, a
- * signed-out POST is a 403), and setUpPages gives every route the page security headers.
+ * signed-out POST is a 403), and setUpPages gives every route the page security headers. A
+ * current organization that requires two-step sign-in sends a one-step session to its second
+ * step (or to set one up) first.
  */
 import type { FastifyInstance } from 'fastify';
+import { factorSummary, hasSecondFactor } from '../../accounts/second-factors.js';
+import { signedInWithTwoFactors } from '../../accounts/sessions.js';
+import { stepUpPath } from '../second-step.js';
 import { loginPath } from '../sign-in.js';
 import { ForbiddenError } from '../../errors.js';
 import { setUpPages } from '../render.js';
 import { accountRoutes } from './account.js';
+import { twoStepRoutes } from './two-step.js';
+import { passkeyRoutes } from './passkeys.js';
 import { applicationRoutes, type DashboardDeps } from './applications.js';
 import { CSRF_FAILED, loadContext, setDashboardContext } from './context.js';
 import { organizationRoutes } from './organization.js';
@@ -22,6 +29,14 @@ export async function dashboardPages(app: FastifyInstance, deps: DashboardDeps):
     const ctx = await loadContext(deps.db, deps.config, req);
     if (ctx) {
       setDashboardContext(req, ctx);
+      // An organization that requires two-step sign-in is reached only by a two-factor session;
+      // the Account page (to set one up) and switching organization stay open.
+      const path = req.url.split('?')[0] ?? '';
+      if (ctx.organization?.requireMfa && !signedInWithTwoFactors(ctx.session) && !path.startsWith('/dashboard/account') && path !== '/dashboard/organization') {
+        if (req.method !== 'GET' && req.method !== 'HEAD') throw new ForbiddenError(`${ctx.organization.name} requires two-step sign-in.`);
+        const hasFactor = hasSecondFactor(await factorSummary(deps.db, ctx.session.userId));
+        return reply.redirect(hasFactor ? stepUpPath(req.url) : `/dashboard/account?${new URLSearchParams({ return_to: req.url }).toString()}`, 303);
+      }
       return;
     }
     if (req.method === 'GET' || req.method === 'HEAD') return reply.redirect(loginPath(req.url), 303);
@@ -31,4 +46,6 @@ export async function dashboardPages(app: FastifyInstance, deps: DashboardDeps):
   await organizationRoutes(app, deps);
   await roleRoutes(app, deps);
   await accountRoutes(app, deps);
+  await twoStepRoutes(app, deps);
+  await passkeyRoutes(app, deps);
 }

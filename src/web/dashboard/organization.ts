@@ -4,7 +4,8 @@
  * organization.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { addMember, changeMemberRole, listMembers, removeMember, UnverifiedEmailError } from '../../accounts/organizations.js';
+import { addMember, changeMemberRole, listMembers, removeMember, UnverifiedEmailError, updateOrganization } from '../../accounts/organizations.js';
+import { signedInWithTwoFactors } from '../../accounts/sessions.js';
 import { findRole, listRoles, mayAssign, type RoleRef } from '../../accounts/roles.js';
 import { createInvitation, type InvitationActor, listPendingInvitations, resendInvitation, revokeInvitation } from '../../accounts/invitations.js';
 import { emailSchema, findUserByEmail } from '../../accounts/users.js';
@@ -116,6 +117,23 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
   app.get<{ Querystring: { after?: unknown } }>('/dashboard/members', async (req, reply) =>
     renderMembers(reply, dashboardContext(req), 200, { after: parseId(req.query.after) }),
   );
+
+  // The organization's two-step sign-in requirement: whoever manages members sets it.
+  app.post('/dashboard/members/require-mfa', async (req, reply) => {
+    const { params } = readForm(req.body);
+    const ctx = requireAction(config, req, params, { permission: 'members.write' });
+    if (params.require_mfa !== 'yes' && params.require_mfa !== 'no') throw new InvalidRequestError('Choose on or off.');
+    const requireMfa = params.require_mfa === 'yes';
+    // Turning it on from a one-step session would shut the person doing it out at their next click.
+    if (requireMfa && !signedInWithTwoFactors(ctx.session)) {
+      return renderMembers(reply, ctx, 409, { errors: ['Set up two-step sign-in for yourself first (Account page), and sign in with it, before requiring it of everyone.'] });
+    }
+    await updateOrganization(db, ctx.organization.id, { requireMfa }, { actorUserId: ctx.session.userId });
+    const organization = { ...ctx.organization, requireMfa };
+    return renderMembers(reply, { ...ctx, organization }, 200, {
+      message: requireMfa ? 'Two-step sign-in is now required: members without it are asked to set it up before they reach this organization.' : 'Two-step sign-in is no longer required.',
+    });
+  });
 
   app.post('/dashboard/members', async (req, reply) => {
     const { params } = readForm(req.body);
