@@ -89,7 +89,7 @@ describe('the orgauth command beside a running server on the embedded database',
     expect(users).toHaveProperty('next_cursor', null);
     expect((await json('org', 'list')).data).toContainEqual({ id: orgId, name: 'Shell Org', created_at: expect.any(String) });
     expect((await json('member', 'list', '--org', String(orgId))).data).toEqual([
-      { user_id: expect.any(Number), email: 'shell@example.com', name: 'Shell User', role: 'owner', created_at: expect.any(String) },
+      { user_id: expect.any(Number), email: 'shell@example.com', name: 'Shell User', role: 'owner', two_step: false, created_at: expect.any(String) },
     ]);
     const apps = await json('app', 'list', '--org', String(orgId));
     expect(apps.data).toEqual([expect.objectContaining({ client_id: app.client_id, organization_id: orgId, type: 'private', disabled: false })]);

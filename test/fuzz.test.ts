@@ -1385,7 +1385,7 @@ describe(`fuzzing on ${BACKEND} (R-7)`, () => {
           grants: (g) => typeof g.id === 'number' && typeof g.application === 'object' && Array.isArray(g.scopes),
           'audit-events': (e) => typeof e.id === 'number' && typeof e.action === 'string' && typeof e.actor === 'object',
           // `..` in a path: the client resolves it, to the organization itself.
-          '': (o) => Object.keys(o).sort().join() === 'created_at,id,name' && o.id === mgmt.organizationId,
+          '': (o) => Object.keys(o).sort().join() === 'created_at,id,name,require_mfa' && o.id === mgmt.organizationId,
         };
         const item = ITEM[target];
         check(item !== undefined, 'a 2xx from a management route', req, res);

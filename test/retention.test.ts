@@ -61,7 +61,7 @@ beforeAll(async () => {
 });
 afterAll(() => database.close());
 
-const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0 };
+const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0, pending_sign_ins: 0, second_step_failures: 0 };
 
 describe(`deleting expired rows on ${BACKEND}`, () => {
   it('deletes what expired, keeps what is live, and keeps codes a week past expiry for replay detection', async () => {
@@ -84,6 +84,11 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
     }
     await db.insertInto('mail_outbox').values({ recipient: 'sent@example.com', subject: 'sent', sent_at: at(-8 * DAY), expires_at: at(-DAY) }).execute();
     await db.insertInto('mail_outbox').values({ recipient: 'waiting@example.com', subject: 'waiting', body_encrypted: 'x' }).execute();
+    // A sign-in waiting for its second step goes once expired; a wrong code once out of its 15-minute window.
+    for (const [id, expiresIn] of [['pending-gone', -10], ['pending-live', 300]] as const) {
+      await db.insertInto('pending_sign_ins').values({ id_hash: id, user_id: fixture.ownerId, amr: ['pwd'], return_to: '/dashboard', expires_at: at(expiresIn) }).execute();
+    }
+    for (const failedAgo of [-16 * 60, -60]) await db.insertInto('second_step_failures').values({ user_id: fixture.ownerId, failed_at: at(failedAgo) }).execute();
 
     expect(await deleteExpired(db)).toEqual({
       authorization_codes: 1,
@@ -93,7 +98,10 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
       account_tokens: 1,
       invitations: 1,
       mail_outbox: 1,
+      pending_sign_ins: 1,
+      second_step_failures: 1,
     });
+    expect((await db.selectFrom('pending_sign_ins').select('id_hash').execute()).map((p) => p.id_hash)).toEqual(['pending-live']);
     expect((await db.selectFrom('mail_outbox').select('recipient').execute()).map((m) => m.recipient)).toEqual(['waiting@example.com']);
     expect((await db.selectFrom('invitations').select('email').execute()).map((i) => i.email)).toEqual([`i${-29 * DAY}@example.com`]);
 

@@ -43,6 +43,19 @@ export class Browser {
     );
   }
 
+  /** POSTs a JSON body (`raw`: sent as it is), as a page script's fetch does. */
+  async postJson(url: string, body: unknown, headers: Record<string, string> = {}, raw = false): Promise<LightMyRequestResponse> {
+    return this.remember(
+      await this.app.inject({
+        method: 'POST',
+        url,
+        headers: { ...this.cookieHeader(), 'content-type': 'application/json', ...headers },
+        payload: raw ? String(body) : JSON.stringify(body),
+        remoteAddress: this.remoteAddress,
+      }),
+    );
+  }
+
   /** GETs `url` and returns the CSRF token of its form. */
   async csrf(url: string): Promise<string> {
     const res = await this.get(url);

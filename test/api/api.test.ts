@@ -52,7 +52,7 @@ describe(`the API hook on ${BACKEND}`, () => {
   it('serves the organization to any valid token for it', async () => {
     const res = await api('GET', A());
     expect(res.statusCode).toBe(200);
-    expect(res.json()).toEqual({ id: a.organizationId, name: a.organizationName, created_at: expect.any(String) });
+    expect(res.json()).toEqual({ id: a.organizationId, name: a.organizationName, require_mfa: false, created_at: expect.any(String) });
     expect(res.headers['cache-control']).toBe('no-store');
   });
 

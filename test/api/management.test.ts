@@ -410,7 +410,7 @@ describe(`the management API on ${BACKEND}: members`, () => {
     const user = await newUser();
     const res = await api('POST', '/members', { body: { email: user.email.toUpperCase(), role: 'member' } });
     expect(res.statusCode).toBe(201);
-    expect(res.json()).toEqual({ user_id: user.id, email: user.email, name: user.name, role: 'member', created_at: expect.any(String) });
+    expect(res.json()).toEqual({ user_id: user.id, email: user.email, name: user.name, role: 'member', two_step: false, created_at: expect.any(String) });
     expect(res.headers.location).toBe(`${base()}/members/${user.id}`);
     expectError(await api('POST', '/members', { body: { email: user.email, role: 'admin' } }), 409, 'conflict');
     const unknown = expectError(await api('POST', '/members', { body: { email: 'nobody-here@example.com', role: 'member' } }), 400, 'invalid_request');

@@ -35,6 +35,7 @@ describe('GET /openapi.json', () => {
     );
     expect(scopes).toEqual({
       'GET /api/v1/{organization_id}/': [],
+      'PATCH /api/v1/{organization_id}/': ['members.write'],
       'GET /api/v1/{organization_id}/contacts': ['contacts.read'],
       'POST /api/v1/{organization_id}/contacts': ['contacts.write'],
       'GET /api/v1/{organization_id}/contacts/{id}': ['contacts.read'],

@@ -6,6 +6,7 @@ import { existsSync, mkdirSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import path from 'node:path';
 import type { FastifyInstance } from 'fastify';
+import * as client from 'openid-client';
 import { type Browser, chromium, type Page } from 'playwright-core';
 import { expect } from 'vitest';
 import { buildApp } from '../../src/app.js';
@@ -34,11 +35,14 @@ export interface BrowserWorld {
   close(): Promise<void>;
 }
 
-/** `env`: more configuration for the app (SMTP_URL, say), on top of the harness's own. */
-export async function startWorld(env: Record<string, string> = {}): Promise<BrowserWorld> {
+/**
+ * `env`: more configuration for the app (SMTP_URL, say), on top of the harness's own.
+ * `hostname`: the issuer's host; passkeys need `localhost` (an IP address is no WebAuthn RP ID).
+ */
+export async function startWorld(env: Record<string, string> = {}, options: { hostname?: 'localhost' | '127.0.0.1' } = {}): Promise<BrowserWorld> {
   const db = await createTestDatabase();
   const port = await freePort();
-  const baseUrl = `http://127.0.0.1:${port}`;
+  const baseUrl = `http://${options.hostname ?? '127.0.0.1'}:${port}`;
   const config = parseConfig({ SECRET_KEY: TEST_SECRET_KEY, LOG_LEVEL: 'silent', PORT: String(port), ISSUER: baseUrl, DATA_DIR: '/nonexistent-orgauth-test', ...env });
   await ensureSigningKey(db.handle.db, { alg: config.signingAlg, secretKey: config.secretKey });
   const app = await buildApp(config, { db: db.handle.db, logger: createLogger(config), listen: db.handle.listen });
@@ -63,6 +67,22 @@ export async function startWorld(env: Record<string, string> = {}): Promise<Brow
 
 export async function screenshot(page: Page, name: string): Promise<void> {
   await page.screenshot({ path: path.join(SCREENSHOTS, `${name}.png`), fullPage: true });
+}
+
+/** An authorization request of `oidc` to `rp`'s callback, with PKCE, state and nonce: its URL, and what the code grant checks. */
+export async function authorizationRequest(oidc: client.Configuration, rp: CallbackServer, scope: string, extra: Record<string, string> = {}) {
+  const verifier = client.randomPKCECodeVerifier();
+  const checks = { pkceCodeVerifier: verifier, expectedNonce: client.randomNonce(), expectedState: client.randomState() };
+  const url = client.buildAuthorizationUrl(oidc, {
+    redirect_uri: rp.callback,
+    scope,
+    state: checks.expectedState,
+    nonce: checks.expectedNonce,
+    code_challenge: await client.calculatePKCECodeChallenge(verifier),
+    code_challenge_method: 'S256',
+    ...extra,
+  });
+  return { url, checks };
 }
 
 /** A tiny OAuth client's callback: answers every request and remembers the URLs it was sent. */

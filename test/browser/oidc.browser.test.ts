@@ -13,7 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrganization } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import { type ApplicationWithSecret, createApplication } from '../../src/oauth/models/applications.js';
-import { CallbackServer, HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld } from './harness.js';
+import { authorizationRequest as openIdRequest, CallbackServer, HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld } from './harness.js';
 
 const PASSWORD = 'a long openid password';
 const EMAIL = 'grace@oidc.example.com';
@@ -51,20 +51,7 @@ describe.runIf(HAS_CHROMIUM)('OpenID Connect in a real browser', () => {
     await rp?.stop();
   });
 
-  async function authorizationRequest(extra: Record<string, string> = {}) {
-    const verifier = client.randomPKCECodeVerifier();
-    const checks = { pkceCodeVerifier: verifier, expectedNonce: client.randomNonce(), expectedState: client.randomState() };
-    const url = client.buildAuthorizationUrl(oidc, {
-      redirect_uri: rp.callback,
-      scope: 'openid profile email contacts.read',
-      state: checks.expectedState,
-      nonce: checks.expectedNonce,
-      code_challenge: await client.calculatePKCECodeChallenge(verifier),
-      code_challenge_method: 'S256',
-      ...extra,
-    });
-    return { url, checks };
-  }
+  const authorizationRequest = (extra: Record<string, string> = {}) => openIdRequest(oidc, rp, 'openid profile email contacts.read', extra);
 
   async function signInHere(page: Page): Promise<void> {
     expect(new URL(page.url()).pathname).toBe('/login');

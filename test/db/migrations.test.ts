@@ -7,8 +7,8 @@ import { BACKEND, createEmptyDatabase, type TestDatabase } from '../helpers/db.j
 
 /** The data model as schema.ts declares it; a column added to one must be added to the other. */
 const EXPECTED_COLUMNS: Record<string, string[]> = {
-  users: ['id', 'email', 'password_hash', 'name', 'created_at', 'updated_at', 'email_verified_at'],
-  organizations: ['id', 'name', 'created_at', 'updated_at'],
+  users: ['id', 'email', 'password_hash', 'name', 'created_at', 'updated_at', 'email_verified_at', 'second_step_locked_until'],
+  organizations: ['id', 'name', 'created_at', 'updated_at', 'require_mfa'],
   memberships: ['organization_id', 'user_id', 'role', 'created_at', 'role_id'],
   roles: ['id', 'organization_id', 'name', 'description', 'permissions', 'created_at', 'updated_at'],
   applications: [
@@ -16,15 +16,15 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
     'require_pkce', 'disabled', 'secret_rotated_at', 'created_at', 'updated_at', 'post_logout_redirect_uris',
   ],
   grants: ['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'created_at', 'last_used_at', 'revoked_at', 'revoked_reason', 'narrowed_from_grant_id',
-    'identity_scopes', 'auth_time', 'sid'],
+    'identity_scopes', 'auth_time', 'sid', 'amr'],
   authorization_codes: [
     'id', 'code_hash', 'organization_id', 'application_id', 'user_id', 'redirect_uri', 'scopes', 'code_challenge',
-    'code_challenge_method', 'expires_at', 'consumed_at', 'grant_id', 'created_at', 'identity_scopes', 'auth_time', 'sid', 'nonce',
+    'code_challenge_method', 'expires_at', 'consumed_at', 'grant_id', 'created_at', 'identity_scopes', 'auth_time', 'sid', 'nonce', 'amr',
   ],
   refresh_tokens: ['id', 'token_hash', 'organization_id', 'grant_id', 'parent_id', 'scopes', 'expires_at', 'rotated_at', 'revoked_at', 'created_at'],
   revoked_access_tokens: ['jti', 'organization_id', 'grant_id', 'expires_at', 'revoked_at'],
   signing_keys: ['kid', 'alg', 'public_jwk', 'private_jwk_encrypted', 'created_at', 'retired_at'],
-  sessions: ['id_hash', 'user_id', 'current_organization_id', 'created_at', 'last_seen_at', 'expires_at', 'id', 'user_agent', 'ip'],
+  sessions: ['id_hash', 'user_id', 'current_organization_id', 'created_at', 'last_seen_at', 'expires_at', 'id', 'user_agent', 'ip', 'amr', 'webauthn_challenge'],
   audit_events: ['id', 'organization_id', 'actor_user_id', 'actor_client_id', 'action', 'details', 'created_at'],
   contacts: ['id', 'organization_id', 'name', 'email', 'phone', 'company', 'notes', 'created_at', 'updated_at'],
   tasks: ['id', 'organization_id', 'title', 'description', 'status', 'due_on', 'contact_id', 'completed_at', 'created_at', 'updated_at'],
@@ -36,6 +36,12 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   mail_outbox: [
     'id', 'recipient', 'subject', 'body_encrypted', 'created_at', 'attempts', 'next_attempt_at', 'last_error', 'sent_at', 'failed_at', 'expires_at',
   ],
+  totp_factors: ['user_id', 'secret_sealed', 'confirmed_at', 'last_step', 'created_at'],
+  recovery_codes: ['id', 'user_id', 'code_hash', 'used_at', 'created_at'],
+  passkeys: ['id', 'user_id', 'credential_id', 'public_key', 'sign_count', 'transports', 'backed_up', 'name', 'created_at', 'last_used_at'],
+  pending_sign_ins: ['id_hash', 'user_id', 'amr', 'return_to', 'challenge', 'created_at', 'expires_at'],
+  second_step_failures: ['id', 'user_id', 'failed_at'],
+  account_events: ['id', 'user_id', 'action', 'details', 'created_at'],
 };
 
 const ORG_OWNED = ['memberships', 'roles', 'applications', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations'];
@@ -77,6 +83,7 @@ const MIGRATIONS = [
   '20261123_0011_account_lifecycle',
   '20261123_0012_organization_roles',
   '20261125_0013_openid_connect',
+  '20261126_0014_strong_sign_in',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {

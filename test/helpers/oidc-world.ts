@@ -68,6 +68,23 @@ export function discover(world: Pick<OidcWorld, 'issuer'>, application: Applicat
   return client.discovery(new URL(world.issuer), application.client_id, application.client_secret, undefined, { execute: [client.allowInsecureRequests] });
 }
 
+/** An authorization request as openid-client builds it (PKCE, nonce, state), with the checks for its response. */
+export async function authorizationRequest(oidc: client.Configuration, scope: string, extra: Record<string, string> = {}) {
+  const verifier = client.randomPKCECodeVerifier();
+  const nonce = client.randomNonce();
+  const state = client.randomState();
+  const url = client.buildAuthorizationUrl(oidc, {
+    redirect_uri: RP_REDIRECT,
+    scope,
+    state,
+    nonce,
+    code_challenge: await client.calculatePKCECodeChallenge(verifier),
+    code_challenge_method: 'S256',
+    ...extra,
+  });
+  return { url, checks: { pkceCodeVerifier: verifier, expectedNonce: nonce, expectedState: state }, nonce, state };
+}
+
 export interface Person {
   id: number;
   email: string;

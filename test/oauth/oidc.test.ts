@@ -14,7 +14,7 @@ import { changeMemberRole } from '../../src/accounts/organizations.js';
 import type { Config } from '../../src/config.js';
 import type { ApplicationWithSecret } from '../../src/oauth/models/applications.js';
 import { basic, clientCredentialsToken, form, type OrgFixture } from '../helpers/oauth.js';
-import { createRelyingParty, discover, hiddenFields, oidcPerson, type OidcWorld, type Person, RP_REDIRECT, startOidcWorld } from '../helpers/oidc-world.js';
+import { authorizationRequest, createRelyingParty, discover, hiddenFields, oidcPerson, type OidcWorld, type Person, RP_REDIRECT, startOidcWorld } from '../helpers/oidc-world.js';
 
 const PASSWORD = 'oidc-password-12';
 const REDIRECT = RP_REDIRECT;
@@ -85,21 +85,7 @@ async function browse(p: Person, url: URL, options: { expectLogin?: boolean; exp
 }
 
 /** An authorization request as openid-client builds it, with its checks. */
-async function request(scope: string, extra: Record<string, string> = {}) {
-  const verifier = client.randomPKCECodeVerifier();
-  const nonce = client.randomNonce();
-  const state = client.randomState();
-  const url = client.buildAuthorizationUrl(oidc, {
-    redirect_uri: REDIRECT,
-    scope,
-    state,
-    nonce,
-    code_challenge: await client.calculatePKCECodeChallenge(verifier),
-    code_challenge_method: 'S256',
-    ...extra,
-  });
-  return { url, checks: { pkceCodeVerifier: verifier, expectedNonce: nonce, expectedState: state }, nonce, state };
-}
+const request = (scope: string, extra: Record<string, string> = {}) => authorizationRequest(oidc, scope, extra);
 
 const atHash = (accessToken: string) => createHash('sha256').update(accessToken, 'ascii').digest().subarray(0, 16).toString('base64url');
 const jwks = () => createRemoteJWKSet(new URL(`${issuer}/.well-known/jwks.json`));
@@ -156,6 +142,8 @@ describe('openid-client signs a user in (must-show 1)', () => {
       nonce,
       at_hash: atHash(tokens.access_token),
       sid: expect.stringMatching(/^[0-9a-f]{32}$/),
+      amr: ['pwd'],
+      acr: 'urn:orgauth:acr:password',
       organization_id: org.organizationId,
       organization_name: org.organizationName,
       email: ada.email,
