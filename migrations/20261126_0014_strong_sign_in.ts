@@ -7,13 +7,16 @@ import { type Kysely, sql } from 'kysely';
  *   derived from SECRET_KEY, as the outbox's bodies are); confirmed_at is null until the user
  *   typed one correct code, and only a confirmed factor counts. last_step is the newest RFC 6238
  *   time step accepted: a code of that step or an older one is refused, so a code is used once.
+ *   started_session_hash: the session that started the enrolment, the only one that sees the
+ *   key and may confirm it.
  * - recovery_codes: ten single-use codes per user (60 bits of random each, shown once), stored
  *   as HMAC-SHA256 under a key derived from SECRET_KEY, so a copy of the database alone cannot
  *   be searched for them; used_at is set by the statement that accepts one.
  * - passkeys: WebAuthn credentials. credential_id is the authenticator's id (base64url), unique
  *   over the instance; sign_count is the last counter seen (a regression is refused).
- * - sessions.webauthn_challenge: the challenge a signed-in browser was given to register a
- *   passkey, cleared by the statement that reads it (single use, bound to that session).
+ * - sessions.webauthn_challenge: the challenge a signed-in browser was given (to register a
+ *   passkey, or to step up with one), cleared by the statement that reads it (single use, bound
+ *   to that session).
  * - pending_sign_ins: a browser between its password (or nothing, for a passkey) and its second
  *   step. Not a session: nothing that accepts a session reads this table. It also holds the
  *   WebAuthn challenge that browser was given (single use, bound to this row's cookie).
@@ -36,6 +39,7 @@ export async function up(db: Kysely<any>): Promise<void> {
     .addColumn('secret_sealed', 'text', (c) => c.notNull().check(sql`length(secret_sealed) <= 512`))
     .addColumn('confirmed_at', 'timestamptz')
     .addColumn('last_step', 'bigint')
+    .addColumn('started_session_hash', 'text')
     .addColumn('created_at', 'timestamptz', (c) => c.notNull().defaultTo(sql`now()`))
     .execute();
 

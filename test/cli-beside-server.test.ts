@@ -87,7 +87,7 @@ describe('the orgauth command beside a running server on the embedded database',
     const users = await json('user', 'list');
     expect(users.data).toContainEqual({ id: expect.any(Number), email: 'shell@example.com', name: 'Shell User', created_at: expect.any(String) });
     expect(users).toHaveProperty('next_cursor', null);
-    expect((await json('org', 'list')).data).toContainEqual({ id: orgId, name: 'Shell Org', created_at: expect.any(String) });
+    expect((await json('org', 'list')).data).toContainEqual({ id: orgId, name: 'Shell Org', require_mfa: false, created_at: expect.any(String) });
     expect((await json('member', 'list', '--org', String(orgId))).data).toEqual([
       { user_id: expect.any(Number), email: 'shell@example.com', name: 'Shell User', role: 'owner', two_step: false, created_at: expect.any(String) },
     ]);

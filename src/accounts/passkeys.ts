@@ -30,11 +30,11 @@ import {
 import { sql } from 'kysely';
 import { z } from 'zod';
 import { recordAccountEvent } from '../audit/events.js';
-import { type DB, inTransaction } from '../db/connect.js';
+import type { DB } from '../db/connect.js';
 import { ConflictError, InvalidRequestError, NotFoundError } from '../errors.js';
 import { deriveKey, sha256Hex } from '../lib/crypto.js';
 import { setChallenge, takeChallenge } from './pending-sign-ins.js';
-import { dropRecoveryCodesWithoutFactor, type FactorDeps, type FactorUser, noteAccountChange } from './second-factors.js';
+import { changeSignInMethods, dropRecoveryCodesWithoutFactor, type FactorDeps, type FactorUser } from './second-factors.js';
 
 export const PASSKEYS_PER_USER = 20;
 export const PASSKEY_NAME_MAX = 100;
@@ -177,9 +177,8 @@ export async function addPasskey(db: DB, deps: PasskeyDeps, user: FactorUser, se
     throw new InvalidRequestError(NOT_VERIFIED, { cause: err });
   }
   const { credential, credentialBackedUp } = info;
-  const added = await inTransaction(db, async (trx) => {
-    // One at a time per user, so the limit holds against two racing additions.
-    await trx.selectFrom('users').select('id').where('id', '=', user.id).forUpdate().executeTakeFirstOrThrow();
+  // changeSignInMethods takes one change of the user's at a time, so the limit holds against two racing additions.
+  const added = await changeSignInMethods(db, deps, user, async (trx, note) => {
     const { n } = await trx.selectFrom('passkeys').select((e) => e.fn.countAll<string>().as('n')).where('user_id', '=', user.id).executeTakeFirstOrThrow();
     if (Number(n) >= PASSKEYS_PER_USER) throw new ConflictError(`You have ${PASSKEYS_PER_USER} passkeys, the most an account can have. Remove one first.`);
     const row = await trx
@@ -197,7 +196,7 @@ export async function addPasskey(db: DB, deps: PasskeyDeps, user: FactorUser, se
       .returning('id')
       .executeTakeFirst();
     if (!row) throw new ConflictError('This passkey is registered already.');
-    await noteAccountChange(trx, deps, user, {
+    await note({
       action: 'passkey.added',
       subject: 'A passkey was added to your account',
       what: `A passkey named "${name}" was added to your account. It signs you in without your password.`,
@@ -205,7 +204,6 @@ export async function addPasskey(db: DB, deps: PasskeyDeps, user: FactorUser, se
     });
     return row.id;
   });
-  deps.mail.wake();
   return { id: added, backedUp: credentialBackedUp };
 }
 
@@ -214,11 +212,11 @@ export async function addPasskey(db: DB, deps: PasskeyDeps, user: FactorUser, se
  * anyone else's. The last second factor gone, recovery codes go too.
  */
 export async function removePasskey(db: DB, deps: PasskeyDeps, user: FactorUser, passkeyId: number): Promise<string> {
-  const name = await inTransaction(db, async (trx) => {
+  return changeSignInMethods(db, deps, user, async (trx, note) => {
     const removed = await trx.deleteFrom('passkeys').where('id', '=', passkeyId).where('user_id', '=', user.id).returning('name').executeTakeFirst();
     if (!removed) throw new NotFoundError('There is no such passkey on your account.');
     await dropRecoveryCodesWithoutFactor(trx, user.id);
-    await noteAccountChange(trx, deps, user, {
+    await note({
       action: 'passkey.removed',
       subject: 'A passkey was removed from your account',
       what: `The passkey named "${removed.name}" was removed from your account; it no longer signs you in.`,
@@ -226,8 +224,6 @@ export async function removePasskey(db: DB, deps: PasskeyDeps, user: FactorUser,
     });
     return removed.name;
   });
-  deps.mail.wake();
-  return name;
 }
 
 /**

@@ -19,7 +19,7 @@ export const PENDING_SIGN_IN_TTL_SECONDS = 10 * 60;
 
 export interface PendingSignIn {
   idHash: string;
-  /** Null until a passwordless passkey sign-in has said who it is. */
+  /** Null for a passwordless passkey sign-in: the passkey says who it is when it finishes. */
   userId: number | null;
   /** The factors already given (RFC 8176 values): ['pwd'] after the password. */
   amr: string[];

@@ -20,7 +20,7 @@ import QRCode from 'qrcode';
 import { recordAccountEvent } from '../audit/events.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import { ConflictError, NotFoundError } from '../errors.js';
-import { deriveKey, openText, sealText } from '../lib/crypto.js';
+import { deriveKey, openText, sealText, sha256Hex } from '../lib/crypto.js';
 import type { MailQueue } from '../mail/outbox.js';
 import { securityNoticeMessage } from '../mail/messages.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
@@ -91,7 +91,10 @@ export async function noteAccountChange(db: DB, deps: Pick<FactorDeps, 'issuer' 
 
 /**
  * Runs `work` in one transaction with the notices it gives (`note`), and wakes the outbox once
- * that has committed: every change to how a user signs in goes through here.
+ * that has committed: every change to how a user signs in goes through here. The transaction
+ * first locks the user's row, so changes and second-step attempts of one user are taken one at
+ * a time on every instance (two racing "new recovery codes" leave one set; concurrent wrong
+ * codes get no more tries than the lock allows).
  */
 export async function changeSignInMethods<T>(
   db: DB,
@@ -100,12 +103,13 @@ export async function changeSignInMethods<T>(
   work: (trx: DB, note: (event: AccountNotice) => Promise<void>) => Promise<T>,
 ): Promise<T> {
   let noted = false;
-  const result = await inTransaction(db, (trx) =>
-    work(trx, async (event) => {
+  const result = await inTransaction(db, async (trx) => {
+    await trx.selectFrom('users').select('id').where('id', '=', user.id).forUpdate().execute();
+    return work(trx, async (event) => {
       await noteAccountChange(trx, deps, user, event);
       noted = true;
-    }),
-  );
+    });
+  });
   if (noted) deps.mail.wake();
   return result;
 }
@@ -125,30 +129,38 @@ function totpUri(deps: Pick<FactorDeps, 'issuer'>, email: string, secret: string
 }
 
 /**
- * Starts (or shows again) adding an authenticator app: a secret kept sealed and unconfirmed
- * until confirmTotp sees a correct code. Conflict when the user already has one.
+ * Starts (or shows again) adding an authenticator app from the session `sessionId`: a secret
+ * kept sealed and unconfirmed until confirmTotp sees a correct code from that same session. Only
+ * the session that started it sees the key (a copied cookie of another session does not).
+ * Conflict when the user already has one.
  */
-export async function startTotpEnrolment(db: DB, deps: FactorDeps, user: FactorUser): Promise<TotpEnrolment> {
-  const existing = await db.selectFrom('totp_factors').select(['secret_sealed', 'confirmed_at', 'created_at']).where('user_id', '=', user.id).executeTakeFirst();
+export async function startTotpEnrolment(db: DB, deps: FactorDeps, user: FactorUser, sessionId: string): Promise<TotpEnrolment> {
+  const session = sha256Hex(sessionId);
+  const existing = await db.selectFrom('totp_factors').select(['secret_sealed', 'confirmed_at', 'created_at', 'started_session_hash']).where('user_id', '=', user.id).executeTakeFirst();
   if (existing?.confirmed_at) throw new ConflictError('An authenticator app is already set up. Remove it first to set up another.');
-  let secret: string;
-  if (existing && Date.now() - existing.created_at.getTime() < ENROLMENT_TTL_MS) {
-    secret = openText(deps.secretKey, SEAL_PURPOSE, existing.secret_sealed);
-  } else {
-    secret = generateTotpSecret({ length: 20 });
-    const sealed = sealText(deps.secretKey, SEAL_PURPOSE, secret);
-    await db
-      .insertInto('totp_factors')
-      .values({ user_id: user.id, secret_sealed: sealed, created_at: new Date() })
-      .onConflict((oc) => oc.column('user_id').where('confirmed_at', 'is', null).doUpdateSet({ secret_sealed: sealed, created_at: new Date(), last_step: null }))
-      .execute();
+  if (existing && existing.started_session_hash === session && Date.now() - existing.created_at.getTime() < ENROLMENT_TTL_MS) {
+    return enrolmentFor(deps, user, openText(deps.secretKey, SEAL_PURPOSE, existing.secret_sealed));
   }
+  const secret = generateTotpSecret({ length: 20 });
+  const sealed = sealText(deps.secretKey, SEAL_PURPOSE, secret);
+  const values = { secret_sealed: sealed, created_at: new Date(), started_session_hash: session, last_step: null };
+  await db
+    .insertInto('totp_factors')
+    .values({ user_id: user.id, ...values })
+    .onConflict((oc) => oc.column('user_id').where('confirmed_at', 'is', null).doUpdateSet(values))
+    .execute();
   return enrolmentFor(deps, user, secret);
 }
 
-/** The enrolment the user started and has not confirmed yet, while it lasts (the Account page shows it again). */
-export async function pendingTotpEnrolment(db: DB, deps: FactorDeps, user: FactorUser): Promise<TotpEnrolment | undefined> {
-  const row = await db.selectFrom('totp_factors').select(['secret_sealed', 'created_at']).where('user_id', '=', user.id).where('confirmed_at', 'is', null).executeTakeFirst();
+/** The unconfirmed enrolment this session started, while it lasts (the Account page shows it again). */
+export async function pendingTotpEnrolment(db: DB, deps: FactorDeps, user: FactorUser, sessionId: string): Promise<TotpEnrolment | undefined> {
+  const row = await db
+    .selectFrom('totp_factors')
+    .select(['secret_sealed', 'created_at'])
+    .where('user_id', '=', user.id)
+    .where('confirmed_at', 'is', null)
+    .where('started_session_hash', '=', sha256Hex(sessionId))
+    .executeTakeFirst();
   if (!row || Date.now() - row.created_at.getTime() >= ENROLMENT_TTL_MS) return undefined;
   return enrolmentFor(deps, user, openText(deps.secretKey, SEAL_PURPOSE, row.secret_sealed));
 }
@@ -166,28 +178,29 @@ async function matchingStep(secret: string, code: string): Promise<number | unde
 }
 
 /**
- * Confirms the started enrolment with one correct code. Returns the recovery codes to show once
- * when the user had none left (a first factor), or [] when they keep the ones they have;
- * undefined when the code is wrong.
+ * Confirms the enrolment this session started with one correct code. Returns the recovery codes
+ * to show once when the user had none left (a first factor), or [] when they keep theirs;
+ * undefined when the code is wrong. A wrong code counts toward the second step's lock (and is
+ * refused while it is locked), so the confirmation is no way around it.
  */
-export async function confirmTotp(db: DB, deps: FactorDeps, user: FactorUser, code: string): Promise<string[] | undefined> {
-  const pending = await db.selectFrom('totp_factors').select(['secret_sealed', 'confirmed_at', 'created_at']).where('user_id', '=', user.id).executeTakeFirst();
-  if (!pending || pending.confirmed_at) throw new ConflictError('Start setting up the authenticator app again.');
-  if (Date.now() - pending.created_at.getTime() >= ENROLMENT_TTL_MS) throw new ConflictError('That setup took too long. Start again with a new code.');
-  const step = await matchingStep(openText(deps.secretKey, SEAL_PURPOSE, pending.secret_sealed), code.trim());
-  if (step === undefined) return undefined;
-  return changeSignInMethods(db, deps, user, async (trx, note) => {
+export async function confirmTotp(db: DB, deps: FactorDeps, user: FactorUser, sessionId: string, code: string): Promise<string[] | undefined> {
+  const outcome = await changeSignInMethods(db, deps, user, async (trx, note): Promise<{ codes?: string[]; lockedFor?: number }> => {
+    const lockedFor = await secondStepLockedFor(trx, user.id);
+    if (lockedFor !== undefined) return { lockedFor };
+    const pending = await trx
+      .selectFrom('totp_factors')
+      .select(['secret_sealed', 'confirmed_at', 'created_at', 'started_session_hash'])
+      .where('user_id', '=', user.id)
+      .executeTakeFirst();
+    if (!pending || pending.confirmed_at || pending.started_session_hash !== sha256Hex(sessionId)) throw new ConflictError('Start setting up the authenticator app again.');
+    if (Date.now() - pending.created_at.getTime() >= ENROLMENT_TTL_MS) throw new ConflictError('That setup took too long. Start again with a new code.');
+    const typed = code.trim();
+    const step = typed.length <= CODE_MAX_LENGTH ? await matchingStep(openText(deps.secretKey, SEAL_PURPOSE, pending.secret_sealed), typed) : undefined;
+    if (step === undefined) return (await recordSecondStepFailure(trx, user, note)) ? { lockedFor: Math.ceil(SECOND_STEP_LOCK_MS / 1000) } : {};
     // The confirming code proves the app works; it is not a sign-in, so the first sign-in may
     // use the same code (a person who signs out at once and back in types what the app still
     // shows). Codes of earlier steps stay refused.
-    const confirmed = await trx
-      .updateTable('totp_factors')
-      .set({ confirmed_at: new Date(), last_step: step - 1 })
-      .where('user_id', '=', user.id)
-      .where('confirmed_at', 'is', null)
-      .where('secret_sealed', '=', pending.secret_sealed)
-      .executeTakeFirst();
-    if (confirmed.numUpdatedRows === 0n) throw new ConflictError('Start setting up the authenticator app again.');
+    await trx.updateTable('totp_factors').set({ confirmed_at: new Date(), last_step: step - 1 }).where('user_id', '=', user.id).execute();
     const left = await trx.selectFrom('recovery_codes').select('id').where('user_id', '=', user.id).where('used_at', 'is', null).limit(1).execute();
     const fresh = left.length === 0 ? await replaceRecoveryCodes(trx, deps, user.id) : [];
     await note({
@@ -195,8 +208,10 @@ export async function confirmTotp(db: DB, deps: FactorDeps, user: FactorUser, co
       subject: 'An authenticator app was added to your account',
       what: 'An authenticator app was set up for two-step sign-in on your account.',
     });
-    return fresh;
+    return { codes: fresh };
   });
+  if (outcome.lockedFor !== undefined) throw new TooManyAttemptsError(outcome.lockedFor, LOCKED);
+  return outcome.codes;
 }
 
 /** Removes the authenticator app (the caller has checked the password or a fresh passkey). */
@@ -264,6 +279,13 @@ export async function regenerateRecoveryCodes(db: DB, deps: FactorDeps, user: Fa
 
 export type SecondStepMethod = 'otp' | 'recovery_code';
 
+/** Seconds the user's second step stays locked, or undefined when it is open (read under changeSignInMethods's lock). */
+async function secondStepLockedFor(trx: DB, userId: number): Promise<number | undefined> {
+  const row = await trx.selectFrom('users').select('second_step_locked_until').where('id', '=', userId).executeTakeFirst();
+  const until = row?.second_step_locked_until;
+  return until && until.getTime() > Date.now() ? Math.ceil((until.getTime() - Date.now()) / 1000) : undefined;
+}
+
 const LOCKED = 'Too many wrong codes. Two-step sign-in is locked for a while; try again later.';
 /** Longer than any code: refused (and counted) without being looked at. */
 const CODE_MAX_LENGTH = 64;
@@ -273,15 +295,14 @@ const CODE_MAX_LENGTH = 64;
  * The method on success; undefined on a wrong, used, malformed or over-long code, which counts
  * toward the lock. Throws TooManyAttemptsError while locked, and on the failure that locks it.
  *
- * One transaction per attempt, holding the user's row (FOR UPDATE) from the lock check to the
- * failure count: attempts of one user are taken one at a time, on every instance, so concurrent
- * wrong codes get no more than SECOND_STEP_MAX_FAILURES tries between them.
+ * One transaction per attempt, holding the user's row (changeSignInMethods) from the lock check
+ * to the failure count: attempts of one user are taken one at a time, on every instance, so
+ * concurrent wrong codes get no more than SECOND_STEP_MAX_FAILURES tries between them.
  */
 export async function verifySecondStepCode(db: DB, deps: FactorDeps, user: FactorUser, code: string): Promise<SecondStepMethod | undefined> {
   const outcome = await changeSignInMethods(db, deps, user, async (trx, note): Promise<{ method?: SecondStepMethod; lockedFor?: number }> => {
-    const row = await trx.selectFrom('users').select('second_step_locked_until').where('id', '=', user.id).forUpdate().executeTakeFirst();
-    const until = row?.second_step_locked_until;
-    if (until && until.getTime() > Date.now()) return { lockedFor: Math.ceil((until.getTime() - Date.now()) / 1000) };
+    const lockedFor = await secondStepLockedFor(trx, user.id);
+    if (lockedFor !== undefined) return { lockedFor };
     const typed = code.trim();
     const method = typed.length <= CODE_MAX_LENGTH ? await acceptCode(trx, deps, user, typed, note) : undefined;
     if (method !== undefined) return { method };
@@ -358,8 +379,10 @@ async function recordSecondStepFailure(trx: DB, user: FactorUser, note: (event: 
 
 /**
  * An administrator's account recovery (`orgauth user reset-mfa`): every second factor of the
- * user goes (authenticator app, recovery codes, passkeys), recorded and mailed. Their sessions
- * stay; the next sign-in is with the password alone until they set one up again.
+ * user goes (authenticator app, recovery codes, passkeys), recorded and mailed, and their
+ * sessions and pending sign-ins end (a reset may follow a takeover). The next sign-in is with
+ * the password alone until they set a factor up again. Their grants stay (revoke them from
+ * Connected apps if the account was taken over).
  */
 export async function resetSecondFactors(db: DB, deps: Pick<FactorDeps, 'issuer' | 'mail'>, user: FactorUser): Promise<{ totp: boolean; recoveryCodes: number; passkeys: number }> {
   return changeSignInMethods(db, deps, user, async (trx, note) => {
@@ -367,6 +390,10 @@ export async function resetSecondFactors(db: DB, deps: Pick<FactorDeps, 'issuer'
     const codes = await trx.deleteFrom('recovery_codes').where('user_id', '=', user.id).executeTakeFirst();
     const passkeys = await trx.deleteFrom('passkeys').where('user_id', '=', user.id).executeTakeFirst();
     await trx.updateTable('users').set({ second_step_locked_until: null }).where('id', '=', user.id).execute();
+    await trx.deleteFrom('second_step_failures').where('user_id', '=', user.id).execute();
+    // A reset may follow a takeover: whatever was signed in (with the factors now gone) ends too.
+    await trx.deleteFrom('sessions').where('user_id', '=', user.id).execute();
+    await trx.deleteFrom('pending_sign_ins').where('user_id', '=', user.id).execute();
     const result = { totp: totp.numDeletedRows > 0n, recoveryCodes: Number(codes.numDeletedRows), passkeys: Number(passkeys.numDeletedRows) };
     await note({
       action: 'second_factor.reset_by_administrator',

@@ -79,7 +79,17 @@ const USER_AGENT_MAX = 512;
 /** last_seen_at is written at most this often per session: a page view is not a write. */
 const TOUCH_EVERY_MS = 60_000;
 
-export async function createSession(db: DB, userId: number, client: SessionClient = {}, ttlSeconds = SESSION_TTL_SECONDS, amr: readonly string[] = ['pwd']): Promise<string> {
+export interface NewSession {
+  client?: SessionClient;
+  ttlSeconds?: number;
+  /** How the user signed in (RFC 8176); a password by default. */
+  amr?: readonly string[];
+  /** The dashboard's organization to start in (a session replacing another keeps its choice). */
+  currentOrganizationId?: number | null;
+}
+
+export async function createSession(db: DB, userId: number, options: NewSession = {}): Promise<string> {
+  const { client = {}, ttlSeconds = SESSION_TTL_SECONDS, amr = ['pwd'] } = options;
   const id = generateSecret(32);
   await db
     .insertInto('sessions')
@@ -93,6 +103,7 @@ export async function createSession(db: DB, userId: number, client: SessionClien
       user_agent: client.userAgent ? [...client.userAgent].slice(0, USER_AGENT_MAX).join('').replace(/[\u0000-\u001f\u007f]/g, ' ') : null,
       ip: client.ip ? client.ip.slice(0, 64) : null,
       amr: [...amr],
+      current_organization_id: options.currentOrganizationId ?? null,
     })
     .execute();
   // Housekeeping: this user's expired sessions are of no use to anyone.
@@ -144,11 +155,6 @@ export async function endSession(db: DB, userId: number, id: number): Promise<st
 export async function endOtherSessions(db: DB, userId: number, keep: string): Promise<number> {
   const ended = await db.deleteFrom('sessions').where('user_id', '=', userId).where('id_hash', '!=', sha256Hex(keep)).executeTakeFirst();
   return Number(ended.numDeletedRows);
-}
-
-/** Adds what a second step proved to the session's amr (enrolling a factor proves it, with a correct code). */
-export async function raiseSessionAmr(db: DB, sessionId: string, amr: readonly string[]): Promise<void> {
-  await db.updateTable('sessions').set({ amr: [...amr] }).where('id_hash', '=', sha256Hex(sessionId)).execute();
 }
 
 /**

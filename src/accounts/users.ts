@@ -97,4 +97,6 @@ export async function listUsers(db: DB, page: { afterId: number; limit: number }
 export async function setPassword(db: DB, userId: number, passwordHash: string): Promise<void> {
   await db.updateTable('users').set({ password_hash: passwordHash, updated_at: new Date() }).where('id', '=', userId).execute();
   await endAccountTokens(db, userId);
+  // Whoever gave the old password and waits at the second step starts again.
+  await db.deleteFrom('pending_sign_ins').where('user_id', '=', userId).execute();
 }

@@ -232,7 +232,7 @@ export interface SessionsTable {
   /** What the request that signed in sent, cut to 512 characters. */
   user_agent: string | null;
   ip: string | null;
-  /** The WebAuthn challenge given to this session to register a passkey, until used. */
+  /** The WebAuthn challenge given to this session (to register a passkey, or to step up with one), until used. */
   webauthn_challenge: ColumnType<string | null, string | null | undefined, string | null>;
   /** How the user signed in (RFC 8176 values: pwd, otp, hwk, swk, user, mfa). */
   amr: ColumnType<string[], string[] | undefined, string[]>;
@@ -246,10 +246,12 @@ export interface TotpFactorsTable {
   confirmed_at: NullableTimestamp;
   /** The newest time step accepted: codes of that step or older are refused (used once). */
   last_step: number | null;
+  /** SHA-256 of the session that started the enrolment: only it sees the key and confirms it. */
+  started_session_hash: string | null;
   created_at: Generated<Date>;
 }
 
-/** A single-use recovery code: only its SHA-256. */
+/** A single-use recovery code: only its HMAC-SHA256 under a key derived from SECRET_KEY. */
 export interface RecoveryCodesTable {
   id: Generated<number>;
   user_id: number;
@@ -278,7 +280,7 @@ export interface PasskeysTable {
 /** A browser between its first step (password, or none for a passkey) and its second: not a session. */
 export interface PendingSignInsTable {
   id_hash: string;
-  /** Null while a passwordless passkey sign-in has not said who it is yet. */
+  /** Null for a passwordless passkey sign-in: the passkey says who it is when it finishes. */
   user_id: number | null;
   amr: ColumnType<string[], string[] | undefined, string[]>;
   return_to: string;

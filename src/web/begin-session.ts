@@ -3,6 +3,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import { createSession, currentUser, deleteSession, setSessionCookie } from '../accounts/sessions.js';
 import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
+import { sha256Hex } from '../lib/crypto.js';
 
 /**
  * Where to go next: a 303 for a form; for a page script's fetch (`json`, the passkey
@@ -13,13 +14,34 @@ export function goTo(reply: FastifyReply, path: string, json = false) {
 }
 
 /**
- * Starts a new session (never reusing one the browser brought: no session fixation, and a new
- * id when a second step raises what the session proves) and goes on to `returnTo`.
+ * Starts a new session and sets its cookie; returns its id. Never reuses the one the browser
+ * brought (no session fixation), and a session raised by a second step gets a new id too, so a
+ * copy of the old cookie stays what it was (one step) and then ends. A new session of the same
+ * user keeps the dashboard's current organization.
  */
-export async function beginSession(db: DB, config: Config, req: FastifyRequest, reply: FastifyReply, input: { userId: number; amr: readonly string[]; returnTo: string; json?: boolean }) {
+export async function replaceSession(db: DB, config: Config, req: FastifyRequest, reply: FastifyReply, input: { userId: number; amr: readonly string[]; currentOrganizationId?: number }): Promise<string> {
   const previous = await currentUser(db, config, req);
-  if (previous) await deleteSession(db, previous.sessionId);
-  setSessionCookie(reply, config, await createSession(db, input.userId, { userAgent: req.headers['user-agent'], ip: req.ip }, undefined, input.amr));
-  return goTo(reply, input.returnTo, input.json);
+  let currentOrganizationId = input.currentOrganizationId ?? null;
+  if (previous) {
+    if (previous.userId === input.userId && currentOrganizationId === null) {
+      const row = await db.selectFrom('sessions').select('current_organization_id').where('id_hash', '=', sha256Hex(previous.sessionId)).executeTakeFirst();
+      currentOrganizationId = row?.current_organization_id ?? null;
+    }
+    await deleteSession(db, previous.sessionId);
+  }
+  const sessionId = await createSession(db, input.userId, { client: { userAgent: req.headers['user-agent'], ip: req.ip }, amr: input.amr, currentOrganizationId });
+  setSessionCookie(reply, config, sessionId);
+  return sessionId;
 }
 
+/** Signs the browser in (replaceSession) and goes on to `returnTo`. */
+export async function beginSession(
+  db: DB,
+  config: Config,
+  req: FastifyRequest,
+  reply: FastifyReply,
+  input: { userId: number; amr: readonly string[]; returnTo: string; json?: boolean; currentOrganizationId?: number },
+) {
+  await replaceSession(db, config, req, reply, input);
+  return goTo(reply, input.returnTo, input.json);
+}

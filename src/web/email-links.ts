@@ -22,11 +22,12 @@ import type { MailOutbox } from '../mail/outbox.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
 import { readParams } from '../oauth/helpers/params.js';
 import { renderPage } from './render.js';
+import { beginSession } from './begin-session.js';
 import { findAccountToken } from '../accounts/account-tokens.js';
 import { acceptInvitation, findOpenInvitation, InvitationUnavailableError, sameAddress, signUpFromInvitation } from '../accounts/invitations.js';
 import { requestPasswordReset, resetPassword } from '../accounts/password-reset.js';
 import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH } from '../accounts/passwords.js';
-import { createSession, CSRF_FAILED, csrfToken, csrfTokenMatches, currentUser, deleteSession, checkPreSessionCsrf, ensurePreSession, setSessionCookie } from '../accounts/sessions.js';
+import { CSRF_FAILED, csrfToken, csrfTokenMatches, currentUser, checkPreSessionCsrf, ensurePreSession } from '../accounts/sessions.js';
 import { emailSchema, findUserByEmail } from '../accounts/users.js';
 import { confirmEmail } from '../accounts/verification.js';
 
@@ -246,11 +247,7 @@ export async function emailLinkPages(app: FastifyInstance, { db, config, mail, b
       if (err instanceof ConflictError) return invitationPage(req, reply, token, 409, { errors: ['An account with this email address already exists. Sign in to accept the invitation.'], name });
       throw err;
     }
-    const previous = await currentUser(db, config, req);
-    if (previous) await deleteSession(db, previous.sessionId);
-    const sessionId = await createSession(db, joined.userId, { userAgent: req.headers['user-agent'], ip: req.ip });
-    await selectOrganization(db, { sessionId, userId: joined.userId, organizationId: joined.invitation.organization_id });
-    setSessionCookie(reply, config, sessionId);
-    return reply.redirect('/dashboard', 303);
+    // Signed in, in the organization that invited them.
+    return beginSession(db, config, req, reply, { userId: joined.userId, amr: ['pwd'], returnTo: '/dashboard', currentOrganizationId: joined.invitation.organization_id });
   });
 }

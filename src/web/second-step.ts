@@ -28,6 +28,15 @@ export function stepUpPath(returnTo: string): string {
   return `${SECOND_STEP_PATH}?${new URLSearchParams({ return_to: returnTo }).toString()}`;
 }
 
+/**
+ * Where a signed-in user goes when something needs two factors and their session has a
+ * password alone: the second step, or (no factor yet) the Account page to set one up; either
+ * comes back to `returnTo`.
+ */
+export function twoFactorsPath(hasFactor: boolean, returnTo: string): string {
+  return hasFactor ? stepUpPath(returnTo) : `/dashboard/account?${new URLSearchParams({ return_to: returnTo }).toString()}`;
+}
+
 /** The amr after a second step: what the first gave, the method, and `mfa` (RFC 8176). */
 export function withSecondFactor(amr: readonly string[], method: readonly string[]): string[] {
   return [...new Set([...amr, ...method, 'mfa'])];

@@ -23,7 +23,6 @@ import { createOrganization, organizationNameSchema } from '../accounts/organiza
 import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH, verifyPassword } from '../accounts/passwords.js';
 import {
   clearSessionCookie,
-  createSession,
   CSRF_FAILED,
   csrfToken,
   csrfTokenMatches,
@@ -32,7 +31,6 @@ import {
   ensurePreSession,
   checkPreSessionCsrf,
   safeReturnTo,
-  setSessionCookie,
 } from '../accounts/sessions.js';
 import { emailSchema, findUserByEmail, insertUser, prepareUser } from '../accounts/users.js';
 import { queueVerification } from '../accounts/verification.js';

@@ -98,6 +98,7 @@ function expectRefused(res: LightMyRequestResponse, status = 400): void {
 describe('adding and removing passkeys', () => {
   it('adds two named passkeys with options that ask for a discoverable, user-verifying credential', async () => {
     const p = await signedIn();
+    const before = p.browser.cookies.get('orgauth_session');
     const token = await accountToken(p.browser);
     const first = await p.browser.postJson('/dashboard/account/passkeys/options', {}, { 'x-csrf-token': token });
     const options = first.json();
@@ -112,14 +113,17 @@ describe('adding and removing passkeys', () => {
     const added = await p.browser.postJson('/dashboard/account/passkeys', { response: laptop.register(options), name: '  Work laptop  ' }, { 'x-csrf-token': token });
     expect(added.statusCode, added.body).toBe(200);
     expect(added.json()).toEqual({ redirect: '/dashboard/account' });
+    // Adding raised the browser to two factors in a new session: the page's token is the new session's.
+    expect(p.browser.cookies.get('orgauth_session')).not.toBe(before);
+    const token2 = await accountToken(p.browser);
 
     // The second: the first is excluded, the user handle is the same.
-    const second = (await p.browser.postJson('/dashboard/account/passkeys/options', {}, { 'x-csrf-token': token })).json();
+    const second = (await p.browser.postJson('/dashboard/account/passkeys/options', {}, { 'x-csrf-token': token2 })).json();
     expect(second.excludeCredentials).toEqual([{ id: laptop.id, type: 'public-key', transports: ['internal'] }]);
     expect(second.user.id).toBe(options.user.id);
     expect(second.challenge).not.toBe(options.challenge);
     const phone = new SoftAuthenticator(ISSUER, true);
-    expect((await p.browser.postJson('/dashboard/account/passkeys', { response: phone.register(second), name: '' }, { 'x-csrf-token': token })).statusCode).toBe(200);
+    expect((await p.browser.postJson('/dashboard/account/passkeys', { response: phone.register(second), name: '' }, { 'x-csrf-token': token2 })).statusCode).toBe(200);
 
     const rows = await db().selectFrom('passkeys').select(['name', 'credential_id', 'backed_up', 'sign_count', 'transports']).where('user_id', '=', p.id).orderBy('id').execute();
     expect(rows).toEqual([
@@ -150,7 +154,7 @@ describe('adding and removing passkeys', () => {
     const options = (await p.browser.postJson('/dashboard/account/passkeys/options', {}, { 'x-csrf-token': token })).json();
     const response = new SoftAuthenticator(ISSUER).register(options);
     expect((await p.browser.postJson('/dashboard/account/passkeys', { response, name: 'Once' }, { 'x-csrf-token': token })).statusCode).toBe(200);
-    expectRefused(await p.browser.postJson('/dashboard/account/passkeys', { response, name: 'Twice' }, { 'x-csrf-token': token }));
+    expectRefused(await p.browser.postJson('/dashboard/account/passkeys', { response, name: 'Twice' }, { 'x-csrf-token': await accountToken(p.browser) }));
     expect(await db().selectFrom('passkeys').select('name').where('user_id', '=', p.id).orderBy('id').execute()).toEqual([{ name: 'Laptop' }, { name: 'Once' }]);
   });
 
@@ -196,7 +200,8 @@ describe('adding and removing passkeys', () => {
     expect(await db().selectFrom('passkeys').select('id').where('id', '=', mine!.id).execute()).toHaveLength(1);
     expectRefused(await other.browser.postJson('/dashboard/account/passkeys/options', {}, { 'x-csrf-token': token }));
     expect((await addPasskey(other.browser, new SoftAuthenticator(ISSUER), 'With password', { current_password: PASSWORD })).statusCode).toBe(200);
-    expect((await other.browser.post(`/dashboard/account/passkeys/${mine!.id}/remove`, { csrf_token: token, current_password: PASSWORD })).statusCode).toBe(200);
+    // Adding replaced the session (a new id): the new one signed in just now.
+    expect((await other.browser.post(`/dashboard/account/passkeys/${mine!.id}/remove`, { csrf_token: await accountToken(other.browser) })).statusCode).toBe(200);
     expect(await db().selectFrom('passkeys').select('name').where('user_id', '=', other.id).execute()).toEqual([{ name: 'With password' }]);
     expect(await db().selectFrom('passkeys').select('id').where('id', '=', theirs!.id).execute()).toHaveLength(1);
   });
@@ -399,7 +404,7 @@ describe('a passkey as the second step', () => {
     const p = await signedIn();
     const authenticator = await withPasskey(p);
     const browser = new Browser(app);
-    const old = await createSession(db(), p.id, {}, undefined, ['pwd']);
+    const old = await createSession(db(), p.id, { amr: ['pwd'] });
     browser.cookies.set('orgauth_session', old);
     const page = await browser.get('/login/second-step?return_to=%2Fdashboard%2Faccount');
     expect(page.statusCode).toBe(200);

@@ -425,7 +425,8 @@ describe('enrolment and changes on the Account page', () => {
     it('then the right code confirms, and starting again is 409 with nothing changed', async () => {
       expect((await p.browser.post(`${TOTP}/confirm`, { csrf_token: csrf, code: await codeAt(secret) })).statusCode).toBe(200);
       const hashes = await codeHashes(p.id);
-      const again = await p.browser.post(TOTP, { csrf_token: csrf });
+      // Confirming raised the session to two factors under a new id: the page's token is the new session's.
+      const again = await p.browser.post(TOTP, { csrf_token: await p.browser.csrf('/dashboard/account') });
       expect(again.statusCode).toBe(409);
       expect(secretIn(again.body)).toBeUndefined();
       expect((await totpOf(p.id))?.confirmed_at).not.toBeNull();

@@ -219,6 +219,10 @@ describe('the second step', () => {
     const fay = await person();
     await fay.browser.login(fay.email, PASSWORD);
     const { secret } = await enrolTotp(fay);
+    // The wrong code tried while confirming the enrolment counted toward the same lock.
+    const counted = await db().selectFrom('second_step_failures').select('id').where('user_id', '=', fay.id).execute();
+    expect(counted).toHaveLength(1);
+    await db().deleteFrom('second_step_failures').where('user_id', '=', fay.id).execute();
     await signOut(fay);
     const right = await codeAt(secret);
     const wrongCode = right === '123456' ? '654321' : '123456';
@@ -318,6 +322,71 @@ describe('the second step', () => {
   });
 });
 
+describe('changing how an account signs in', () => {
+  it('needs a two-factor session once the account has a factor: a password-only session is sent to the second step, and changes nothing', async () => {
+    const max = await person();
+    // A session from before the factor: a password alone.
+    await max.browser.login(max.email, PASSWORD);
+    const other = new Browser(app, '10.99.4.1');
+    await other.login(max.email, PASSWORD);
+    const { secret, recoveryCodes } = await enrolTotp({ ...max, browser: other });
+    const account = await max.browser.get('/dashboard/account');
+    expect(account.body).toContain('confirm it is you with your second factor');
+    const csrf_token = csrfTokenIn(account.body);
+    for (const path of ['/dashboard/account/totp/remove', '/dashboard/account/recovery-codes']) {
+      const res = await max.browser.post(path, { csrf_token, current_password: PASSWORD });
+      expect(res.statusCode).toBe(303);
+      expect(location(res)).toBe(`/login/second-step?return_to=${encodeURIComponent('/dashboard/account')}`);
+    }
+    const passkeyOptions = await app.inject({ method: 'POST', url: '/dashboard/account/passkeys/options', headers: { cookie: `orgauth_session=${max.browser.cookies.get('orgauth_session')}`, 'content-type': 'application/json', 'x-csrf-token': csrf_token }, payload: { current_password: PASSWORD } });
+    expect(passkeyOptions.statusCode).toBe(403);
+    expect((await db().selectFrom('totp_factors').select('confirmed_at').where('user_id', '=', max.id).executeTakeFirstOrThrow()).confirmed_at).not.toBeNull();
+    const left = await db().selectFrom('recovery_codes').select('id').where('user_id', '=', max.id).where('used_at', 'is', null).execute();
+    expect(left).toHaveLength(recoveryCodes.length);
+    // With the second step taken, the same session may (a new one, with two factors).
+    const page = await max.browser.get(`/login/second-step?return_to=${encodeURIComponent('/dashboard/account')}`);
+    const raised = await max.browser.post('/login/second-step', { csrf_token: csrfTokenIn(page.body), code: await codeAt(secret), return_to: '/dashboard/account' });
+    expect(location(raised)).toBe('/dashboard/account');
+    const removed = await max.browser.post('/dashboard/account/totp/remove', { csrf_token: csrfTokenIn((await max.browser.get('/dashboard/account')).body) });
+    expect(removed.statusCode, removed.body).toBe(200);
+    expect(await db().selectFrom('totp_factors').select('user_id').where('user_id', '=', max.id).execute()).toEqual([]);
+  });
+
+  it('binds an enrolment to the session that started it, and confirming it gives that browser a new session', async () => {
+    const ned = await person();
+    await ned.browser.login(ned.email, PASSWORD);
+    const other = new Browser(app, '10.99.5.1');
+    await other.login(ned.email, PASSWORD);
+    const started = await ned.browser.post('/dashboard/account/totp', { csrf_token: csrfTokenIn((await ned.browser.get('/dashboard/account')).body) });
+    const secret = new URL(unescapeHtml(/data-totp-uri>([^<]+)</.exec(started.body)![1]!)).searchParams.get('secret')!;
+    // Another session of the same user sees no key and cannot confirm it.
+    const elsewhere = await other.get('/dashboard/account');
+    expect(elsewhere.body).not.toContain(secret);
+    const refused = await other.post('/dashboard/account/totp/confirm', { csrf_token: csrfTokenIn(elsewhere.body), code: await codeAt(secret) });
+    expect(refused.statusCode).toBe(409);
+    const before = ned.browser.cookies.get('orgauth_session');
+    const confirmed = await ned.browser.post('/dashboard/account/totp/confirm', { csrf_token: csrfTokenIn(started.body), code: await codeAt(secret) });
+    expect(confirmed.statusCode).toBe(200);
+    expect(ned.browser.cookies.get('orgauth_session')).not.toBe(before);
+    // The old cookie (a copy someone took) is no session any more.
+    const copied = await app.inject({ method: 'GET', url: '/dashboard', headers: { cookie: `orgauth_session=${before}` } });
+    expect(location(copied)).toMatch(/^\/login/);
+  });
+
+  it('a password change ends the sign-ins waiting at the second step', async () => {
+    const ora = await person();
+    await ora.browser.login(ora.email, PASSWORD);
+    await enrolTotp(ora);
+    const waiting = new Browser(app, '10.99.6.1');
+    await waiting.login(ora.email, PASSWORD);
+    expect((await waiting.get('/login/second-step')).statusCode).toBe(200);
+    const account = await ora.browser.get('/dashboard/account');
+    const changed = await ora.browser.post('/dashboard/account/password', { csrf_token: csrfTokenIn(account.body), current_password: PASSWORD, new_password: 'another-password-2' });
+    expect(changed.statusCode).toBe(200);
+    expect(location(await waiting.get('/login/second-step'))).toBe('/login');
+  });
+});
+
 describe('an organization that requires two-step sign-in (must-show 3)', () => {
   it('a member without a second factor gets no code for it through the consent page, and gets one after enrolling', async () => {
     const owner = await createUser(db(), { email: `mfa-owner-${Date.now()}@example.com`, password: PASSWORD, name: 'Owner' });
@@ -346,7 +415,10 @@ describe('an organization that requires two-step sign-in (must-show 3)', () => {
     const tokens = await client.authorizationCodeGrant(oidc, callback, checks);
     expect(tokens.organization_id).toBe(strict.id);
     expect(tokens.claims()!.amr).toContain('mfa');
-    expect((await jo.browser.get('/dashboard/members')).statusCode).toBe(200);
+    // The new session of the enrolment kept the organization chosen before it.
+    const members = await jo.browser.get('/dashboard/members');
+    expect(members.statusCode).toBe(200);
+    expect(members.body).toContain(`Two-step sign-in is <strong>required</strong> in ${strict.name}`);
   });
 
   it('a code or a grant from a one-step sign-in is refused once the requirement is on; members list who has a second factor', async () => {
@@ -386,8 +458,10 @@ describe('the CLI and the management API', () => {
     expect(await db().selectFrom('totp_factors').select('user_id').where('user_id', '=', lee.id).execute()).toEqual([]);
     const events = await db().selectFrom('account_events').select('action').where('user_id', '=', lee.id).orderBy('id', 'desc').limit(1).execute();
     expect(events[0]?.action).toBe('second_factor.reset_by_administrator');
+    // A reset may follow a takeover: every session of the user ended with it.
+    expect(await db().selectFrom('sessions').select('id').where('user_id', '=', lee.id).execute()).toEqual([]);
+    expect(location(await lee.browser.get('/dashboard'))).toMatch(/^\/login/);
     // Signing in is one step again.
-    await signOut(lee);
     expect(location(await lee.browser.login(lee.email, PASSWORD))).toBe('/dashboard');
   });
 

@@ -21,7 +21,7 @@ import { loginPath } from '../../web/sign-in.js';
 import type { RoleRef } from '../../accounts/roles.js';
 import { csrfToken, csrfTokenMatches, currentUser, sessionSid, type SessionUser, signedInWithTwoFactors } from '../../accounts/sessions.js';
 import { factorSummary, hasSecondFactor } from '../../accounts/second-factors.js';
-import { stepUpPath } from '../../web/second-step.js';
+import { stepUpPath, twoFactorsPath } from '../../web/second-step.js';
 import { asksForTwoFactors } from '../helpers/acr.js';
 import type { Config } from '../../config.js';
 import { type DB, inTransaction } from '../../db/connect.js';
@@ -308,13 +308,6 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
   const described = (scopes: readonly (Scope | IdentityScope)[]) =>
     scopes.map((name) => ({ name, description: isIdentityScope(name) ? IDENTITY_SCOPE_DESCRIPTIONS[name] : SCOPE_DESCRIPTIONS[name] }));
 
-  /**
-   * Where a user goes to reach an organization that requires two factors from a session with a
-   * password alone, coming back to `returnTo`: the second step, or setting one up first.
-   */
-  const twoFactorsLink = (hasFactor: boolean, returnTo: string) =>
-    hasFactor ? stepUpPath(returnTo) : `/dashboard/account?${new URLSearchParams({ return_to: returnTo }).toString()}`;
-
   async function renderConsent(reply: FastifyReply, user: SessionUser, memberships: readonly UserOrganization[], request: AuthorizationRequest, returnTo: string) {
     if (memberships.length === 0) {
       return renderPage(reply, 403, 'error', {
@@ -340,7 +333,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
         refused: described(refused),
         choosable,
         needsTwoFactors,
-        twoFactorsLink: needsTwoFactors ? twoFactorsLink(hasFactor, returnTo) : '',
+        twoFactorsLink: needsTwoFactors ? twoFactorsPath(hasFactor, returnTo) : '',
       };
     });
     const choosable = organizations.filter((o) => o.choosable);
@@ -525,6 +518,8 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
     if (organizationId === undefined) throw new InvalidRequestError('Choose an organization.');
     if (!membership) throw new ForbiddenError('You are not a member of the organization you chose.');
     if (membership.requireMfa && !signedInWithTwoFactors(user)) throw new ForbiddenError(`${membership.name} requires two-step sign-in. Go back to the application and start again.`);
+    // acr_values asked for two factors: checked again here, not only when the page was shown.
+    if (request.twoFactors && !signedInWithTwoFactors(user)) throw new ForbiddenError('The application asks for two-step sign-in. Go back to the application and start again.');
     // The role as it is now, not as the page showed it.
     const { granted } = grantableByRole(request.scopes, membership.access);
     if (!canGrant(request, granted)) throw new ForbiddenError(`Your role in ${membership.name} (${membership.role}) allows none of the access ${request.application.name} asks for.`);

@@ -9,12 +9,13 @@
 import type { FastifyInstance } from 'fastify';
 import { factorSummary, hasSecondFactor } from '../../accounts/second-factors.js';
 import { signedInWithTwoFactors } from '../../accounts/sessions.js';
-import { stepUpPath } from '../second-step.js';
+import { twoFactorsPath } from '../second-step.js';
 import { loginPath } from '../sign-in.js';
 import { ForbiddenError } from '../../errors.js';
 import { setUpPages } from '../render.js';
 import { accountRoutes } from './account.js';
 import { twoStepRoutes } from './two-step.js';
+import { FactorChangeGuard } from './factor-guard.js';
 import { passkeyRoutes } from './passkeys.js';
 import { applicationRoutes, type DashboardDeps } from './applications.js';
 import { CSRF_FAILED, loadContext, setDashboardContext } from './context.js';
@@ -31,11 +32,10 @@ export async function dashboardPages(app: FastifyInstance, deps: DashboardDeps):
       setDashboardContext(req, ctx);
       // An organization that requires two-step sign-in is reached only by a two-factor session;
       // the Account page (to set one up) and switching organization stay open.
-      const path = req.url.split('?')[0] ?? '';
-      if (ctx.organization?.requireMfa && !signedInWithTwoFactors(ctx.session) && !path.startsWith('/dashboard/account') && path !== '/dashboard/organization') {
+      const route = req.routeOptions.url ?? '';
+      if (ctx.organization?.requireMfa && !signedInWithTwoFactors(ctx.session) && !route.startsWith('/dashboard/account') && route !== '/dashboard/organization') {
         if (req.method !== 'GET' && req.method !== 'HEAD') throw new ForbiddenError(`${ctx.organization.name} requires two-step sign-in.`);
-        const hasFactor = hasSecondFactor(await factorSummary(deps.db, ctx.session.userId));
-        return reply.redirect(hasFactor ? stepUpPath(req.url) : `/dashboard/account?${new URLSearchParams({ return_to: req.url }).toString()}`, 303);
+        return reply.redirect(twoFactorsPath(hasSecondFactor(await factorSummary(deps.db, ctx.session.userId)), req.url), 303);
       }
       return;
     }
@@ -46,6 +46,7 @@ export async function dashboardPages(app: FastifyInstance, deps: DashboardDeps):
   await organizationRoutes(app, deps);
   await roleRoutes(app, deps);
   await accountRoutes(app, deps);
-  await twoStepRoutes(app, deps);
-  await passkeyRoutes(app, deps);
+  const factorGuard = new FactorChangeGuard(deps.db);
+  await twoStepRoutes(app, { ...deps, factorGuard });
+  await passkeyRoutes(app, { ...deps, factorGuard });
 }

@@ -8,21 +8,23 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { addPasskey, passkeyNameSchema, registrationOptions, registrationResponseSchema, removePasskey } from '../../accounts/passkeys.js';
 import { PASSWORD_MAX_LENGTH } from '../../accounts/passwords.js';
-import { csrfTokenMatches, identityConfirmed, raiseSessionAmr, safeReturnTo } from '../../accounts/sessions.js';
+import { csrfTokenMatches, safeReturnTo } from '../../accounts/sessions.js';
 import { ForbiddenError, InvalidRequestError, NotFoundError } from '../../errors.js';
 import { answerErrorsAsJson, csrfHeader, parseBody } from '../passkey-pages.js';
-import { withSecondFactor } from '../second-step.js';
+import { replaceSession } from '../begin-session.js';
+import { stepUpPath, withSecondFactor } from '../second-step.js';
 import { accountPageRenderer } from './account.js';
 import type { DashboardDeps } from './applications.js';
 import { CSRF_FAILED, type DashboardContext, dashboardContext, parseId, readForm } from './context.js';
-import { WRONG_PASSWORD } from './two-step.js';
+import { type FactorChangeGuard, SECOND_STEP_FIRST, WRONG_PASSWORD } from './factor-guard.js';
+import { ACCOUNT_PATH } from './two-step.js';
 
 const password = z.string().max(PASSWORD_MAX_LENGTH).optional();
 const optionsBody = z.object({ current_password: password });
 const addBody = z.object({ response: registrationResponseSchema, name: passkeyNameSchema.default('Passkey'), current_password: password, return_to: z.string().max(8192).optional() });
 
-export async function passkeyRoutes(app: FastifyInstance, deps: DashboardDeps): Promise<void> {
-  const { db, config } = deps;
+export async function passkeyRoutes(app: FastifyInstance, deps: DashboardDeps & { factorGuard: FactorChangeGuard }): Promise<void> {
+  const { db, config, factorGuard } = deps;
   const renderAccount = accountPageRenderer(deps);
   const passkeyDeps = { issuer: config.issuer, secretKey: config.secretKey, mail: deps.mail };
   const userOf = (ctx: DashboardContext) => ({ id: ctx.session.userId, email: ctx.session.email, name: ctx.session.name });
@@ -31,7 +33,9 @@ export async function passkeyRoutes(app: FastifyInstance, deps: DashboardDeps): 
     const { params } = readForm(req.body);
     const ctx = dashboardContext(req);
     if (!csrfTokenMatches(config, { session: ctx.session.sessionId }, params.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
-    if (!(await identityConfirmed(db, ctx.session, params.current_password))) return renderAccount(reply, 400, ctx, { twoStepError: WRONG_PASSWORD });
+    const check = await factorGuard.check(ctx.session, params.current_password);
+    if (check === 'second_step') return reply.redirect(stepUpPath(ACCOUNT_PATH), 303);
+    if (check === 'wrong_password') return renderAccount(reply, 400, ctx, { twoStepError: WRONG_PASSWORD });
     const id = parseId(req.params.id);
     try {
       if (id === undefined) throw new NotFoundError('There is no such passkey on your account.');
@@ -47,11 +51,13 @@ export async function passkeyRoutes(app: FastifyInstance, deps: DashboardDeps): 
   await app.register(async (json) => {
     answerErrorsAsJson(json);
 
-    /** The session's CSRF token (header), and the password again unless the session is fresh. */
+    /** The session's CSRF token (header), and factor-guard.ts's rule: a two-factor session for an account that has a factor, the password unless the session is fresh. */
     async function guard(req: FastifyRequest, currentPassword: string | undefined): Promise<DashboardContext> {
       const ctx = dashboardContext(req);
       if (!csrfTokenMatches(config, { session: ctx.session.sessionId }, csrfHeader(req))) throw new ForbiddenError(CSRF_FAILED);
-      if (!(await identityConfirmed(db, ctx.session, currentPassword))) throw new InvalidRequestError(WRONG_PASSWORD);
+      const check = await factorGuard.check(ctx.session, currentPassword);
+      if (check === 'second_step') throw new ForbiddenError(SECOND_STEP_FIRST);
+      if (check === 'wrong_password') throw new InvalidRequestError(WRONG_PASSWORD);
       return ctx;
     }
 
@@ -61,14 +67,14 @@ export async function passkeyRoutes(app: FastifyInstance, deps: DashboardDeps): 
       return registrationOptions(db, passkeyDeps, userOf(ctx), ctx.session.sessionId);
     });
 
-    json.post('/dashboard/account/passkeys', async (req) => {
+    json.post('/dashboard/account/passkeys', async (req, reply) => {
       const body = parseBody(addBody, req.body);
       // Checked again here (not only for the options): this is the request that changes the account.
       const ctx = await guard(req, body.current_password);
       const added = await addPasskey(db, passkeyDeps, userOf(ctx), ctx.session.sessionId, body.response, body.name);
-      // The new passkey verified the user: as with a new authenticator app's first code, this
-      // session now has two factors (an organization that requires them lets it in).
-      await raiseSessionAmr(db, ctx.session.sessionId, withSecondFactor(ctx.session.amr, [added.backedUp ? 'swk' : 'hwk']));
+      // The new passkey verified the user: as with a new authenticator app's first code, the
+      // browser now has two factors, in a new session (new id).
+      await replaceSession(db, config, req, reply, { userId: ctx.session.userId, amr: withSecondFactor(ctx.session.amr, [added.backedUp ? 'swk' : 'hwk']) });
       req.log.info({ user_id: ctx.session.userId, passkey_id: added.id }, 'passkey added');
       const returnTo = safeReturnTo(body.return_to, '');
       return { redirect: returnTo ? `/dashboard/account?${new URLSearchParams({ return_to: returnTo }).toString()}` : '/dashboard/account' };

@@ -5,6 +5,7 @@ import { listAccountEvents } from '../../audit/events.js';
 import type { DB } from '../../db/connect.js';
 import type { DashboardDeps } from './applications.js';
 import type { DashboardContext } from './context.js';
+import { stepUpPath } from '../second-step.js';
 
 /** What the Account page's security activity says for each account event. */
 const EVENT_LABELS: Record<string, string> = {
@@ -45,12 +46,14 @@ export async function twoStepSection(db: DB, deps: Pick<DashboardDeps, 'config' 
     summary,
     enabled: hasSecondFactor(summary),
     passkeys,
-    enrolment: view.enrolment ?? (summary.totp ? undefined : await pendingTotpEnrolment(db, factorDeps, user)),
+    enrolment: view.enrolment ?? (summary.totp ? undefined : await pendingTotpEnrolment(db, factorDeps, user, ctx.session.sessionId)),
     recoveryCodes: view.recoveryCodes ?? [],
     error: view.twoStepError ?? '',
     // The password is asked again for changes, unless the session signed in a moment ago.
     needsPassword: !signedInRecently(ctx.session),
     sessionHasTwoFactors: signedInWithTwoFactors(ctx.session),
+    // Changes to the factors of an account that has one take a two-factor session (factor-guard.ts).
+    secondStepFirst: hasSecondFactor(summary) && !signedInWithTwoFactors(ctx.session) ? stepUpPath('/dashboard/account') : '',
     requiredBy: ctx.organizations.filter((o) => o.requireMfa).map((o) => o.name),
     returnTo,
     events: (await listAccountEvents(db, userId, 20)).map((e) => ({ ...e, label: EVENT_LABELS[e.action] ?? e.action })),
