@@ -329,7 +329,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
         id: o.id,
         name: o.name,
         role: o.role,
-        granted: described(grantable ? [...request.identityScopes, ...granted] : []),
+        granted: described(choosable ? [...request.identityScopes, ...granted] : []),
         refused: described(refused),
         choosable,
         needsTwoFactors,
