@@ -6,7 +6,7 @@ import { existsSync, mkdirSync } from 'node:fs';
 import { createServer, type Server } from 'node:http';
 import path from 'node:path';
 import type { FastifyInstance } from 'fastify';
-import * as client from 'openid-client';
+import type * as client from 'openid-client';
 import { type Browser, chromium, type Page } from 'playwright-core';
 import { expect } from 'vitest';
 import { buildApp } from '../../src/app.js';
@@ -14,6 +14,7 @@ import { parseConfig } from '../../src/config.js';
 import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
 import { createLogger } from '../../src/logger.js';
 import { TEST_SECRET_KEY } from '../helpers/app.js';
+import { authorizationRequest as clientRequest } from '../helpers/oidc-world.js';
 import { createTestDatabase } from '../helpers/db.js';
 import { freePort, ROOT } from '../helpers/process.js';
 
@@ -70,20 +71,8 @@ export async function screenshot(page: Page, name: string): Promise<void> {
 }
 
 /** An authorization request of `oidc` to `rp`'s callback, with PKCE, state and nonce: its URL, and what the code grant checks. */
-export async function authorizationRequest(oidc: client.Configuration, rp: CallbackServer, scope: string, extra: Record<string, string> = {}) {
-  const verifier = client.randomPKCECodeVerifier();
-  const checks = { pkceCodeVerifier: verifier, expectedNonce: client.randomNonce(), expectedState: client.randomState() };
-  const url = client.buildAuthorizationUrl(oidc, {
-    redirect_uri: rp.callback,
-    scope,
-    state: checks.expectedState,
-    nonce: checks.expectedNonce,
-    code_challenge: await client.calculatePKCECodeChallenge(verifier),
-    code_challenge_method: 'S256',
-    ...extra,
-  });
-  return { url, checks };
-}
+export const authorizationRequest = (oidc: client.Configuration, rp: CallbackServer, scope: string, extra: Record<string, string> = {}) =>
+  clientRequest(oidc, scope, extra, rp.callback);
 
 /** A tiny OAuth client's callback: answers every request and remembers the URLs it was sent. */
 export class CallbackServer {

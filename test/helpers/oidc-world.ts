@@ -69,12 +69,12 @@ export function discover(world: Pick<OidcWorld, 'issuer'>, application: Applicat
 }
 
 /** An authorization request as openid-client builds it (PKCE, nonce, state), with the checks for its response. */
-export async function authorizationRequest(oidc: client.Configuration, scope: string, extra: Record<string, string> = {}) {
+export async function authorizationRequest(oidc: client.Configuration, scope: string, extra: Record<string, string> = {}, redirectUri = RP_REDIRECT) {
   const verifier = client.randomPKCECodeVerifier();
   const nonce = client.randomNonce();
   const state = client.randomState();
   const url = client.buildAuthorizationUrl(oidc, {
-    redirect_uri: RP_REDIRECT,
+    redirect_uri: redirectUri,
     scope,
     state,
     nonce,
