@@ -34,7 +34,7 @@ import type { DB } from '../db/connect.js';
 import { ConflictError, InvalidRequestError, NotFoundError } from '../errors.js';
 import { deriveKey, sha256Hex } from '../lib/crypto.js';
 import { setChallenge, takeChallenge } from './pending-sign-ins.js';
-import { changeSignInMethods, dropRecoveryCodesWithoutFactor, type FactorDeps, type FactorUser } from './second-factors.js';
+import { changeSignInMethods, dropRecoveryCodesWithoutFactor, type FactorDeps, type FactorUser, recoveryCodesForNewFactor } from './second-factors.js';
 
 export const PASSKEYS_PER_USER = 20;
 export const PASSKEY_NAME_MAX = 100;
@@ -164,7 +164,7 @@ export async function registrationOptions(db: DB, deps: PasskeyDeps, user: Facto
  * verification, a supported algorithm. Then step 22 (the credential id is new to this server:
  * the unique index) and storing it. Recorded on the account and mailed.
  */
-export async function addPasskey(db: DB, deps: PasskeyDeps, user: FactorUser, sessionId: string, response: RegistrationResponseJSON, name: string): Promise<{ id: number; backedUp: boolean }> {
+export async function addPasskey(db: DB, deps: PasskeyDeps, user: FactorUser, sessionId: string, response: RegistrationResponseJSON, name: string): Promise<{ id: number; backedUp: boolean; recoveryCodes: string[] }> {
   const expectedChallenge = await sessionSlot(db, sessionId).take();
   if (expectedChallenge === undefined) throw new InvalidRequestError(START_AGAIN);
   const rp = relyingParty(deps.issuer);
@@ -196,15 +196,16 @@ export async function addPasskey(db: DB, deps: PasskeyDeps, user: FactorUser, se
       .returning('id')
       .executeTakeFirst();
     if (!row) throw new ConflictError('This passkey is registered already.');
+    const recoveryCodes = await recoveryCodesForNewFactor(trx, deps, user.id);
     await note({
       action: 'passkey.added',
       subject: 'A passkey was added to your account',
       what: `A passkey named "${name}" was added to your account. It signs you in without your password.`,
       details: { passkey_id: row.id, name },
     });
-    return row.id;
+    return { id: row.id, recoveryCodes };
   });
-  return { id: added, backedUp: credentialBackedUp };
+  return { ...added, backedUp: credentialBackedUp };
 }
 
 /**

@@ -201,8 +201,7 @@ export async function confirmTotp(db: DB, deps: FactorDeps, user: FactorUser, se
     // use the same code (a person who signs out at once and back in types what the app still
     // shows). Codes of earlier steps stay refused.
     await trx.updateTable('totp_factors').set({ confirmed_at: new Date(), last_step: step - 1 }).where('user_id', '=', user.id).execute();
-    const left = await trx.selectFrom('recovery_codes').select('id').where('user_id', '=', user.id).where('used_at', 'is', null).limit(1).execute();
-    const fresh = left.length === 0 ? await replaceRecoveryCodes(trx, deps, user.id) : [];
+    const fresh = await recoveryCodesForNewFactor(trx, deps, user.id);
     await note({
       action: 'second_factor.totp_added',
       subject: 'An authenticator app was added to your account',
@@ -250,6 +249,15 @@ function recoveryCodeHash(deps: Pick<FactorDeps, 'secretKey'>, userId: number, n
 function normalizeRecoveryCode(code: string): string | undefined {
   const normalized = code.toLowerCase().replace(/[\s-]/g, '');
   return normalized.length === RECOVERY_CODE_LENGTH && [...normalized].every((c) => RECOVERY_ALPHABET.includes(c)) ? normalized : undefined;
+}
+
+/**
+ * For a factor just added: ten recovery codes, to show once, when the user has none left (a
+ * first factor, or all used); [] when they keep the ones they have.
+ */
+export async function recoveryCodesForNewFactor(trx: DB, deps: Pick<FactorDeps, 'secretKey'>, userId: number): Promise<string[]> {
+  const left = await trx.selectFrom('recovery_codes').select('id').where('user_id', '=', userId).where('used_at', 'is', null).limit(1).execute();
+  return left.length === 0 ? replaceRecoveryCodes(trx, deps, userId) : [];
 }
 
 /** Ten new codes (the old ones stop working), returned once in `xxxx-xxxx-xxxx` form. */

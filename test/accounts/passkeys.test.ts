@@ -67,7 +67,7 @@ async function addPasskey(browser: Browser, authenticator: SoftAuthenticator, na
 /** A passkey registered for `p`, through the Account page. */
 async function withPasskey(p: Person, backedUp = false): Promise<SoftAuthenticator> {
   const authenticator = new SoftAuthenticator(ISSUER, backedUp);
-  expect((await addPasskey(p.browser, authenticator, 'Laptop')).json()).toEqual({ redirect: '/dashboard/account' });
+  expect((await addPasskey(p.browser, authenticator, 'Laptop')).json()).toMatchObject({ redirect: '/dashboard/account' });
   return authenticator;
 }
 
@@ -112,7 +112,12 @@ describe('adding and removing passkeys', () => {
     const laptop = new SoftAuthenticator(ISSUER);
     const added = await p.browser.postJson('/dashboard/account/passkeys', { response: laptop.register(options), name: '  Work laptop  ' }, { 'x-csrf-token': token });
     expect(added.statusCode, added.body).toBe(200);
-    expect(added.json()).toEqual({ redirect: '/dashboard/account' });
+    // A first factor comes with its recovery codes, once.
+    expect(added.json()).toEqual({ redirect: '/dashboard/account', recovery_codes: expect.any(Array) });
+    const codes: string[] = added.json().recovery_codes;
+    expect(new Set(codes).size).toBe(10);
+    for (const code of codes) expect(code).toMatch(/^[0-9a-z]{4}-[0-9a-z]{4}-[0-9a-z]{4}$/);
+    expect(await db().selectFrom('recovery_codes').select('id').where('user_id', '=', p.id).where('used_at', 'is', null).execute()).toHaveLength(10);
     // Adding raised the browser to two factors in a new session: the page's token is the new session's.
     expect(p.browser.cookies.get('orgauth_session')).not.toBe(before);
     const token2 = await accountToken(p.browser);
@@ -123,7 +128,9 @@ describe('adding and removing passkeys', () => {
     expect(second.user.id).toBe(options.user.id);
     expect(second.challenge).not.toBe(options.challenge);
     const phone = new SoftAuthenticator(ISSUER, true);
-    expect((await p.browser.postJson('/dashboard/account/passkeys', { response: phone.register(second), name: '' }, { 'x-csrf-token': token2 })).statusCode).toBe(200);
+    const secondAdded = await p.browser.postJson('/dashboard/account/passkeys', { response: phone.register(second), name: '' }, { 'x-csrf-token': token2 });
+    // The user keeps the codes they have: none are shown again.
+    expect(secondAdded.json()).toEqual({ redirect: '/dashboard/account' });
 
     const rows = await db().selectFrom('passkeys').select(['name', 'credential_id', 'backed_up', 'sign_count', 'transports']).where('user_id', '=', p.id).orderBy('id').execute();
     expect(rows).toEqual([

@@ -83,6 +83,9 @@ describe.runIf(HAS_CHROMIUM)('passkeys in a real browser', () => {
       await page.goto(`${world.baseUrl}/dashboard/account`);
       await page.fill('input[name="passkey_name"]', 'Virtual laptop');
       await page.getByRole('button', { name: /passkey/i }).click();
+      // A first factor: its recovery codes are shown once, then the page goes on.
+      await expect.poll(() => page.locator('ul.codes li').count(), { timeout: 15_000 }).toBe(10);
+      await page.getByRole('link', { name: 'I saved them: continue' }).click();
       await expect.poll(() => page.locator('td[data-label="Name"]', { hasText: 'Virtual laptop' }).count(), { timeout: 15_000 }).toBe(1);
       await screenshot(page, 'passkeys-account');
       const { credentials } = await cdp.send('WebAuthn.getCredentials', { authenticatorId });

@@ -6,7 +6,8 @@
  * buttons with data-passkey-action="register" or "authenticate", an optional passkey_name and
  * current_password field, and an element with role="alert" data-passkey-error for errors. A
  * ceremony is: POST the options URL (JSON), hand the options to the browser, POST its answer to
- * the verify URL, and go where the server says ({ redirect }).
+ * the verify URL, and go where the server says ({ redirect }) — after showing the recovery codes
+ * a first passkey comes with ({ recovery_codes }), once, until the user says they saved them.
  *
  * A container with data-passkey-autofill (the login page) also offers passkeys in the email
  * field's autofill (conditional mediation), where the browser supports it.
@@ -59,7 +60,37 @@
     var body = Object.assign({ response: response }, common);
     if (action === 'register') body.name = field(container, 'passkey_name') || 'Passkey';
     var done = await post(container, container.dataset.verifyUrl, body);
-    window.location.assign(done.redirect);
+    if (Array.isArray(done.recovery_codes) && done.recovery_codes.length > 0) showRecoveryCodes(container, done.recovery_codes, done.redirect);
+    else window.location.assign(done.redirect);
+  }
+
+  /** The codes in place of the container's controls, and a link on: nothing else shows them again. */
+  function showRecoveryCodes(container, codes, redirect) {
+    var box = document.createElement('div');
+    box.className = 'secret';
+    box.setAttribute('role', 'status');
+    var intro = document.createElement('p');
+    var strong = document.createElement('strong');
+    strong.textContent = 'Your passkey was added. Your recovery codes:';
+    intro.appendChild(strong);
+    intro.appendChild(document.createTextNode(' each signs you in once if you lose your passkeys. Save them somewhere safe now: they are not shown again.'));
+    var list = document.createElement('ul');
+    list.className = 'codes';
+    codes.forEach(function (code) {
+      var item = document.createElement('li');
+      var text = document.createElement('code');
+      text.textContent = code;
+      item.appendChild(text);
+      list.appendChild(item);
+    });
+    var next = document.createElement('a');
+    next.className = 'button secondary';
+    next.href = redirect;
+    next.textContent = 'I saved them: continue';
+    box.appendChild(intro);
+    box.appendChild(list);
+    box.appendChild(next);
+    container.replaceChildren(box);
   }
 
   /** The user closed the prompt, or another ceremony replaced this one: nothing to say. */

@@ -77,7 +77,9 @@ export async function passkeyRoutes(app: FastifyInstance, deps: DashboardDeps & 
       await replaceSession(db, config, req, reply, { userId: ctx.session.userId, amr: withSecondFactor(ctx.session.amr, [added.backedUp ? 'swk' : 'hwk']) });
       req.log.info({ user_id: ctx.session.userId, passkey_id: added.id }, 'passkey added');
       const returnTo = safeReturnTo(body.return_to, '');
-      return { redirect: returnTo ? `/dashboard/account?${new URLSearchParams({ return_to: returnTo }).toString()}` : '/dashboard/account' };
+      const redirect = returnTo ? `/dashboard/account?${new URLSearchParams({ return_to: returnTo }).toString()}` : '/dashboard/account';
+      // A first factor's recovery codes, shown once by the page script before it goes on.
+      return added.recoveryCodes.length > 0 ? { redirect, recovery_codes: added.recoveryCodes } : { redirect };
     });
   });
 }
