@@ -83,12 +83,6 @@ export interface AccountNotice {
   details?: Record<string, unknown>;
 }
 
-/** The user's security notice: recorded on the account and mailed, in `db`'s transaction (wake the outbox after it commits). */
-export async function noteAccountChange(db: DB, deps: Pick<FactorDeps, 'issuer' | 'mail'>, user: FactorUser, event: AccountNotice): Promise<void> {
-  await recordAccountEvent(db, { userId: user.id, action: event.action, ...(event.details ? { details: event.details } : {}) });
-  await deps.mail.queue(db, securityNoticeMessage({ issuer: deps.issuer, to: user.email, name: user.name, subject: event.subject, what: event.what, at: new Date() }));
-}
-
 /**
  * Runs `work` in one transaction with the notices it gives (`note`), and wakes the outbox once
  * that has committed: every change to how a user signs in goes through here. The transaction
@@ -105,8 +99,10 @@ export async function changeSignInMethods<T>(
   let noted = false;
   const result = await inTransaction(db, async (trx) => {
     await trx.selectFrom('users').select('id').where('id', '=', user.id).forUpdate().execute();
+    // A notice is recorded on the account and mailed, in this transaction.
     return work(trx, async (event) => {
-      await noteAccountChange(trx, deps, user, event);
+      await recordAccountEvent(trx, { userId: user.id, action: event.action, ...(event.details ? { details: event.details } : {}) });
+      await deps.mail.queue(trx, securityNoticeMessage({ issuer: deps.issuer, to: user.email, name: user.name, subject: event.subject, what: event.what, at: new Date() }));
       noted = true;
     });
   });

@@ -19,7 +19,6 @@ import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
 import { ForbiddenError } from '../errors.js';
 import { deriveKey, generateSecret, sha256Hex } from '../lib/crypto.js';
-import { PASSWORD_MAX_LENGTH, verifyPassword } from './passwords.js';
 
 export const SESSION_TTL_SECONDS = 12 * 3600;
 
@@ -165,14 +164,6 @@ export const RECENT_SIGN_IN_MS = 10 * 60 * 1000;
 
 export function signedInRecently(session: Pick<SessionUser, 'authTime'>): boolean {
   return Date.now() - session.authTime.getTime() < RECENT_SIGN_IN_MS;
-}
-
-/** The password again (form field current_password), unless the session signed in a moment ago. */
-export async function identityConfirmed(db: DB, session: Pick<SessionUser, 'authTime' | 'userId'>, password: string | undefined): Promise<boolean> {
-  if (signedInRecently(session)) return true;
-  if (password === undefined || password.length > PASSWORD_MAX_LENGTH) return false;
-  const row = await db.selectFrom('users').select('password_hash').where('id', '=', session.userId).executeTakeFirstOrThrow();
-  return verifyPassword(row.password_hash, password);
 }
 
 export async function deleteSession(db: DB, sessionId: string): Promise<void> {

@@ -6,7 +6,7 @@ import type { User } from '../db/schema.js';
 import { ConflictError, NotFoundError } from '../errors.js';
 import { parseInput } from '../lib/validate.js';
 import { endAccountTokens } from './account-tokens.js';
-import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH } from './passwords.js';
+import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH, verifyPassword } from './passwords.js';
 
 export const emailSchema = z
   .string()
@@ -94,6 +94,13 @@ export async function listUsers(db: DB, page: { afterId: number; limit: number }
  * Sets a user's password hash. Every link sent to them before (reset, verification) stops
  * working: whoever could read their mail then may not be them now. Callers also end sessions.
  */
+/** Whether `password` is the user's current one (asked again before changes to the account); over-long is never. */
+export async function passwordMatches(db: DB, userId: number, password: string | undefined): Promise<boolean> {
+  if (password === undefined || password.length > PASSWORD_MAX_LENGTH) return false;
+  const row = await db.selectFrom('users').select('password_hash').where('id', '=', userId).executeTakeFirstOrThrow();
+  return verifyPassword(row.password_hash, password);
+}
+
 export async function setPassword(db: DB, userId: number, passwordHash: string): Promise<void> {
   await db.updateTable('users').set({ password_hash: passwordHash, updated_at: new Date() }).where('id', '=', userId).execute();
   await endAccountTokens(db, userId);

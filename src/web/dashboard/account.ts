@@ -1,7 +1,7 @@
 /** The account page: change the password; the browser sessions, each with its own sign-out, and sign-out everywhere (else). */
 import type { FastifyInstance, FastifyReply } from 'fastify';
-import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH, verifyPassword } from '../../accounts/passwords.js';
-import { emailSchema, setPassword } from '../../accounts/users.js';
+import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH } from '../../accounts/passwords.js';
+import { emailSchema, passwordMatches, setPassword } from '../../accounts/users.js';
 import { sendVerification } from '../../accounts/verification.js';
 import { clearSessionCookie, csrfTokenMatches, endOtherSessions, endSession, listSessions, SESSIONS_LISTED } from '../../accounts/sessions.js';
 import { recordAuditEvent } from '../../audit/events.js';
@@ -89,8 +89,7 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
     if (!parsed.success) return again(400, 'Enter a valid email address.');
     if (parsed.data === ctx.session.email) return again(400, 'That is already your email address.');
     const current = params.current_password ?? '';
-    const user = await db.selectFrom('users').select('password_hash').where('id', '=', ctx.session.userId).executeTakeFirstOrThrow();
-    if (current.length > PASSWORD_MAX_LENGTH || !(await verifyPassword(user.password_hash, current))) return again(400, 'The current password is not correct.');
+    if (!(await passwordMatches(db, ctx.session.userId, current))) return again(400, 'The current password is not correct.');
     try {
       await sendVerification(db, mailDeps, ctx.session.userId, parsed.data);
     } catch (err) {
@@ -110,8 +109,8 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
     if (!csrfTokenMatches(config, { session: ctx.session.sessionId }, params.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
     const current = params.current_password ?? '';
     const next = params.new_password ?? '';
-    const user = await db.selectFrom('users').select(['id', 'password_hash']).where('id', '=', ctx.session.userId).executeTakeFirstOrThrow();
-    if (current.length > PASSWORD_MAX_LENGTH || !(await verifyPassword(user.password_hash, current))) {
+    const user = { id: ctx.session.userId };
+    if (!(await passwordMatches(db, user.id, current))) {
       return renderAccount(reply, 400, ctx, { errors: ['The current password is not correct.'] });
     }
     if (next.length < PASSWORD_MIN_LENGTH || next.length > PASSWORD_MAX_LENGTH) {

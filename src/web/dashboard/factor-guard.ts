@@ -11,7 +11,8 @@
  * is all there is.
  */
 import { factorSummary, hasSecondFactor } from '../../accounts/second-factors.js';
-import { identityConfirmed, signedInRecently, signedInWithTwoFactors, type SessionUser } from '../../accounts/sessions.js';
+import { signedInRecently, signedInWithTwoFactors, type SessionUser } from '../../accounts/sessions.js';
+import { passwordMatches } from '../../accounts/users.js';
 import type { DB } from '../../db/connect.js';
 import { FailureThrottle } from '../../lib/throttle.js';
 import { TooManyAttemptsError } from '../../oauth/errors.js';
@@ -35,7 +36,7 @@ export class FactorChangeGuard {
     const key = String(session.userId);
     const wait = this.wrongPasswords.retryAfter(key);
     if (wait > 0) throw new TooManyAttemptsError(wait, 'Too many wrong passwords. Please wait and try again later.');
-    if (await identityConfirmed(this.db, session, password)) {
+    if (await passwordMatches(this.db, session.userId, password)) {
       this.wrongPasswords.reset(key);
       return 'ok';
     }
