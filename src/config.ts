@@ -64,6 +64,19 @@ export interface Config {
   /** Seconds between deletions of expired codes, refresh tokens, revocations and sessions (src/retention.ts); 0: never. */
   readonly cleanupInterval: number;
   readonly mail: MailConfig;
+  /** DNS_SERVERS: the resolvers domain verification asks (`host:port`); empty: the system's. */
+  readonly dnsServers: readonly string[];
+  readonly outbound: OutboundConfig;
+}
+
+/** The one guarded client for URLs someone else chose (src/lib/outbound.ts, AG-1). */
+export interface OutboundConfig {
+  /** Plain http only in development (an http ISSUER, NODE_ENV not production). */
+  readonly allowHttp: boolean;
+  /** OUTBOUND_ALLOW_NETWORKS: CIDR ranges reachable although special-use (an IdP on the company network; tests on loopback). */
+  readonly allowedNetworks: readonly string[];
+  readonly timeoutMs: number;
+  readonly maxBytes: number;
 }
 
 export interface MailConfig {
@@ -151,6 +164,12 @@ const envSchema = z
     z.string().max(320).refine((v) => MAIL_FROM_PATTERN.test(v), { message: 'must be an email address or "Name <address>"' }),
   ),
   NODE_ENV: optional(z.string()),
+  DNS_SERVERS: optional(
+    z.string().refine((v) => parseDnsServers(v) !== undefined, { message: 'must be a comma-separated list of resolvers, each an IP address with an optional port (1.1.1.1, 127.0.0.1:5353, [::1]:53)' }),
+  ),
+  OUTBOUND_ALLOW_NETWORKS: optional(
+    z.string().refine((v) => parseAddressList(v) !== undefined, { message: 'must be a comma-separated list of IP addresses/CIDR ranges' }),
+  ),
   TRUST_PROXY: optional(
     z.string().refine((v) => parseTrustProxy(v) !== undefined, {
       message: 'must be true, false or a comma-separated list of IP addresses/CIDR ranges of the proxies',
@@ -201,6 +220,24 @@ function parseTrustProxy(value: string): Config['trustProxy'] | undefined {
   const v = value.trim().toLowerCase();
   if (v === 'true') return true;
   if (v === 'false') return false;
+  return parseAddressList(value);
+}
+
+/** Resolvers as node:dns setServers takes them: `1.1.1.1`, `1.1.1.1:53`, `[::1]:53`. */
+function parseDnsServers(value: string): string[] | undefined {
+  const parts = value.split(',').map((p) => p.trim());
+  const valid = parts.every((p) => {
+    const match = /^(?:\[([0-9a-fA-F:.]+)\]|([0-9.]+))(?::([0-9]{1,5}))?$/.exec(p) ?? /^([0-9a-fA-F:]+)()()$/.exec(p);
+    if (!match) return false;
+    const address = match[1] || match[2] || '';
+    const port = match[3];
+    return isIP(address) !== 0 && (port === undefined || port === '' || (Number(port) >= 1 && Number(port) <= 65535));
+  });
+  return valid ? parts : undefined;
+}
+
+/** A comma-separated list of IP addresses and CIDR ranges. */
+function parseAddressList(value: string): string[] | undefined {
   const parts = value.split(',').map((p) => p.trim());
   const valid = parts.every((p) => {
     const [addr, bits, ...rest] = p.split('/');
@@ -260,6 +297,13 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
       smtpUrl: e.SMTP_URL ?? null,
       from: e.MAIL_FROM ?? `orgauth <no-reply@${new URL(issuer).hostname}>`,
       devOutbox: e.SMTP_URL === undefined && e.DATABASE_URL === undefined && !production,
+    },
+    dnsServers: e.DNS_SERVERS === undefined ? [] : (parseDnsServers(e.DNS_SERVERS) ?? []),
+    outbound: {
+      allowHttp: !production,
+      allowedNetworks: e.OUTBOUND_ALLOW_NETWORKS === undefined ? [] : (parseAddressList(e.OUTBOUND_ALLOW_NETWORKS) ?? []),
+      timeoutMs: 5000,
+      maxBytes: 1024 * 1024,
     },
   } satisfies Config);
 }

@@ -39,6 +39,8 @@ describe('parseConfig', () => {
       trustProxy: false,
       cleanupInterval: 600,
       mail: { smtpUrl: null, from: 'orgauth <no-reply@localhost>', devOutbox: true },
+      dnsServers: [],
+      outbound: { allowHttp: true, allowedNetworks: [], timeoutMs: 5000, maxBytes: 1024 * 1024 },
     });
     expect(Object.isFrozen(config)).toBe(true);
   });
@@ -66,8 +68,12 @@ describe('parseConfig', () => {
       CLEANUP_INTERVAL: '0',
       SMTP_URL: 'smtp://mailer:secret@smtp.example.com:587',
       MAIL_FROM: 'Example Auth <auth@example.com>',
+      DNS_SERVERS: '10.0.0.53, 127.0.0.1:5353,[::1]:53, 2001:db8::1',
+      OUTBOUND_ALLOW_NETWORKS: '10.20.0.0/16, 192.168.1.5',
     });
     expect(config).toMatchObject({
+      dnsServers: ['10.0.0.53', '127.0.0.1:5353', '[::1]:53', '2001:db8::1'],
+      outbound: { allowHttp: false, allowedNetworks: ['10.20.0.0/16', '192.168.1.5'] },
       mail: { smtpUrl: 'smtp://mailer:secret@smtp.example.com:587', from: 'Example Auth <auth@example.com>', devOutbox: false },
       database: { kind: 'postgres', url: 'postgres://u:p@db:5432/orgauth', listenUrl: 'postgres://u:p@db-primary:5432/orgauth', pooler: 'transaction' },
       databasePoolMax: 25,
@@ -168,6 +174,9 @@ describe('parseConfig', () => {
     ['REDIS_URL', 'http://cache:6379', 'REDIS_URL: must be a redis:// or rediss:// URL'],
     ['TRUST_PROXY', 'yes', 'TRUST_PROXY: must be true, false or a comma-separated list of IP addresses/CIDR ranges of the proxies'],
     ['TRUST_PROXY', '10.0.0.0/33', 'TRUST_PROXY: must be true, false or a comma-separated list of IP addresses/CIDR ranges of the proxies'],
+    ['DNS_SERVERS', 'dns.example.com', 'DNS_SERVERS: must be a comma-separated list of resolvers, each an IP address with an optional port (1.1.1.1, 127.0.0.1:5353, [::1]:53)'],
+    ['DNS_SERVERS', '127.0.0.1:99999', 'DNS_SERVERS: must be a comma-separated list of resolvers, each an IP address with an optional port (1.1.1.1, 127.0.0.1:5353, [::1]:53)'],
+    ['OUTBOUND_ALLOW_NETWORKS', 'intranet', 'OUTBOUND_ALLOW_NETWORKS: must be a comma-separated list of IP addresses/CIDR ranges'],
   ])('names %s when it is %j', (name, value, line) => {
     expect(problems({ SECRET_KEY: SECRET, [name]: value })).toEqual([line]);
   });
