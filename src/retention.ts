@@ -36,6 +36,9 @@ const RULES = [
   { table: 'invitations', key: 'id', at: 'expires_at', graceSeconds: 30 * DAY_S },
   { table: 'mail_outbox', key: 'id', at: 'expires_at', graceSeconds: 0 },
   { table: 'pending_sign_ins', key: 'id_hash', at: 'expires_at', graceSeconds: 0 },
+  { table: 'sso_sign_ins', key: 'id', at: 'expires_at', graceSeconds: 0 },
+  // Kept until the assertion could no longer be accepted anyway (its NotOnOrAfter, capped, plus the skew).
+  { table: 'saml_assertion_ids', key: 'id', at: 'expires_at', graceSeconds: 0 },
   { table: 'second_step_failures', key: 'id', at: 'failed_at', graceSeconds: SECOND_STEP_WINDOW_MS / 1000 },
 ] as const;
 

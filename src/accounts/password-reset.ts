@@ -11,7 +11,8 @@
 import { sql } from 'kysely';
 import { recordAuditEvent } from '../audit/events.js';
 import { type DB, inTransaction } from '../db/connect.js';
-import { resetPasswordMessage } from '../mail/messages.js';
+import { resetPasswordMessage, ssoRequiredMessage } from '../mail/messages.js';
+import { findSsoRoute } from '../sso/domains.js';
 import { consumeAccountToken, issueAccountToken, recentAccountTokens, RESET_PASSWORD_TTL_S } from './account-tokens.js';
 import type { MailDeps } from './invitations.js';
 import { findUserByEmail, setPassword } from './users.js';
@@ -23,9 +24,13 @@ export function resetLink(issuer: string, token: string): string {
 }
 
 /** Queues a reset link for the account with this address, if there is one. Returns whether a link was queued (for the log only). */
-export async function requestPasswordReset(db: DB, deps: MailDeps, email: string): Promise<'queued' | 'no_account' | 'throttled'> {
+export async function requestPasswordReset(db: DB, deps: MailDeps, email: string): Promise<'queued' | 'no_account' | 'throttled' | 'sso_required'> {
   const user = await findUserByEmail(db, email);
   if (!user) return 'no_account';
+  // An organization that requires its SSO for this address: no link that could set a password,
+  // a pointer to the company sign-in instead (as often as a link would go).
+  const route = await findSsoRoute(db, user.email);
+  const ssoRequired = route?.ssoRequired === true ? await db.selectFrom('organizations').select('name').where('id', '=', route.organizationId).executeTakeFirst() : undefined;
   const queued = await inTransaction(db, async (trx) => {
     // Locked, so two requests for the same account cannot both pass the hourly count, and read
     // again under the lock: an email change that committed meanwhile decides the address.
@@ -39,6 +44,12 @@ export async function requestPasswordReset(db: DB, deps: MailDeps, email: string
     if (!locked) return false;
     const { count } = await recentAccountTokens(trx, locked.id, 'reset_password', 3600);
     if (count >= RESETS_PER_HOUR) return false;
+    if (ssoRequired) {
+      // Counted as a link would be (the hourly cap), but the token is never sent: it resets nothing.
+      await issueAccountToken(trx, { purpose: 'reset_password', userId: locked.id, email: locked.email, ttlSeconds: 1 });
+      await deps.mail.queue(trx, ssoRequiredMessage({ issuer: deps.issuer, to: locked.email, name: locked.name, organizationName: ssoRequired.name, link: `${deps.issuer}/login?login_hint=${encodeURIComponent(locked.email)}` }));
+      return 'sso_required';
+    }
     const token = await issueAccountToken(trx, { purpose: 'reset_password', userId: locked.id, email: locked.email, ttlSeconds: RESET_PASSWORD_TTL_S });
     await deps.mail.queue(
       trx,
@@ -46,9 +57,9 @@ export async function requestPasswordReset(db: DB, deps: MailDeps, email: string
     );
     return true;
   });
-  if (!queued) return 'throttled';
+  if (queued === false) return 'throttled';
   deps.mail.wake();
-  return 'queued';
+  return queued === 'sso_required' ? 'sso_required' : 'queued';
 }
 
 /**

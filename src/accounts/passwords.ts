@@ -12,7 +12,20 @@ export function hashPassword(password: string): Promise<string> {
   return argon2.hash(password, { type: argon2.argon2id });
 }
 
-export async function verifyPassword(hash: string, password: string): Promise<boolean> {
+/**
+ * A hash to verify against when there is no password to check (an unknown email, an account
+ * made through single sign-on), so that answer takes as long as a wrong password. Made once per
+ * process, on first use.
+ */
+let dummyHash: Promise<string> | undefined;
+
+/** Whether `password` is the one `hash` was made of; no hash (no password set) is never a match, found as slowly. */
+export async function verifyPassword(hash: string | null, password: string): Promise<boolean> {
+  if (hash === null) {
+    dummyHash ??= hashPassword('orgauth-dummy-password-for-timing');
+    await verifyPassword(await dummyHash, password);
+    return false;
+  }
   try {
     return await argon2.verify(hash, password);
   } catch {

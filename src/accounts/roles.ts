@@ -38,6 +38,8 @@ export const PERMISSION_DESCRIPTIONS: Record<Permission, string> = {
   'grants.read': 'See every member’s connected apps',
   'grants.write': 'Revoke any member’s connected apps',
   'audit.read': 'View the audit log',
+  'sso.read': 'See the SSO connections and the verified domains',
+  'sso.write': 'Manage SSO connections and domains: connect identity providers, verify domains, require SSO',
 };
 
 export interface BuiltinRoleDefinition {
@@ -134,7 +136,7 @@ export function hasPermission(role: RoleRef | undefined, permission: Permission)
   return role !== undefined && role.permissions.includes(permission);
 }
 
-const IMPLIED_READ: Record<string, Permission> = { 'applications.write': 'applications.read', 'members.write': 'members.read', 'grants.write': 'grants.read' };
+const IMPLIED_READ: Record<string, Permission> = { 'applications.write': 'applications.read', 'members.write': 'members.read', 'grants.write': 'grants.read', 'sso.write': 'sso.read' };
 
 export const roleNameSchema = z
   .string()

@@ -36,8 +36,10 @@ export interface SessionUser {
   emailVerified: boolean;
   /** When the user signed in for this session: OpenID Connect's auth_time. */
   authTime: Date;
-  /** How they signed in (RFC 8176): ['pwd'], ['pwd', 'otp', 'mfa'], ['hwk', 'user', 'mfa'], ... */
+  /** How they signed in (RFC 8176): ['pwd'], ['pwd', 'otp', 'mfa'], ['hwk', 'user', 'mfa'], ['fed'], ... */
   amr: string[];
+  /** The organization whose identity provider signed them in (single sign-on); null otherwise. */
+  ssoOrganizationId: number | null;
 }
 
 /** RFC 8176 `mfa`: the session was signed in with two factors. */
@@ -85,6 +87,8 @@ export interface NewSession {
   amr?: readonly string[];
   /** The dashboard's organization to start in (a session replacing another keeps its choice). */
   currentOrganizationId?: number | null;
+  /** The SSO connection the user signed in through: the session ends when it is disabled. */
+  ssoConnectionId?: number | null;
 }
 
 export async function createSession(db: DB, userId: number, options: NewSession = {}): Promise<string> {
@@ -103,6 +107,7 @@ export async function createSession(db: DB, userId: number, options: NewSession 
       ip: client.ip ? client.ip.slice(0, 64) : null,
       amr: [...amr],
       current_organization_id: options.currentOrganizationId ?? null,
+      sso_connection_id: options.ssoConnectionId ?? null,
     })
     .execute();
   // Housekeeping: this user's expired sessions are of no use to anyone.
@@ -117,7 +122,8 @@ export async function findSession(db: DB, sessionId: string | undefined): Promis
   const row = await db
     .selectFrom('sessions')
     .innerJoin('users', 'users.id', 'sessions.user_id')
-    .select(['users.id as userId', 'users.email', 'users.name', 'users.email_verified_at', 'sessions.last_seen_at', 'sessions.created_at as authTime', 'sessions.amr'])
+    .leftJoin('sso_connections', 'sso_connections.id', 'sessions.sso_connection_id')
+    .select(['users.id as userId', 'users.email', 'users.name', 'users.email_verified_at', 'sessions.last_seen_at', 'sessions.created_at as authTime', 'sessions.amr', 'sso_connections.organization_id as ssoOrganizationId'])
     .where('sessions.id_hash', '=', idHash)
     .where('sessions.expires_at', '>', new Date())
     .executeTakeFirst();

@@ -30,7 +30,8 @@ export type PublicUser = Pick<User, 'id' | 'email' | 'name'>;
 export interface PreparedUser {
   email: string;
   name: string;
-  passwordHash: string;
+  /** Null: no password (someone who signs in through their organization's identity provider). */
+  passwordHash: string | null;
   /** Whether the address is known to be the user's (an invitation link, the operator's word). */
   emailVerified?: boolean;
 }
@@ -90,10 +91,6 @@ export async function listUsers(db: DB, page: { afterId: number; limit: number }
   return db.selectFrom('users').select(['id', 'email', 'name', 'created_at']).where('id', '>', page.afterId).orderBy('id').limit(page.limit).execute();
 }
 
-/**
- * Sets a user's password hash. Every link sent to them before (reset, verification) stops
- * working: whoever could read their mail then may not be them now. Callers also end sessions.
- */
 /** Whether `password` is the user's current one (asked again before changes to the account); over-long is never. */
 export async function passwordMatches(db: DB, userId: number, password: string | undefined): Promise<boolean> {
   if (password === undefined || password.length > PASSWORD_MAX_LENGTH) return false;
@@ -101,6 +98,10 @@ export async function passwordMatches(db: DB, userId: number, password: string |
   return verifyPassword(row.password_hash, password);
 }
 
+/**
+ * Sets a user's password hash. Every link sent to them before (reset, verification) stops
+ * working: whoever could read their mail then may not be them now. Callers also end sessions.
+ */
 export async function setPassword(db: DB, userId: number, passwordHash: string): Promise<void> {
   await db.updateTable('users').set({ password_hash: passwordHash, updated_at: new Date() }).where('id', '=', userId).execute();
   await endAccountTokens(db, userId);

@@ -22,7 +22,8 @@ export type TaskStatus = 'open' | 'done';
 export interface UsersTable {
   id: Generated<number>;
   email: string;
-  password_hash: string;
+  /** argon2id; null for someone who has only signed in through their organization's identity provider. */
+  password_hash: ColumnType<string | null, string | null, string | null>;
   name: ColumnType<string, string | undefined, string>;
   /** When the user proved they read mail at `email`; null until then. */
   email_verified_at: NullableTimestamp;
@@ -234,8 +235,10 @@ export interface SessionsTable {
   ip: string | null;
   /** The WebAuthn challenge given to this session (to register a passkey, or to step up with one), until used. */
   webauthn_challenge: ColumnType<string | null, string | null | undefined, string | null>;
-  /** How the user signed in (RFC 8176 values: pwd, otp, hwk, swk, user, mfa). */
+  /** How the user signed in (RFC 8176 values: pwd, otp, hwk, swk, user, mfa, fed). */
   amr: ColumnType<string[], string[] | undefined, string[]>;
+  /** The SSO connection the session was signed in through (ended with it). */
+  sso_connection_id: ColumnType<number | null, number | null | undefined, number | null>;
 }
 
 /** A user's authenticator app (RFC 6238). Only a confirmed one is a second factor. */
@@ -340,6 +343,89 @@ export interface TasksTable {
   updated_at: Timestamp;
 }
 
+export type SsoProtocol = 'oidc' | 'saml';
+export type SsoConnectionState = 'draft' | 'active' | 'disabled';
+
+/** An organization's own identity provider (src/sso/connections.ts). */
+export interface SsoConnectionsTable {
+  id: Generated<number>;
+  organization_id: number;
+  protocol: SsoProtocol;
+  name: string;
+  state: ColumnType<SsoConnectionState, SsoConnectionState | undefined, SsoConnectionState>;
+  /** Whether a first sign-in of someone unknown makes the user and the membership. */
+  jit: ColumnType<boolean, boolean | undefined, boolean>;
+  /** The role JIT gives: a built-in role, or 'custom' with default_role_id. */
+  default_role: ColumnType<RoleKind, RoleKind | undefined, RoleKind>;
+  default_role_id: ColumnType<number | null, number | null | undefined, number | null>;
+  oidc_issuer: ColumnType<string | null, string | null | undefined, string | null>;
+  oidc_client_id: ColumnType<string | null, string | null | undefined, string | null>;
+  /** Sealed under a key derived from SECRET_KEY (lib/crypto.ts sealText). */
+  oidc_client_secret_sealed: ColumnType<string | null, string | null | undefined, string | null>;
+  oidc_scopes: ColumnType<string | null, string | null | undefined, string | null>;
+  saml_idp_entity_id: ColumnType<string | null, string | null | undefined, string | null>;
+  saml_idp_sso_url: ColumnType<string | null, string | null | undefined, string | null>;
+  /** PEM certificates; a response signed by any of them is accepted (rotation). */
+  saml_idp_certificates: ColumnType<string[], string[] | undefined, string[]>;
+  saml_idp_initiated: ColumnType<boolean, boolean | undefined, boolean>;
+  created_at: Generated<Date>;
+  updated_at: Generated<Date>;
+}
+
+/** A domain an organization claims; only a verified one routes, provisions or links (src/sso/domains.ts). */
+export interface SsoDomainsTable {
+  id: Generated<number>;
+  organization_id: number;
+  domain: string;
+  state: ColumnType<'pending' | 'verified', 'pending' | 'verified' | undefined, 'pending' | 'verified'>;
+  /** What the TXT record `_orgauth-challenge.<domain>` must hold. */
+  verification_token: string;
+  sso_required: ColumnType<boolean, boolean | undefined, boolean>;
+  verified_at: NullableTimestamp;
+  checked_at: NullableTimestamp;
+  created_at: Generated<Date>;
+}
+
+/** A user's identity at one connection (src/sso/identities.ts). */
+export interface SsoIdentitiesTable {
+  id: Generated<number>;
+  connection_id: number;
+  user_id: number;
+  /** OIDC: the iss; SAML: the IdP's entity ID. */
+  issuer: string;
+  /** SAML: the NameID Format; OIDC: ''. */
+  subject_format: string;
+  /** OIDC: sub; SAML: the NameID. */
+  subject: string;
+  email: string | null;
+  created_at: Generated<Date>;
+  last_used_at: Generated<Date>;
+}
+
+/** A sign-in in flight at an identity provider (src/sso/sign-ins.ts). */
+export interface SsoSignInsTable {
+  id: Generated<number>;
+  handle_hash: string;
+  connection_id: number;
+  browser_hash: string | null;
+  return_to: string;
+  oidc_nonce: ColumnType<string | null, string | null | undefined, string | null>;
+  oidc_code_verifier_sealed: ColumnType<string | null, string | null | undefined, string | null>;
+  saml_request_id: ColumnType<string | null, string | null | undefined, string | null>;
+  result: ColumnType<unknown, string | null | undefined, string | null>;
+  created_at: Generated<Date>;
+  expires_at: Timestamp;
+  consumed_at: NullableTimestamp;
+}
+
+/** SAML replay store: an assertion ID seen, kept until its NotOnOrAfter. */
+export interface SamlAssertionIdsTable {
+  id: Generated<number>;
+  connection_id: number;
+  assertion_id: string;
+  expires_at: Timestamp;
+}
+
 export interface Database {
   users: UsersTable;
   organizations: OrganizationsTable;
@@ -364,6 +450,11 @@ export interface Database {
   pending_sign_ins: PendingSignInsTable;
   second_step_failures: SecondStepFailuresTable;
   account_events: AccountEventsTable;
+  sso_connections: SsoConnectionsTable;
+  sso_domains: SsoDomainsTable;
+  sso_identities: SsoIdentitiesTable;
+  sso_sign_ins: SsoSignInsTable;
+  saml_assertion_ids: SamlAssertionIdsTable;
 }
 
 export type User = Selectable<UsersTable>;
@@ -381,3 +472,5 @@ export type Task = Selectable<TasksTable>;
 export type Invitation = Selectable<InvitationsTable>;
 export type CustomRole = Selectable<RolesTable>;
 export type Passkey = Selectable<PasskeysTable>;
+export type SsoConnection = Selectable<SsoConnectionsTable>;
+export type SsoDomain = Selectable<SsoDomainsTable>;

@@ -40,6 +40,11 @@ export function resetPasswordMessage(input: { issuer: string; to: string; name: 
   return compose('reset-password', input.to, 'Reset your password', { ...input, email: input.to });
 }
 
+/** In place of a reset link, for an address whose organization requires its single sign-on: nothing usable. */
+export function ssoRequiredMessage(input: { issuer: string; to: string; name: string; organizationName: string; link: string }): MailMessage {
+  return compose('sso-required', input.to, 'Sign in with your company account', { ...input, email: input.to });
+}
+
 export function emailChangedMessage(input: { issuer: string; to: string; name: string; newEmail: string }): MailMessage {
   return compose('email-changed', input.to, 'Your email address was changed', {
     ...input,

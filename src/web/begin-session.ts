@@ -19,7 +19,13 @@ export function goTo(reply: FastifyReply, path: string, json = false) {
  * copy of the old cookie stays what it was (one step) and then ends. A new session of the same
  * user keeps the dashboard's current organization.
  */
-export async function replaceSession(db: DB, config: Config, req: FastifyRequest, reply: FastifyReply, input: { userId: number; amr: readonly string[]; currentOrganizationId?: number }): Promise<string> {
+export async function replaceSession(
+  db: DB,
+  config: Config,
+  req: FastifyRequest,
+  reply: FastifyReply,
+  input: { userId: number; amr: readonly string[]; currentOrganizationId?: number; ssoConnectionId?: number },
+): Promise<string> {
   const previous = await currentUser(db, config, req);
   let currentOrganizationId = input.currentOrganizationId ?? null;
   if (previous) {
@@ -29,7 +35,7 @@ export async function replaceSession(db: DB, config: Config, req: FastifyRequest
     }
     await deleteSession(db, previous.sessionId);
   }
-  const sessionId = await createSession(db, input.userId, { client: { userAgent: req.headers['user-agent'], ip: req.ip }, amr: input.amr, currentOrganizationId });
+  const sessionId = await createSession(db, input.userId, { client: { userAgent: req.headers['user-agent'], ip: req.ip }, amr: input.amr, currentOrganizationId, ssoConnectionId: input.ssoConnectionId ?? null });
   setSessionCookie(reply, config, sessionId);
   return sessionId;
 }
@@ -40,7 +46,7 @@ export async function beginSession(
   config: Config,
   req: FastifyRequest,
   reply: FastifyReply,
-  input: { userId: number; amr: readonly string[]; returnTo: string; json?: boolean; currentOrganizationId?: number },
+  input: { userId: number; amr: readonly string[]; returnTo: string; json?: boolean; currentOrganizationId?: number; ssoConnectionId?: number },
 ) {
   await replaceSession(db, config, req, reply, input);
   return goTo(reply, input.returnTo, input.json);

@@ -16,6 +16,7 @@
  */
 import type { FastifyError, FastifyInstance, FastifyRequest } from 'fastify';
 import { z } from 'zod';
+import { findSsoRoute } from '../sso/domains.js';
 import { authenticationOptions, authenticationResponseSchema, type ChallengeSlot, pendingSignInSlot, sessionSlot, verifyPasskeyAssertion } from '../accounts/passkeys.js';
 import { endPendingSignIn, findPendingSignIn, PENDING_SIGN_IN_TTL_SECONDS, startPendingSignIn } from '../accounts/pending-sign-ins.js';
 import { checkPreSessionCsrf, CSRF_FAILED, csrfTokenMatches, safeReturnTo } from '../accounts/sessions.js';
@@ -145,6 +146,9 @@ export async function passkeyPages(app: FastifyInstance, deps: { db: DB; config:
       const pending = await findPendingSignIn(db, config, req);
       if (!pending || pending.userId !== null) throw new InvalidRequestError('This sign-in has expired. Try again.');
       const passkey = await verifyPasskeyAssertion(db, passkeyDeps, pendingSignInSlot(db, pending.idHash), body.response);
+      // As for passwords: an organization that requires its SSO for the address decides.
+      const user = await db.selectFrom('users').select('email').where('id', '=', passkey.userId).executeTakeFirstOrThrow();
+      if ((await findSsoRoute(db, user.email))?.ssoRequired) throw new ForbiddenError('Your organization signs you in through its identity provider. Enter your email address and choose Continue.');
       if (!(await endPendingSignIn(db, config, reply, pending.idHash))) throw new ConflictError(SIGN_IN_FINISHED);
       req.log.info({ user_id: passkey.userId, passkey_id: passkey.passkeyId }, 'signed in with a passkey');
       // The authenticator verified the user (UV): something they have and something they are or know.

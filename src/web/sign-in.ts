@@ -13,6 +13,8 @@ import { factorSummary, hasSecondFactor } from '../accounts/second-factors.js';
 import { SECOND_STEP_PATH, secondStepPages } from './second-step.js';
 import { beginSession } from './begin-session.js';
 import { passkeyPages } from './passkey-pages.js';
+import { ssoPages } from './sso-pages.js';
+import { findSsoRoute } from '../sso/domains.js';
 import { ConflictError, InvalidRequestError } from '../errors.js';
 import { FailureThrottle } from '../lib/throttle.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
@@ -20,7 +22,7 @@ import { readParams } from '../oauth/helpers/params.js';
 import { ForbiddenError, renderPage, setUpPages } from './render.js';
 import { type EmailPagesDeps, emailLinkPages } from './email-links.js';
 import { createOrganization, organizationNameSchema } from '../accounts/organizations.js';
-import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH, verifyPassword } from '../accounts/passwords.js';
+import { PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH, verifyPassword } from '../accounts/passwords.js';
 import {
   clearSessionCookie,
   CSRF_FAILED,
@@ -40,16 +42,6 @@ export const LOGIN_MAX_FAILURES_PER_EMAIL = 5;
 export const LOGIN_MAX_FAILURES_PER_IP = 20;
 
 const BAD_CREDENTIALS = 'Incorrect email or password.';
-
-/**
- * A hash to verify against when the email is unknown, so that answer takes as long as a wrong
- * password. Made once per process, on first use.
- */
-let dummyHash: Promise<string> | undefined;
-function getDummyHash(): Promise<string> {
-  dummyHash ??= hashPassword('orgauth-dummy-password-for-timing');
-  return dummyHash;
-}
 
 /** One query-string value; repeated or missing is undefined. */
 function queryValue(req: FastifyRequest, name: string): string | undefined {
@@ -81,18 +73,40 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
   await emailLinkPages(app, deps);
   await secondStepPages(app, deps);
   await passkeyPages(app, deps);
+  const startSso = await ssoPages(app, deps);
   const emailThrottle = new FailureThrottle(LOGIN_MAX_FAILURES_PER_EMAIL, LOGIN_WINDOW_MS);
   const ipThrottle = new FailureThrottle(LOGIN_MAX_FAILURES_PER_IP, LOGIN_WINDOW_MS);
 
-  function renderLogin(req: FastifyRequest, reply: FastifyReply, status: number, view: { returnTo: string; email?: string; error?: string; notice?: string }) {
+  /**
+   * The sign-in page. Email first (`step: 'email'`): the address decides whether the person signs
+   * in through their organization's identity provider or here; then the password step.
+   */
+  function renderLogin(req: FastifyRequest, reply: FastifyReply, status: number, view: { step: 'email' | 'password'; returnTo: string; email?: string; error?: string; notice?: string }) {
     const preSession = ensurePreSession(req, reply, config);
     return renderPage(reply, status, 'login', {
       title: 'Sign in',
       csrfToken: csrfToken(config, { preSession }),
+      step: view.step,
       returnTo: view.returnTo,
       email: view.email ?? '',
       error: view.error ?? '',
       notice: view.notice ?? '',
+      passwordQuery: new URLSearchParams({ return_to: view.returnTo, method: 'password', ...(view.email ? { login_hint: view.email } : {}) }).toString(),
+    });
+  }
+
+  /** Where an address signs in when its organization verified its domain and has an active connection: there. */
+  async function routeToSso(req: FastifyRequest, reply: FastifyReply, route: NonNullable<Awaited<ReturnType<typeof findSsoRoute>>>, email: string, returnTo: string) {
+    const [only] = route.connections;
+    if (route.connections.length === 1 && only) return startSso(req, reply, only.id, returnTo, email);
+    const preSession = ensurePreSession(req, reply, config);
+    return renderPage(reply, 200, 'sso-choose', {
+      title: 'Choose how to sign in',
+      csrfToken: csrfToken(config, { preSession }),
+      email,
+      returnTo,
+      connections: route.connections,
+      backQuery: new URLSearchParams({ return_to: returnTo }).toString(),
     });
   }
 
@@ -125,7 +139,8 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
     const again = queryValue(req, 'prompt') === 'login';
     if (signedIn && !again) return reply.redirect(returnTo, 303);
     const email = hintedEmail(queryValue(req, 'login_hint')) ?? signedIn?.email;
-    return renderLogin(req, reply, 200, { returnTo, ...(email !== undefined ? { email } : {}), ...(again && signedIn ? { notice: 'The application asks you to sign in again.' } : {}) });
+    const step = queryValue(req, 'method') === 'password' ? 'password' : 'email';
+    return renderLogin(req, reply, 200, { step, returnTo, ...(email !== undefined ? { email } : {}), ...(again && signedIn ? { notice: 'The application asks you to sign in again.' } : {}) });
   });
 
   app.post('/login', async (req, reply) => {
@@ -133,9 +148,22 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
     checkPreSessionCsrf(req, config, form.csrf_token);
     const returnTo = safeReturnTo(form.return_to);
     const email = (form.email ?? '').trim();
-    const password = form.password ?? '';
     const emailKey = email.toLowerCase();
     const ipKey = req.ip;
+    const route = email.length <= 254 ? await findSsoRoute(db, email) : undefined;
+    // The email step: an address of an organization's verified domain with an active connection
+    // leaves for that identity provider; any other goes on to the password.
+    if (form.password === undefined) {
+      if (!emailSchema.safeParse(email).success) return renderLogin(req, reply, 400, { step: 'email', returnTo, email, error: 'Enter your email address.' });
+      if (route) return routeToSso(req, reply, route, email, returnTo);
+      return renderLogin(req, reply, 200, { step: 'password', returnTo, email });
+    }
+    // SS: the organization signs these addresses in through its identity provider only.
+    if (route?.ssoRequired) {
+      req.log.info({ reason: 'sso required' }, 'sign-in refused');
+      return renderLogin(req, reply, 403, { step: 'email', returnTo, email, error: 'Your organization signs you in through its identity provider. Choose Continue to sign in with your company account.' });
+    }
+    const password = form.password;
 
     const wait = Math.max(emailThrottle.retryAfter(emailKey), ipThrottle.retryAfter(ipKey));
     if (wait > 0) throw new TooManyAttemptsError(wait, 'Too many failed sign-in attempts. Please wait and try again later.');
@@ -144,14 +172,13 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
     let ok = false;
     if (password.length <= PASSWORD_MAX_LENGTH) {
       // The same argon2 work whether or not the email exists, so timing does not tell.
-      if (user) ok = await verifyPassword(user.password_hash, password);
-      else await verifyPassword(await getDummyHash(), password);
+      ok = await verifyPassword(user?.password_hash ?? null, password);
     }
     if (!user || !ok) {
       emailThrottle.recordFailure(emailKey);
       ipThrottle.recordFailure(ipKey);
       req.log.info({ reason: user ? 'wrong password' : 'unknown email' }, 'sign-in refused');
-      return renderLogin(req, reply, 400, { returnTo, email, error: BAD_CREDENTIALS });
+      return renderLogin(req, reply, 400, { step: 'password', returnTo, email, error: BAD_CREDENTIALS });
     }
     // The IP counter is not reset: one good account must not buy an address more guesses.
     emailThrottle.reset(emailKey);

@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import { basic, form } from '../helpers/oauth.js';
-import { HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld } from './harness.js';
+import { HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld, enterPassword } from './harness.js';
 
 const CALLBACK = 'http://localhost:8766/callback';
 const PASSWORD = 'a long dashboard password';
@@ -129,8 +129,7 @@ describe.runIf(HAS_CHROMIUM)('the dashboard in a real browser', () => {
     const context = await world.browser.newContext();
     const memberPage = await context.newPage();
     await memberPage.goto(`${world.baseUrl}/login`);
-    await memberPage.fill('input[name="email"]', 'member@dashboard.example.com');
-    await memberPage.fill('input[name="password"]', PASSWORD);
+    await enterPassword(memberPage, 'member@dashboard.example.com', PASSWORD);
     await Promise.all([memberPage.waitForURL(/\/dashboard/), memberPage.click('button[type="submit"]')]);
     await memberPage.goto(`${world.baseUrl}/dashboard/applications`);
     await screenshot(memberPage, 'applications-as-member');

@@ -66,6 +66,18 @@ export async function startWorld(env: Record<string, string> = {}, options: { ho
   };
 }
 
+/**
+ * Fills the sign-in page as a person would: the email (when given), Continue (the page asks for
+ * the email first), then the password. The caller submits.
+ */
+export async function enterPassword(page: Page, email: string | undefined, password: string): Promise<void> {
+  if (email !== undefined) await page.fill('input[name="email"]', email);
+  if ((await page.locator('input[name="password"]').count()) === 0) {
+    await Promise.all([page.waitForSelector('input[name="password"]'), page.click('button[type="submit"]')]);
+  }
+  await page.fill('input[name="password"]', password);
+}
+
 export async function screenshot(page: Page, name: string): Promise<void> {
   await page.screenshot({ path: path.join(SCREENSHOTS, `${name}.png`), fullPage: true });
 }

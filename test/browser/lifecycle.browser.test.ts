@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrganization } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import { linkIn, TestSmtpServer } from '../helpers/smtp.js';
-import { HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld } from './harness.js';
+import { HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld, enterPassword } from './harness.js';
 
 const OLD_PASSWORD = 'the password before the reset';
 const NEW_PASSWORD = 'the password after the reset';
@@ -42,8 +42,7 @@ describe.runIf(HAS_CHROMIUM)('the account lifecycle in a real browser', () => {
 
   async function submitLogin(page: Page, email: string, password: string): Promise<void> {
     await page.goto(`${world.baseUrl}/login`);
-    await page.fill('input[name="email"]', email);
-    await page.fill('input[name="password"]', password);
+    await enterPassword(page, email, password);
     await Promise.all([page.waitForLoadState('load'), page.click('button[type="submit"]')]);
   }
 

@@ -13,7 +13,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrganization } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import { type ApplicationWithSecret, createApplication } from '../../src/oauth/models/applications.js';
-import { authorizationRequest as openIdRequest, CallbackServer, HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld } from './harness.js';
+import { authorizationRequest as openIdRequest, CallbackServer, HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld, enterPassword } from './harness.js';
 
 const PASSWORD = 'a long openid password';
 const EMAIL = 'grace@oidc.example.com';
@@ -55,7 +55,7 @@ describe.runIf(HAS_CHROMIUM)('OpenID Connect in a real browser', () => {
 
   async function signInHere(page: Page): Promise<void> {
     expect(new URL(page.url()).pathname).toBe('/login');
-    await page.fill('input[name="password"]', PASSWORD);
+    await enterPassword(page, undefined, PASSWORD);
     await Promise.all([page.waitForURL((u) => u.pathname !== '/login'), page.click('button[type="submit"]')]);
   }
 

@@ -14,7 +14,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrganization } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import { type ApplicationWithSecret, createApplication } from '../../src/oauth/models/applications.js';
-import { authorizationRequest, CallbackServer, HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld } from './harness.js';
+import { authorizationRequest, CallbackServer, HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld, enterPassword } from './harness.js';
 
 const PASSWORD = 'a long passkey password';
 const EMAIL = 'ada@passkeys.example.com';
@@ -77,8 +77,7 @@ describe.runIf(HAS_CHROMIUM)('passkeys in a real browser', () => {
 
       // Signed in with the password, add a passkey.
       await page.goto(`${world.baseUrl}/login`);
-      await page.fill('input[name="email"]', EMAIL);
-      await page.fill('input[name="password"]', PASSWORD);
+      await enterPassword(page, EMAIL, PASSWORD);
       await Promise.all([page.waitForURL((u) => u.pathname === '/dashboard'), page.click('button[type="submit"]')]);
       await page.goto(`${world.baseUrl}/dashboard/account`);
       await page.fill('input[name="passkey_name"]', 'Virtual laptop');

@@ -11,7 +11,7 @@ import { addMember, createOrganization } from '../../src/accounts/organizations.
 import { createUser } from '../../src/accounts/users.js';
 import { type ApplicationWithSecret, createApplication } from '../../src/oauth/models/applications.js';
 import { basic, form } from '../helpers/oauth.js';
-import { CallbackServer, HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld } from './harness.js';
+import { CallbackServer, HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld, enterPassword } from './harness.js';
 
 const PASSWORD = 'a long roles password';
 const OWNER = 'owner@roles.example.com';
@@ -67,8 +67,7 @@ describe.runIf(HAS_CHROMIUM)('organization roles in a real browser', () => {
 
   async function signIn(page: Page, email: string): Promise<void> {
     await page.goto(`${world.baseUrl}/login`);
-    await page.fill('input[name="email"]', email);
-    await page.fill('input[name="password"]', PASSWORD);
+    await enterPassword(page, email, PASSWORD);
     await Promise.all([page.waitForURL(/\/dashboard$/), page.click('button[type="submit"]')]);
   }
 
@@ -76,8 +75,7 @@ describe.runIf(HAS_CHROMIUM)('organization roles in a real browser', () => {
   async function authorizeSigningIn(page: Page, params: Record<string, string>, email: string, landing: (url: URL) => boolean): Promise<void> {
     await page.goto(`${world.baseUrl}/oauth/authorize?${new URLSearchParams({ client_id: app.client_id, redirect_uri: client.callback, response_type: 'code', ...params })}`);
     expect(new URL(page.url()).pathname).toBe('/login');
-    await page.fill('input[name="email"]', email);
-    await page.fill('input[name="password"]', PASSWORD);
+    await enterPassword(page, email, PASSWORD);
     await Promise.all([page.waitForURL(landing), page.click('button[type="submit"]')]);
   }
 
@@ -225,7 +223,7 @@ describe.runIf(HAS_CHROMIUM)('organization roles in a real browser', () => {
     await signIn(owner, OWNER);
     const navOf = async (page: Page) => (await page.locator('nav[aria-label="Dashboard"] a').allTextContents()).map((t) => t.trim());
     // The owner's nav, to compare with: every page.
-    expect(await navOf(owner)).toEqual(['Overview', 'Applications', 'Connected apps', 'Members', 'Roles', 'Audit log', 'Account']);
+    expect(await navOf(owner)).toEqual(['Overview', 'Applications', 'Connected apps', 'Members', 'Roles', 'Single sign-on', 'Audit log', 'Account']);
     await owner.context().close();
 
     const page = await freshPage();

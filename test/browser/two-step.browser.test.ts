@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember, createOrganization } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import { type ApplicationWithSecret, createApplication } from '../../src/oauth/models/applications.js';
-import { CallbackServer, HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld } from './harness.js';
+import { CallbackServer, HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld, enterPassword } from './harness.js';
 
 const PASSWORD = 'a long two-step password';
 const EMAIL = 'grace@two-step.example.com';
@@ -43,8 +43,7 @@ describe.runIf(HAS_CHROMIUM)('two-step sign-in in a real browser', () => {
     page.on('pageerror', (err) => errors.push(err.message));
 
     await page.goto(`${world.baseUrl}/login`);
-    await page.fill('input[name="email"]', EMAIL);
-    await page.fill('input[name="password"]', PASSWORD);
+    await enterPassword(page, EMAIL, PASSWORD);
     await Promise.all([page.waitForURL((u) => u.pathname === '/dashboard'), page.click('button[type="submit"]')]);
 
     // A one-step session is shown the organization that requires two factors, not let in.
@@ -71,8 +70,7 @@ describe.runIf(HAS_CHROMIUM)('two-step sign-in in a real browser', () => {
     await screenshot(page, 'two-step-recovery-codes');
 
     await Promise.all([page.waitForURL((u) => u.pathname === '/login'), page.locator('header form[action="/logout"] button').click()]);
-    await page.fill('input[name="email"]', EMAIL);
-    await page.fill('input[name="password"]', PASSWORD);
+    await enterPassword(page, EMAIL, PASSWORD);
     await Promise.all([page.waitForURL((u) => u.pathname === '/login/second-step'), page.click('button[type="submit"]')]);
     await screenshot(page, 'two-step-second-step');
     await page.fill('input[name="code"]', await generate({ secret, epoch: Math.floor(Date.now() / 1000) + 30 }));

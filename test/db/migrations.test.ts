@@ -24,7 +24,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   refresh_tokens: ['id', 'token_hash', 'organization_id', 'grant_id', 'parent_id', 'scopes', 'expires_at', 'rotated_at', 'revoked_at', 'created_at'],
   revoked_access_tokens: ['jti', 'organization_id', 'grant_id', 'expires_at', 'revoked_at'],
   signing_keys: ['kid', 'alg', 'public_jwk', 'private_jwk_encrypted', 'created_at', 'retired_at'],
-  sessions: ['id_hash', 'user_id', 'current_organization_id', 'created_at', 'last_seen_at', 'expires_at', 'id', 'user_agent', 'ip', 'amr', 'webauthn_challenge'],
+  sessions: ['id_hash', 'user_id', 'current_organization_id', 'created_at', 'last_seen_at', 'expires_at', 'id', 'user_agent', 'ip', 'amr', 'webauthn_challenge', 'sso_connection_id'],
   audit_events: ['id', 'organization_id', 'actor_user_id', 'actor_client_id', 'action', 'details', 'created_at'],
   contacts: ['id', 'organization_id', 'name', 'email', 'phone', 'company', 'notes', 'created_at', 'updated_at'],
   tasks: ['id', 'organization_id', 'title', 'description', 'status', 'due_on', 'contact_id', 'completed_at', 'created_at', 'updated_at'],
@@ -42,9 +42,17 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   pending_sign_ins: ['id_hash', 'user_id', 'amr', 'return_to', 'challenge', 'created_at', 'expires_at'],
   second_step_failures: ['id', 'user_id', 'failed_at'],
   account_events: ['id', 'user_id', 'action', 'details', 'created_at'],
+  sso_connections: [
+    'id', 'organization_id', 'protocol', 'name', 'state', 'jit', 'default_role', 'default_role_id', 'oidc_issuer', 'oidc_client_id', 'oidc_client_secret_sealed', 'oidc_scopes',
+    'saml_idp_entity_id', 'saml_idp_sso_url', 'saml_idp_certificates', 'saml_idp_initiated', 'created_at', 'updated_at',
+  ],
+  sso_domains: ['id', 'organization_id', 'domain', 'state', 'verification_token', 'sso_required', 'verified_at', 'checked_at', 'created_at'],
+  sso_identities: ['id', 'connection_id', 'user_id', 'issuer', 'subject_format', 'subject', 'email', 'created_at', 'last_used_at'],
+  sso_sign_ins: ['id', 'handle_hash', 'connection_id', 'browser_hash', 'return_to', 'oidc_nonce', 'oidc_code_verifier_sealed', 'saml_request_id', 'result', 'created_at', 'expires_at', 'consumed_at'],
+  saml_assertion_ids: ['id', 'connection_id', 'assertion_id', 'expires_at'],
 };
 
-const ORG_OWNED = ['memberships', 'roles', 'applications', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations'];
+const ORG_OWNED = ['memberships', 'roles', 'applications', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations', 'sso_connections', 'sso_domains'];
 const HASH = 'a'.repeat(64);
 
 let database: TestDatabase;
@@ -84,6 +92,7 @@ const MIGRATIONS = [
   '20261123_0012_organization_roles',
   '20261125_0013_openid_connect',
   '20261126_0014_strong_sign_in',
+  '20261126_0015_single_sign_on',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {

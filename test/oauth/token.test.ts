@@ -239,7 +239,7 @@ describe('metadata (MD-3) and JWKS', () => {
       scopes_supported: [
         'openid', 'profile', 'email',
         'contacts.read', 'contacts.write', 'tasks.read', 'tasks.write',
-        'applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read',
+        'applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read', 'sso.read', 'sso.write',
       ],
       response_types_supported: ['code'],
       token_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post'],

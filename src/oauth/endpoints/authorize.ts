@@ -350,7 +350,8 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
       userLabel: user.name ? `${user.name} (${user.email})` : user.email,
       scopes: described([...request.identityScopes, ...request.scopes]),
       organizations,
-      preselected: choosable.length === 1 ? choosable[0]!.id : undefined,
+      // One to choose, or the one whose identity provider signed the user in.
+      preselected: choosable.length === 1 ? choosable[0]!.id : choosable.find((o) => o.id === user.ssoOrganizationId)?.id,
       hidden: request.carried,
       redirectOrigin: new URL(request.redirectUri).origin,
       csrfToken: csrfToken(config, { session: user.sessionId }),

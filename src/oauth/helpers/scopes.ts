@@ -15,6 +15,8 @@ export const SCOPE_DESCRIPTIONS = {
   'grants.read': 'Read the connected apps (live grants)',
   'grants.write': 'Revoke connected apps',
   'audit.read': 'Read the audit log',
+  'sso.read': 'Read the organization’s SSO connections and domains',
+  'sso.write': 'Manage the organization’s SSO connections and domains',
 } as const;
 
 export type Scope = keyof typeof SCOPE_DESCRIPTIONS;
@@ -33,6 +35,8 @@ export const MANAGEMENT_SCOPES = [
   'grants.read',
   'grants.write',
   'audit.read',
+  'sso.read',
+  'sso.write',
 ] as const satisfies readonly Scope[];
 
 /** Canonical order: scope lists are always written in this order. */

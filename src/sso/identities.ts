@@ -1,0 +1,178 @@
+/**
+ * Who an upstream identity is here (SS-1). An identity provider vouches for a subject; orgauth
+ * finds the user by the link (connection, issuer, subject format, subject), never by email alone.
+ *
+ * The first time a subject arrives:
+ * - its email names an existing account: the link is made only when the connection's
+ *   organization verified that email's domain and the provider says the address is verified;
+ *   otherwise the person proves the account (signs in with its password or passkey once, in the
+ *   same browser) before the link is made. An IdP that can assert any address must not become a
+ *   key to every account with that address (Keycloak #53041, ory/kratos#3574, nOAuth).
+ * - nobody has that email: with just-in-time provisioning on and the domain verified by the
+ *   organization, the user and the membership (the connection's default role) are made; an
+ *   address outside the organization's verified domains is refused.
+ * A linked user who is no longer a member of the organization is refused: removing a member
+ * ends their SSO sign-in at once, and JIT never adds back someone an admin removed.
+ */
+import { sql } from 'kysely';
+import { recordAccountEvent, recordAuditEvent } from '../audit/events.js';
+import { type DB, inTransaction } from '../db/connect.js';
+import { isUniqueViolation } from '../db/errors.js';
+import { addMember } from '../accounts/organizations.js';
+import { emailSchema, findUserByEmail, insertUser } from '../accounts/users.js';
+import { defaultRoleOf } from './connections.js';
+import { emailDomain, hasVerifiedDomain } from './domains.js';
+
+/** What a provider said about the person, after every protocol check passed. */
+export interface UpstreamIdentity {
+  connectionId: number;
+  /** OIDC: the ID token's iss; SAML: the assertion's Issuer (the IdP's entity ID). */
+  issuer: string;
+  /** SAML: the NameID Format; OIDC: ''. */
+  subjectFormat: string;
+  subject: string;
+  email: string | undefined;
+  /** Whether the provider says the address is its user's (OIDC email_verified; a SAML IdP's assertion). */
+  emailVerified: boolean;
+  name: string | undefined;
+  /** RFC 8176 values the provider reported (OIDC amr), kept beside `fed`. */
+  amr: string[];
+}
+
+export type RefusalReason = 'connection_inactive' | 'not_a_member' | 'email_missing' | 'email_outside_verified_domains' | 'jit_off' | 'linked_to_another_subject';
+
+export type Resolution =
+  | { kind: 'signed_in'; userId: number; organizationId: number }
+  | { kind: 'needs_proof'; userId: number; email: string; organizationId: number }
+  | { kind: 'refused'; reason: RefusalReason; organizationId: number | undefined };
+
+/** What the person is told for each refusal: enough to act on, nothing about other accounts. */
+export const REFUSAL_MESSAGES: Record<RefusalReason, string> = {
+  connection_inactive: 'This company sign-in is not active. Ask your administrator.',
+  not_a_member: 'Your company account is not a member of this organization here. Ask an administrator of the organization to invite you.',
+  email_missing: 'Your identity provider did not tell us your email address. Ask your administrator to release the email attribute.',
+  email_outside_verified_domains: 'Your email address is not in a domain this organization has verified. Ask your administrator.',
+  jit_off: 'This organization does not add people automatically. Ask an administrator of the organization to invite you.',
+  linked_to_another_subject: 'Your account here is already linked to a different identity at this provider. Ask your administrator.',
+};
+
+/** The session's amr for a sign-in through a provider (RFC 8176 `fed`, and what the provider reported). */
+export function federatedAmr(identity: Pick<UpstreamIdentity, 'amr'>): string[] {
+  const known = new Set(['pwd', 'otp', 'hwk', 'swk', 'mfa', 'user', 'pin', 'fpt', 'face', 'sms', 'kba']);
+  return ['fed', ...new Set(identity.amr.filter((v) => known.has(v)))].slice(0, 8);
+}
+
+/** The connection with its default role, share-locked: disabling it waits for this sign-in, or this sign-in sees it disabled. */
+function lockConnection(trx: DB, connectionId: number) {
+  return trx
+    .selectFrom('sso_connections')
+    .leftJoin('roles', 'roles.id', 'sso_connections.default_role_id')
+    .select(['sso_connections.organization_id', 'sso_connections.state', 'sso_connections.jit', 'sso_connections.default_role', 'sso_connections.default_role_id', 'roles.name as role_name', 'roles.permissions as role_permissions'])
+    .where('sso_connections.id', '=', connectionId)
+    .forShare('sso_connections')
+    .executeTakeFirst();
+}
+
+async function refuse(trx: DB, organizationId: number | undefined, identity: UpstreamIdentity, reason: RefusalReason): Promise<Resolution> {
+  if (organizationId !== undefined) {
+    await recordAuditEvent(trx, {
+      organizationId,
+      action: 'sso.sign_in_refused',
+      details: { connection_id: identity.connectionId, reason, subject: identity.subject.slice(0, 256), ...(identity.email !== undefined ? { email: identity.email.slice(0, 320) } : {}) },
+    });
+  }
+  return { kind: 'refused', reason, organizationId };
+}
+
+/**
+ * The account step of an SSO sign-in: finds, links or provisions the user for `identity`, under a
+ * share lock on the connection (so a connection disabled meanwhile signs nobody in).
+ */
+export async function resolveUpstreamIdentity(db: DB, identity: UpstreamIdentity): Promise<Resolution> {
+  return inTransaction(db, async (trx) => {
+    const connection = await lockConnection(trx, identity.connectionId);
+    if (!connection || connection.state !== 'active') return refuse(trx, connection?.organization_id, identity, 'connection_inactive');
+    const organizationId = connection.organization_id;
+    const isMember = async (userId: number) =>
+      (await trx.selectFrom('memberships').select('user_id').where('organization_id', '=', organizationId).where('user_id', '=', userId).executeTakeFirst()) !== undefined;
+
+    const link = await trx
+      .selectFrom('sso_identities')
+      .select(['id', 'user_id'])
+      .where('connection_id', '=', identity.connectionId)
+      .where('issuer', '=', identity.issuer)
+      .where('subject_format', '=', identity.subjectFormat)
+      .where('subject', '=', identity.subject)
+      .executeTakeFirst();
+    if (link) {
+      if (!(await isMember(link.user_id))) return refuse(trx, organizationId, identity, 'not_a_member');
+      await trx.updateTable('sso_identities').set({ last_used_at: sql<Date>`now()`, email: identity.email ?? null }).where('id', '=', link.id).execute();
+      return { kind: 'signed_in', userId: link.user_id, organizationId };
+    }
+
+    const parsedEmail = identity.email === undefined ? undefined : emailSchema.safeParse(identity.email);
+    if (!parsedEmail?.success) return refuse(trx, organizationId, identity, 'email_missing');
+    const email = parsedEmail.data;
+    const domain = emailDomain(email);
+    const domainVerified = domain !== undefined && (await hasVerifiedDomain(trx, organizationId, domain));
+    const existing = await findUserByEmail(trx, email);
+
+    if (existing) {
+      if (!domainVerified || !identity.emailVerified) {
+        await recordAuditEvent(trx, { organizationId, action: 'sso.link_needs_proof', details: { connection_id: identity.connectionId, user_id: existing.id, reason: domainVerified ? 'email_not_verified_by_provider' : 'domain_not_verified' } });
+        return { kind: 'needs_proof', userId: existing.id, email, organizationId };
+      }
+      return linkExisting(trx, identity, organizationId, connection, existing.id, 'verified_domain');
+    }
+
+    if (!domainVerified) return refuse(trx, organizationId, identity, 'email_outside_verified_domains');
+    if (!connection.jit) return refuse(trx, organizationId, identity, 'jit_off');
+    const user = await insertUser(trx, { email, name: identity.name?.slice(0, 200) ?? '', passwordHash: null, emailVerified: identity.emailVerified });
+    await addMember(trx, { organizationId, userId: user.id, role: defaultRoleOf(connection) });
+    await insertLink(trx, identity, user.id, email);
+    await recordAuditEvent(trx, { organizationId, action: 'sso.user_provisioned', details: { connection_id: identity.connectionId, user_id: user.id, role: defaultRoleOf(connection).name } });
+    return { kind: 'signed_in', userId: user.id, organizationId };
+  });
+}
+
+type ConnectionForLink = NonNullable<Awaited<ReturnType<typeof lockConnection>>>;
+
+async function insertLink(trx: DB, identity: UpstreamIdentity, userId: number, email: string): Promise<boolean> {
+  try {
+    // A savepoint: a unique violation must not abort the caller's transaction.
+    await sql`savepoint sso_link`.execute(trx);
+    await trx
+      .insertInto('sso_identities')
+      .values({ connection_id: identity.connectionId, user_id: userId, issuer: identity.issuer, subject_format: identity.subjectFormat, subject: identity.subject, email })
+      .execute();
+    await sql`release savepoint sso_link`.execute(trx);
+    return true;
+  } catch (err) {
+    if (!isUniqueViolation(err)) throw err;
+    await sql`rollback to savepoint sso_link`.execute(trx);
+    return false;
+  }
+}
+
+/** Links an existing account (its ownership shown by `how`) and makes it a member if JIT allows. */
+async function linkExisting(trx: DB, identity: UpstreamIdentity, organizationId: number, connection: ConnectionForLink, userId: number, how: 'verified_domain' | 'proof'): Promise<Resolution> {
+  const member = (await trx.selectFrom('memberships').select('user_id').where('organization_id', '=', organizationId).where('user_id', '=', userId).executeTakeFirst()) !== undefined;
+  if (!member && !connection.jit) return refuse(trx, organizationId, identity, 'not_a_member');
+  if (!(await insertLink(trx, identity, userId, identity.email ?? ''))) return refuse(trx, organizationId, identity, 'linked_to_another_subject');
+  if (!member) await addMember(trx, { organizationId, userId, role: defaultRoleOf(connection) });
+  await recordAuditEvent(trx, { organizationId, action: 'sso.identity_linked', details: { connection_id: identity.connectionId, user_id: userId, how, ...(member ? {} : { added_as: defaultRoleOf(connection).name }) } });
+  await recordAccountEvent(trx, { userId, action: 'sso.identity_linked', details: { connection_id: identity.connectionId, organization_id: organizationId, how } });
+  return { kind: 'signed_in', userId, organizationId };
+}
+
+/**
+ * Makes the link a person proved by signing in to the account (needs_proof): only to the account
+ * the provider's email named, and only while the connection is still active.
+ */
+export async function linkAfterProof(db: DB, identity: UpstreamIdentity, provenUserId: number): Promise<Resolution> {
+  return inTransaction(db, async (trx) => {
+    const connection = await lockConnection(trx, identity.connectionId);
+    if (!connection || connection.state !== 'active') return refuse(trx, connection?.organization_id, identity, 'connection_inactive');
+    return linkExisting(trx, identity, connection.organization_id, connection, provenUserId, 'proof');
+  });
+}
