@@ -21,6 +21,7 @@ import { applicationRoutes, type DashboardDeps } from './applications.js';
 import { CSRF_FAILED, loadContext, setDashboardContext } from './context.js';
 import { organizationRoutes } from './organization.js';
 import { roleRoutes } from './roles.js';
+import { ssoRoutes } from './sso.js';
 
 export type { DashboardDeps } from './applications.js';
 
@@ -45,6 +46,7 @@ export async function dashboardPages(app: FastifyInstance, deps: DashboardDeps):
   await applicationRoutes(app, deps);
   await organizationRoutes(app, deps);
   await roleRoutes(app, deps);
+  await ssoRoutes(app, deps);
   await accountRoutes(app, deps);
   const factorGuard = new FactorChangeGuard(deps.db);
   await twoStepRoutes(app, { ...deps, factorGuard });

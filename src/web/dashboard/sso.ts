@@ -1,0 +1,445 @@
+/**
+ * The Single sign-on page (/dashboard/sso): the organization's own identity providers (OpenID
+ * Connect and SAML connections, src/sso/connections.ts) and the email domains it claims
+ * (src/sso/domains.ts). sso.read shows it all; sso.write adds the forms. Connection ids and
+ * domains from URLs are always looked up within the current organization (another
+ * organization's is a 404), and every change is audited with the acting member and their role.
+ *
+ * Changes answer 303 back to the page (`?done=` names the notice to show, `?connection=` the
+ * connection it is about); a change the domain layer refuses is shown on the page, with what was
+ * typed, at the status of the refusal.
+ */
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { listRoles, mayAssign } from '../../accounts/roles.js';
+import type { Config } from '../../config.js';
+import { type AppError, ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../../errors.js';
+import type { Params } from '../../oauth/helpers/params.js';
+import {
+  type ConnectionActor,
+  type ConnectionSettings,
+  type ConnectionView,
+  createConnection,
+  DEFAULT_OIDC_SCOPES,
+  deleteConnection,
+  getConnection,
+  listConnections,
+  MAX_SAML_CERTIFICATES,
+  updateConnection,
+} from '../../sso/connections.js';
+import { addDomain, deleteDomain, getDomain, listDomains, txtLookup, updateDomain, verifyDomain } from '../../sso/domains.js';
+import { renderPage } from '../render.js';
+import type { DashboardDeps } from './applications.js';
+import { type ActionContext, dashboardContext, type DashboardContext, parseId, readForm, requireAction, requireView } from './context.js';
+
+export const SSO_PATH = '/dashboard/sso';
+/** A pasted IdP metadata document may be up to 512 KiB (readIdpMetadata); URL-encoded, up to three times that. */
+const METADATA_FORM_LIMIT = 3 * 512 * 1024;
+/** Certificates expiring within this many days are flagged on the page. */
+const EXPIRY_WARNING_DAYS = 30;
+
+/** The form fields' labels, for the domain layer's problems (reported under the API's field names). */
+const FIELD_LABELS: Record<string, string> = {
+  name: 'Name',
+  state: 'State',
+  jit: 'Just-in-time provisioning',
+  default_role: 'Default role',
+  issuer: 'Issuer URL',
+  client_id: 'Client ID',
+  client_secret: 'Client secret',
+  scopes: 'Scopes',
+  idp_entity_id: 'IdP entity ID',
+  idp_sso_url: 'SSO URL',
+  idp_certificates: 'Certificates',
+  idp_metadata_xml: 'Metadata XML',
+  idp_initiated: 'IdP-initiated sign-in',
+  protocol: 'Protocol',
+  domain: 'Domain',
+};
+
+function fieldLabel(path: string): string {
+  const [field = '', index] = path.split('.');
+  const label = FIELD_LABELS[field] ?? field;
+  return index !== undefined && /^[0-9]+$/.test(index) ? `${label} (number ${Number(index) + 1})` : label;
+}
+
+/** What to show for a refusal: each of an InvalidRequestError's details under its field's label, else its description. */
+export function errorMessages(err: AppError): string[] {
+  const details = err.details ?? [];
+  if (details.length === 0) return [err.description];
+  const [only] = details;
+  // One problem whose description says more than its detail (a consumer domain, a metadata problem): the description, labelled.
+  if (details.length === 1 && only && only.path !== '' && err.description.startsWith(`${only.path}: `)) {
+    return [`${fieldLabel(only.path)}: ${err.description.slice(only.path.length + 2)}`];
+  }
+  return details.map((d) => (d.path === '' ? d.message : `${fieldLabel(d.path)}: ${d.message}`));
+}
+
+/** One or more PEM blocks (or one bare base64 certificate) from a textarea; undefined when it is empty. */
+export function certificatesFromText(text: string | undefined): string[] | undefined {
+  if (text === undefined || text.trim() === '') return undefined;
+  const blocks = text.match(/-----BEGIN CERTIFICATE-----[\s\S]*?-----END CERTIFICATE-----/g);
+  // More than the maximum is passed on as it is, for the domain layer to refuse with its message.
+  return blocks ?? [text.trim()];
+}
+
+const checked = (params: Params, name: string) => params[name] !== undefined;
+
+/** The forms' fields, as typed (shown again when a change is refused). */
+export interface OidcForm {
+  name: string;
+  issuer: string;
+  clientId: string;
+  scopes: string;
+  jit: boolean;
+  defaultRole: string;
+}
+
+export interface SamlForm {
+  name: string;
+  metadataXml: string;
+  entityId: string;
+  ssoUrl: string;
+  certificates: string;
+  jit: boolean;
+  defaultRole: string;
+  state: 'draft' | 'active';
+}
+
+export interface EditForm {
+  name: string;
+  jit: boolean;
+  defaultRole: string;
+  issuer: string;
+  clientId: string;
+  scopes: string;
+  entityId: string;
+  ssoUrl: string;
+  certificates: string;
+  metadataXml: string;
+  idpInitiated: boolean;
+}
+
+const emptyOidc = (): OidcForm => ({ name: '', issuer: '', clientId: '', scopes: DEFAULT_OIDC_SCOPES, jit: true, defaultRole: 'member' });
+const emptySaml = (): SamlForm => ({ name: '', metadataXml: '', entityId: '', ssoUrl: '', certificates: '', jit: true, defaultRole: 'member', state: 'active' });
+
+function editFormOf(c: ConnectionView): EditForm {
+  return {
+    name: c.name,
+    jit: c.jit,
+    defaultRole: c.default_role,
+    issuer: c.issuer ?? '',
+    clientId: c.client_id ?? '',
+    scopes: c.scopes ?? '',
+    entityId: c.idp_entity_id ?? '',
+    ssoUrl: c.idp_sso_url ?? '',
+    certificates: '',
+    metadataXml: '',
+    idpInitiated: c.idp_initiated ?? false,
+  };
+}
+
+/**
+ * The notices a change redirects to (`?done=`), given the connection or domain it names when
+ * that is this organization's (a link cannot make the page claim something about anything else);
+ * undefined when the notice needs one and there is none. Anything else in the query is ignored.
+ */
+const NOTICES: Record<string, (connection: ConnectionView | undefined, domain: string | undefined) => string | undefined> = {
+  created: (c) => c && `Connection ${c.name} created. Register the URLs below at your identity provider.`,
+  saved: (c) => c && `Connection ${c.name} saved.`,
+  active: (c) => c && `Connection ${c.name} is active: people can sign in through it.`,
+  draft: (c) => c && `Connection ${c.name} is a draft now: nobody can sign in through it, and everyone who had signed in through it was signed out.`,
+  disabled: (c) => c && `Connection ${c.name} is disabled: everyone who had signed in through it was signed out.`,
+  deleted: () => 'The connection was deleted; everyone who had signed in through it was signed out.',
+  'domain-added': (_c, d) => d && `${d} was added. Publish its TXT record (below), then verify it.`,
+  'domain-verified': (_c, d) => d && `${d} is verified.`,
+  'domain-sso-required': (_c, d) => d && `Single sign-on is now required for addresses at ${d}.`,
+  'domain-sso-optional': (_c, d) => d && `Single sign-on is no longer required for addresses at ${d}.`,
+  'domain-deleted': () => 'The domain was removed.',
+};
+
+interface PageView {
+  errors?: string[];
+  oidc?: OidcForm;
+  saml?: SamlForm;
+  domain?: string;
+  edit?: { id: number; form: EditForm };
+  done?: string;
+  connectionId?: number | undefined;
+  noticeDomain?: string | undefined;
+}
+
+export function connectionSettings(config: Config): ConnectionSettings {
+  return { issuer: config.issuer, secretKey: config.secretKey, allowHttp: config.outbound.allowHttp };
+}
+
+export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Promise<void> {
+  const { db, config } = deps;
+  const settings = connectionSettings(config);
+  const lookup = txtLookup(config.dnsServers);
+
+  async function render(reply: FastifyReply, ctx: DashboardContext, status = 200, view: PageView = {}) {
+    requireView(ctx, 'sso.read');
+    const organization = ctx.organization;
+    const connections = organization ? await listConnections(db, settings, organization.id) : [];
+    const domains = organization ? await listDomains(db, organization.id) : [];
+    const manage = ctx.can['sso.write'];
+    const access = organization?.access;
+    // The roles a connection may give its members: never owner, and only those the user's own role could give.
+    const roles = organization && manage && access ? (await listRoles(db, organization.id)).filter((r) => r.kind !== 'owner' && mayAssign(access, r)).map((r) => r.name) : [];
+    const now = Date.now();
+    const about = view.connectionId === undefined ? undefined : connections.find((c) => c.id === view.connectionId);
+    const aboutDomain = domains.find((d) => d.domain === view.noticeDomain)?.domain;
+    const notice = (view.done !== undefined && Object.hasOwn(NOTICES, view.done) ? NOTICES[view.done]!(about, aboutDomain) : undefined) ?? '';
+    return renderPage(reply, status, 'dashboard/sso', {
+      title: 'Single sign-on',
+      ctx,
+      active: 'sso',
+      manage,
+      connections: connections.map((c) => ({
+        ...c,
+        certificates: (c.idp_certificates ?? []).map((cert) => {
+          const expires = Date.parse(cert.not_after);
+          return { ...cert, expired: expires <= now, expiresSoon: expires > now && expires - now < EXPIRY_WARNING_DAYS * 86_400_000 };
+        }),
+        form: view.edit?.id === c.id ? view.edit.form : editFormOf(c),
+        // A default role the user's role could not give is theirs to see, not to change (the domain refuses it).
+        roleChoices: roles.includes(c.default_role) ? roles : [c.default_role, ...roles],
+        path: `${SSO_PATH}/connections/${c.id}`,
+      })),
+      // Just created: its URLs, prominently, to register at the provider.
+      created: view.done === 'created' ? about : undefined,
+      domains: domains.map((d) => ({ ...d, path: `${SSO_PATH}/domains/${encodeURIComponent(d.domain)}`, anchor: `domain-${d.id}` })),
+      roles,
+      oidcForm: view.oidc ?? emptyOidc(),
+      samlForm: view.saml ?? emptySaml(),
+      domainForm: view.domain ?? '',
+      maxCertificates: MAX_SAML_CERTIFICATES,
+      errors: view.errors ?? [],
+      editing: view.edit?.id,
+      message: notice,
+    });
+  }
+
+  const by = (ctx: ActionContext): ConnectionActor => ({ actor: { actorUserId: ctx.session.userId }, actingAs: ctx.organization.access });
+  const actor = (ctx: ActionContext) => ({ actorUserId: ctx.session.userId });
+
+  /** Where a change sends the browser: the page, with its notice and the part it is about. */
+  function done(reply: FastifyReply, notice: string, about: { connection?: number; domain?: string } = {}) {
+    const query = new URLSearchParams({ done: notice });
+    if (about.connection !== undefined) query.set('connection', String(about.connection));
+    if (about.domain !== undefined) query.set('domain', about.domain);
+    const anchor = about.connection !== undefined && notice !== 'deleted' ? `#connection-${about.connection}` : '';
+    return reply.redirect(`${SSO_PATH}?${query.toString()}${anchor}`, 303);
+  }
+
+  /** Runs a change; a refusal the user can act on is shown on the page (with `view`: what they typed), at its status. */
+  async function attempt(reply: FastifyReply, ctx: ActionContext, view: PageView, change: () => Promise<FastifyReply>) {
+    try {
+      return await change();
+    } catch (err) {
+      if (err instanceof InvalidRequestError || err instanceof ConflictError || err instanceof ForbiddenError || err instanceof NotFoundError) {
+        return render(reply, ctx, err.statusCode, { ...view, errors: errorMessages(err) });
+      }
+      throw err;
+    }
+  }
+
+  app.get<{ Querystring: { done?: unknown; connection?: unknown; domain?: unknown } }>(SSO_PATH, async (req, reply) =>
+    render(reply, dashboardContext(req), 200, {
+      done: typeof req.query.done === 'string' ? req.query.done : undefined,
+      connectionId: parseId(req.query.connection),
+      noticeDomain: typeof req.query.domain === 'string' ? req.query.domain.slice(0, 253) : undefined,
+    }),
+  );
+
+  // Connections.
+
+  app.post(`${SSO_PATH}/connections`, { bodyLimit: METADATA_FORM_LIMIT }, async (req, reply) => {
+    const { params } = readForm(req.body);
+    const ctx = requireAction(config, req, params, { permission: 'sso.write' });
+    if (params.protocol === 'oidc') {
+      const form: OidcForm = {
+        name: params.name ?? '',
+        issuer: params.issuer ?? '',
+        clientId: params.client_id ?? '',
+        scopes: params.oidc_scopes ?? '',
+        jit: checked(params, 'jit'),
+        defaultRole: params.default_role ?? '',
+      };
+      return attempt(reply, ctx, { oidc: form }, async () => {
+        const created = await createConnection(
+          db,
+          settings,
+          ctx.organization.id,
+          {
+            protocol: 'oidc',
+            name: form.name,
+            issuer: form.issuer,
+            client_id: form.clientId,
+            client_secret: params.client_secret ?? '',
+            ...(params.oidc_scopes === undefined ? {} : { scopes: params.oidc_scopes }),
+            jit: form.jit,
+            ...(params.default_role === undefined ? {} : { default_role: params.default_role }),
+          },
+          by(ctx),
+        );
+        return done(reply, 'created', { connection: created.id });
+      });
+    }
+    if (params.protocol === 'saml') {
+      const form: SamlForm = {
+        name: params.name ?? '',
+        metadataXml: params.idp_metadata_xml ?? '',
+        entityId: params.idp_entity_id ?? '',
+        ssoUrl: params.idp_sso_url ?? '',
+        certificates: params.idp_certificates ?? '',
+        jit: checked(params, 'jit'),
+        defaultRole: params.default_role ?? '',
+        state: params.state === 'draft' ? 'draft' : 'active',
+      };
+      return attempt(reply, ctx, { saml: form }, async () => {
+        const certificates = certificatesFromText(params.idp_certificates);
+        const created = await createConnection(
+          db,
+          settings,
+          ctx.organization.id,
+          {
+            protocol: 'saml',
+            name: form.name,
+            ...(params.idp_metadata_xml === undefined ? {} : { idp_metadata_xml: params.idp_metadata_xml }),
+            ...(params.idp_entity_id === undefined ? {} : { idp_entity_id: params.idp_entity_id }),
+            ...(params.idp_sso_url === undefined ? {} : { idp_sso_url: params.idp_sso_url }),
+            ...(certificates === undefined ? {} : { idp_certificates: certificates }),
+            jit: form.jit,
+            ...(params.default_role === undefined ? {} : { default_role: params.default_role }),
+            state: params.state ?? 'active',
+          },
+          by(ctx),
+        );
+        return done(reply, 'created', { connection: created.id });
+      });
+    }
+    throw new InvalidRequestError('Choose OpenID Connect or SAML.');
+  });
+
+  /** The connection named in the URL, for someone who manages SSO; another organization's is a 404. */
+  async function managedConnection(req: FastifyRequest<{ Params: { id: string } }>) {
+    const { params } = readForm(req.body);
+    const ctx = requireAction(config, req, params, { permission: 'sso.write' });
+    const id = parseId(req.params.id);
+    if (id === undefined) throw new NotFoundError('There is no such SSO connection in this organization.');
+    const connection = await getConnection(db, settings, ctx.organization.id, id);
+    return { ctx, params, connection };
+  }
+
+  app.post<{ Params: { id: string } }>(`${SSO_PATH}/connections/:id`, { bodyLimit: METADATA_FORM_LIMIT }, async (req, reply) => {
+    const { ctx, params, connection: c } = await managedConnection(req);
+    const form: EditForm = {
+      name: params.name ?? '',
+      jit: checked(params, 'jit'),
+      defaultRole: params.default_role ?? c.default_role,
+      issuer: params.issuer ?? '',
+      clientId: params.client_id ?? '',
+      scopes: params.oidc_scopes ?? '',
+      entityId: params.idp_entity_id ?? '',
+      ssoUrl: params.idp_sso_url ?? '',
+      certificates: params.idp_certificates ?? '',
+      metadataXml: params.idp_metadata_xml ?? '',
+      idpInitiated: checked(params, 'idp_initiated'),
+    };
+    const input: Record<string, unknown> = { name: form.name, jit: form.jit };
+    // The default role only when changed: changing it is for those who could give both the old and the new one.
+    if (form.defaultRole !== c.default_role) input.default_role = form.defaultRole;
+    if (c.protocol === 'oidc') {
+      Object.assign(input, { issuer: form.issuer, client_id: form.clientId, scopes: form.scopes });
+      // Blank keeps the current secret (it is never shown).
+      if (params.client_secret !== undefined) input.client_secret = params.client_secret;
+    } else {
+      input.idp_initiated = form.idpInitiated;
+      const certificates = certificatesFromText(params.idp_certificates);
+      if (certificates !== undefined) input.idp_certificates = certificates;
+      if (params.idp_metadata_xml !== undefined) {
+        // Pasted metadata gives the entity ID, SSO URL and certificates; what was changed beside it wins.
+        input.idp_metadata_xml = params.idp_metadata_xml;
+        if (params.idp_entity_id !== undefined && params.idp_entity_id !== c.idp_entity_id) input.idp_entity_id = params.idp_entity_id;
+        if (params.idp_sso_url !== undefined && params.idp_sso_url !== c.idp_sso_url) input.idp_sso_url = params.idp_sso_url;
+      } else {
+        Object.assign(input, { idp_entity_id: form.entityId, idp_sso_url: form.ssoUrl });
+      }
+    }
+    return attempt(reply, ctx, { edit: { id: c.id, form } }, async () => {
+      await updateConnection(db, settings, ctx.organization.id, c.id, input, by(ctx));
+      return done(reply, 'saved', { connection: c.id });
+    });
+  });
+
+  app.post<{ Params: { id: string } }>(`${SSO_PATH}/connections/:id/state`, async (req, reply) => {
+    const { ctx, params, connection: c } = await managedConnection(req);
+    const state = params.state;
+    if (state !== 'active' && state !== 'draft' && state !== 'disabled') throw new InvalidRequestError('Choose active, draft or disabled.');
+    return attempt(reply, ctx, {}, async () => {
+      // Leaving active ends every session signed in through the connection (the domain does it in the same transaction).
+      await updateConnection(db, settings, ctx.organization.id, c.id, { state }, by(ctx));
+      return done(reply, state, { connection: c.id });
+    });
+  });
+
+  app.post<{ Params: { id: string } }>(`${SSO_PATH}/connections/:id/delete`, async (req, reply) => {
+    const { ctx, params, connection: c } = await managedConnection(req);
+    if (params.confirm !== 'delete') {
+      return renderPage(reply, 200, 'dashboard/sso-delete', { title: `Delete ${c.name}`, ctx, active: 'sso', connection: c, path: `${SSO_PATH}/connections/${c.id}` });
+    }
+    return attempt(reply, ctx, {}, async () => {
+      await deleteConnection(db, ctx.organization.id, c.id, by(ctx));
+      return done(reply, 'deleted');
+    });
+  });
+
+  // Domains, named in URLs by their name.
+
+  app.post(`${SSO_PATH}/domains`, async (req, reply) => {
+    const { params } = readForm(req.body);
+    const ctx = requireAction(config, req, params, { permission: 'sso.write' });
+    const domain = params.domain ?? '';
+    return attempt(reply, ctx, { domain }, async () => {
+      const added = await addDomain(db, ctx.organization.id, { domain }, actor(ctx));
+      return done(reply, 'domain-added', { domain: added.domain });
+    });
+  });
+
+  function managedDomain(req: FastifyRequest<{ Params: { domain: string } }>) {
+    const { params } = readForm(req.body);
+    const ctx = requireAction(config, req, params, { permission: 'sso.write' });
+    return { ctx, params, domain: req.params.domain };
+  }
+
+  app.post<{ Params: { domain: string } }>(`${SSO_PATH}/domains/:domain/verify`, async (req, reply) => {
+    const { ctx, domain } = managedDomain(req);
+    // A failed lookup (no record, the wrong token, DNS trouble) is a DomainVerificationFailedError: shown on the page.
+    return attempt(reply, ctx, {}, async () => {
+      const verified = await verifyDomain(db, lookup, ctx.organization.id, domain, actor(ctx));
+      return done(reply, 'domain-verified', { domain: verified.domain });
+    });
+  });
+
+  app.post<{ Params: { domain: string } }>(`${SSO_PATH}/domains/:domain/sso-required`, async (req, reply) => {
+    const { ctx, params, domain } = managedDomain(req);
+    if (params.sso_required !== 'yes' && params.sso_required !== 'no') throw new InvalidRequestError('Choose on or off.');
+    const ssoRequired = params.sso_required === 'yes';
+    return attempt(reply, ctx, {}, async () => {
+      // Only a verified domain routes anyone to the identity provider: requiring SSO before would mean nothing yet.
+      const current = await getDomain(db, ctx.organization.id, domain);
+      if (ssoRequired && current.state !== 'verified') throw new InvalidRequestError(`Verify ${current.domain} before requiring single sign-on for it.`);
+      const updated = await updateDomain(db, ctx.organization.id, domain, { sso_required: ssoRequired }, actor(ctx));
+      return done(reply, ssoRequired ? 'domain-sso-required' : 'domain-sso-optional', { domain: updated.domain });
+    });
+  });
+
+  app.post<{ Params: { domain: string } }>(`${SSO_PATH}/domains/:domain/delete`, async (req, reply) => {
+    const { ctx, domain } = managedDomain(req);
+    return attempt(reply, ctx, {}, async () => {
+      await deleteDomain(db, ctx.organization.id, domain, actor(ctx));
+      return done(reply, 'domain-deleted', { domain });
+    });
+  });
+}
