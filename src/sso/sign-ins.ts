@@ -41,19 +41,23 @@ export async function startOidcSignIn(db: DB, secretKey: string, input: { connec
 }
 
 /** Takes (consumes) the OIDC sign-in of `state` at `connectionId`; undefined when unknown, used or expired. */
-export async function takeOidcSignIn(db: DB, secretKey: string, connectionId: number, state: string): Promise<{ checks: OidcChecks; returnTo: string; browser: string | null } | undefined> {
+export async function takeOidcSignIn(db: DB, secretKey: string, connectionId: number, state: string, browser: string | undefined): Promise<{ checks: OidcChecks; returnTo: string } | undefined> {
+  // Only by the browser that started it: another one holding a copy of the callback URL neither
+  // finishes the sign-in nor uses it up for the browser it belongs to.
+  if (browser === undefined) return undefined;
   const row = await db
     .updateTable('sso_sign_ins')
     .set({ consumed_at: sql<Date>`now()` })
     .where('handle_hash', '=', sha256Hex(state))
     .where('connection_id', '=', connectionId)
+    .where('browser_hash', '=', browser)
     .where('consumed_at', 'is', null)
     .where('oidc_nonce', 'is not', null)
     .where('expires_at', '>', sql<Date>`now()`)
-    .returning(['oidc_nonce', 'oidc_code_verifier_sealed', 'return_to', 'browser_hash'])
+    .returning(['oidc_nonce', 'oidc_code_verifier_sealed', 'return_to'])
     .executeTakeFirst();
   if (!row || row.oidc_nonce === null || row.oidc_code_verifier_sealed === null) return undefined;
-  return { checks: { state, nonce: row.oidc_nonce, codeVerifier: openText(secretKey, VERIFIER_PURPOSE, row.oidc_code_verifier_sealed) }, returnTo: row.return_to, browser: row.browser_hash };
+  return { checks: { state, nonce: row.oidc_nonce, codeVerifier: openText(secretKey, VERIFIER_PURPOSE, row.oidc_code_verifier_sealed) }, returnTo: row.return_to };
 }
 
 /** Remembers a SAML sign-in; returns the AuthnRequest ID to send (the InResponseTo to expect). */
@@ -143,29 +147,38 @@ function parked(row: { result: unknown; return_to: string; browser_hash: string 
   return { identity, ...(typeof userId === 'number' ? { userId } : {}), returnTo: row.return_to, browser: row.browser_hash };
 }
 
-/** Takes (deletes) what waits under `handle`; undefined when unknown, used or expired. */
-export async function takeParkedSignIn(db: DB, handle: string): Promise<ParkedSignIn | undefined> {
+/**
+ * Which parked sign-in a page may take: a verified response waiting for its account step
+ * (`proof: false`: bound to the browser that started it, or to none for an IdP-initiated one), or
+ * a link waiting for its account's proof (`proof: true`: bound to the browser's link cookie).
+ * Another browser's handle matches nothing, so it cannot use up someone else's sign-in either.
+ */
+export interface ParkedFor {
+  browser: string | undefined;
+  proof: boolean;
+}
+
+function parkedFor(handle: string, expect: ParkedFor) {
+  const browser = expect.proof
+    ? sql`browser_hash = ${expect.browser ?? null}`
+    : expect.browser === undefined
+      ? sql`browser_hash is null`
+      : sql`(browser_hash is null or browser_hash = ${expect.browser})`;
+  return sql<boolean>`handle_hash = ${sha256Hex(handle)} and result is not null and expires_at > now()
+    and ((result -> 'userId') is not null) = ${expect.proof} and ${browser}`;
+}
+
+/** Takes (deletes) what waits under `handle` for this browser; undefined when unknown, used, expired or another browser's. */
+export async function takeParkedSignIn(db: DB, handle: string, expect: ParkedFor): Promise<ParkedSignIn | undefined> {
   if (handle.length === 0 || handle.length > 100) return undefined;
-  const row = await db
-    .deleteFrom('sso_sign_ins')
-    .where('handle_hash', '=', sha256Hex(handle))
-    .where('result', 'is not', null)
-    .where('expires_at', '>', sql<Date>`now()`)
-    .returning(['result', 'return_to', 'browser_hash'])
-    .executeTakeFirst();
+  const row = await db.deleteFrom('sso_sign_ins').where(parkedFor(handle, expect)).returning(['result', 'return_to', 'browser_hash']).executeTakeFirst();
   return row && parked(row);
 }
 
-/** Reads what waits under `handle` without taking it (the page that asks to confirm a link). */
-export async function peekParkedSignIn(db: DB, handle: string): Promise<ParkedSignIn | undefined> {
+/** Reads what waits under `handle` for this browser without taking it (the page that asks to confirm a link). */
+export async function peekParkedSignIn(db: DB, handle: string, expect: ParkedFor): Promise<ParkedSignIn | undefined> {
   if (handle.length === 0 || handle.length > 100) return undefined;
-  const row = await db
-    .selectFrom('sso_sign_ins')
-    .select(['result', 'return_to', 'browser_hash'])
-    .where('handle_hash', '=', sha256Hex(handle))
-    .where('result', 'is not', null)
-    .where('expires_at', '>', sql<Date>`now()`)
-    .executeTakeFirst();
+  const row = await db.selectFrom('sso_sign_ins').select(['result', 'return_to', 'browser_hash']).where(parkedFor(handle, expect)).executeTakeFirst();
   return row && parked(row);
 }
 

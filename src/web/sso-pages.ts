@@ -23,11 +23,19 @@ import { type ConnectionRow, findConnectionRow } from '../sso/connections.js';
 import { federatedAmr, linkAfterProof, REFUSAL_MESSAGES, type Resolution, resolveUpstreamIdentity, type UpstreamIdentity } from '../sso/identities.js';
 import { UpstreamOidc, UpstreamOidcError } from '../sso/oidc-upstream.js';
 import { MAX_SAML_RESPONSE_BYTES, SamlResponseError, SamlServiceProvider } from '../sso/saml-sp.js';
-import { browserHash, parkForProof, peekParkedSignIn, PROOF_TTL_SECONDS, recordSamlResponse, startOidcSignIn, startSamlSignIn, takeOidcSignIn, takeParkedSignIn } from '../sso/sign-ins.js';
+import { FailureThrottle } from '../lib/throttle.js';
+import { TooManyAttemptsError } from '../oauth/errors.js';
+import { browserHash, SIGN_IN_TTL_SECONDS, parkForProof, peekParkedSignIn, PROOF_TTL_SECONDS, recordSamlResponse, startOidcSignIn, startSamlSignIn, takeOidcSignIn, takeParkedSignIn } from '../sso/sign-ins.js';
 import { beginSession } from './begin-session.js';
 import { ForbiddenError, renderPage } from './render.js';
 
 const START_AGAIN = { href: '/login', label: 'Sign in again' };
+/** Unknown, used, expired, or another browser's: one answer, since a page must not tell them apart for someone else's link. */
+const EXPIRED = 'This sign-in has expired, was finished already, or was started in another browser. Start again here.';
+/** Sign-ins an address may start in SIGN_IN_TTL_SECONDS: each is a row written for an anonymous request. */
+const NEW_SIGN_INS_PER_IP = 100;
+/** Refused SAML responses an address may post in SIGN_IN_TTL_SECONDS: each is an audit event of the organization's. */
+const REFUSED_RESPONSES_PER_IP = 30;
 
 /** Leaves for connection `id`'s identity provider: what the email-first sign-in and the chooser call. */
 export type StartSso = (req: FastifyRequest, reply: FastifyReply, connectionId: number, returnTo: string, loginHint?: string) => Promise<FastifyReply>;
@@ -81,6 +89,8 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
   const { db, config } = deps;
   const oidc = new UpstreamOidc({ issuer: config.issuer, secretKey: config.secretKey, allowHttp: config.outbound.allowHttp, fetch: createOutboundFetch(config.outbound) });
   const saml = new SamlServiceProvider(config.issuer);
+  const newSignIns = new FailureThrottle(NEW_SIGN_INS_PER_IP, SIGN_IN_TTL_SECONDS * 1000);
+  const refusedResponses = new FailureThrottle(REFUSED_RESPONSES_PER_IP, SIGN_IN_TTL_SECONDS * 1000);
 
   async function auditFailure(row: ConnectionRow, action: string, reason: string) {
     await recordAuditEvent(db, { organizationId: row.organization_id, action, details: { connection_id: row.id, reason: reason.slice(0, 500) } });
@@ -89,6 +99,9 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
   const startSso: StartSso = async (req, reply, connectionId, returnTo, loginHint) => {
     const row = await findConnectionRow(db, connectionId);
     if (!row || row.state !== 'active') return failure(reply, 404, 'This company sign-in is not available. Ask your administrator.');
+    const wait = newSignIns.retryAfter(req.ip);
+    if (wait > 0) throw new TooManyAttemptsError(wait, 'Too many sign-ins started from this address. Please wait and try again.');
+    newSignIns.recordFailure(req.ip);
     const browser = browserHash(ensurePreSession(req, reply, config));
     if (row.protocol === 'oidc') {
       const checks = UpstreamOidc.newChecks();
@@ -133,9 +146,8 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
   app.get('/sso/:id/oidc/callback', async (req, reply) => {
     const state = queryString(req, 'state');
     if (state === undefined || state.length > 200) return failure(reply, 400, 'This sign-in link is not valid. Start again.');
-    const taken = await takeOidcSignIn(db, config.secretKey, connectionIdOf(req), state);
-    if (!taken) return failure(reply, 400, 'This sign-in has expired or was finished already. Start again.');
-    if (taken.browser === null || taken.browser !== currentBrowser(req, config)) return failure(reply, 400, 'This sign-in was started in another browser. Start again here.');
+    const taken = await takeOidcSignIn(db, config.secretKey, connectionIdOf(req), state, currentBrowser(req, config));
+    if (!taken) return failure(reply, 400, EXPIRED);
     const row = await findConnectionRow(db, connectionIdOf(req));
     if (!row || row.state !== 'active' || row.protocol !== 'oidc') return failure(reply, 403, REFUSAL_MESSAGES.connection_inactive);
     let identity: UpstreamIdentity;
@@ -160,6 +172,9 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
     const form = readParams(req.body);
     const row = await findConnectionRow(db, connectionIdOf(req));
     if (!row || row.protocol !== 'saml' || row.state !== 'active') return failure(reply, 403, REFUSAL_MESSAGES.connection_inactive);
+    // Anyone may post here: an address whose responses keep failing stops being heard (and audited).
+    const wait = refusedResponses.retryAfter(req.ip);
+    if (wait > 0) throw new TooManyAttemptsError(wait, 'Too many failed sign-ins from this address. Please wait and try again.');
     let handle: string;
     try {
       const accepted = await saml.accept(row, form.SAMLResponse ?? '');
@@ -167,6 +182,7 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
     } catch (err) {
       if (!(err instanceof SamlResponseError)) throw err;
       req.log.warn({ connection_id: row.id, err: err.message }, 'SAML response refused');
+      refusedResponses.recordFailure(req.ip);
       await auditFailure(row, 'sso.saml_response_refused', err.message);
       return failure(reply, 400, 'Your company sign-in could not be completed. Start again, or ask your administrator.');
     }
@@ -174,17 +190,16 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
   });
 
   app.get('/sso/finish', async (req, reply) => {
-    const parked = await takeParkedSignIn(db, queryString(req, 'handle') ?? '');
-    if (!parked || parked.userId !== undefined) return failure(reply, 400, 'This sign-in has expired or was finished already. Start again.');
-    if (parked.browser !== null && parked.browser !== currentBrowser(req, config)) return failure(reply, 400, 'This sign-in was started in another browser. Start again here.');
+    const parked = await takeParkedSignIn(db, queryString(req, 'handle') ?? '', { browser: currentBrowser(req, config), proof: false });
+    if (!parked) return failure(reply, 400, EXPIRED);
     return finishSignIn(req, reply, parked.identity, parked.returnTo);
   });
 
   /** The account exists already and the provider's word is not enough: its owner signs in to it once, then confirms. */
   app.get('/sso/link', async (req, reply) => {
     const handle = queryString(req, 'handle') ?? '';
-    const parked = await peekParkedSignIn(db, handle);
-    if (!parked || parked.userId === undefined || parked.browser !== currentLinkBrowser(req, config)) return failure(reply, 400, 'This sign-in has expired or was started in another browser. Start again.');
+    const parked = await peekParkedSignIn(db, handle, { browser: currentLinkBrowser(req, config), proof: true });
+    if (!parked || parked.userId === undefined) return failure(reply, 400, EXPIRED);
     const row = await findConnectionRow(db, parked.identity.connectionId);
     const session = await currentUser(db, config, req);
     const email = parked.identity.email ?? '';
@@ -205,8 +220,8 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
     const form = readParams(req.body);
     const session = await currentUser(db, config, req);
     if (!session || !csrfTokenMatches(config, { session: session.sessionId }, form.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
-    const parked = await takeParkedSignIn(db, form.handle ?? '');
-    if (!parked || parked.userId === undefined || parked.browser !== currentLinkBrowser(req, config)) return failure(reply, 400, 'This sign-in has expired or was started in another browser. Start again.');
+    const parked = await takeParkedSignIn(db, form.handle ?? '', { browser: currentLinkBrowser(req, config), proof: true });
+    if (!parked || parked.userId === undefined) return failure(reply, 400, EXPIRED);
     if (parked.userId !== session.userId) return failure(reply, 403, 'You are signed in to another account than the one your company sign-in names.');
     const resolution = await linkAfterProof(db, parked.identity, session.userId);
     return finishSignIn(req, reply, parked.identity, parked.returnTo, resolution);
