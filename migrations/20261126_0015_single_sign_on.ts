@@ -28,7 +28,17 @@ import { type Kysely, sql } from 'kysely';
  *   the clock skew), so the same assertion is never accepted twice, on any instance.
  * - sessions.sso_connection_id: the connection a session was signed in through; ended with it.
  * - users.password_hash is null for someone who has only ever signed in through their company.
+ * - applications_management_scopes_check also keeps the new management scopes (sso.read,
+ *   sso.write) off public applications.
  */
+const MANAGEMENT_SCOPES_BEFORE = sql`array['applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read']::text[]`;
+const MANAGEMENT_SCOPES = sql`array['applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read', 'sso.read', 'sso.write']::text[]`;
+
+async function checkManagementScopes(db: Kysely<any>, scopes: typeof MANAGEMENT_SCOPES): Promise<void> {
+  await sql`alter table applications drop constraint applications_management_scopes_check`.execute(db);
+  await sql`alter table applications add constraint applications_management_scopes_check check (type = 'private' or not (scopes && ${scopes}))`.execute(db);
+}
+
 export async function up(db: Kysely<any>): Promise<void> {
   await db.schema
     .createTable('sso_connections')
@@ -119,9 +129,11 @@ export async function up(db: Kysely<any>): Promise<void> {
   await db.schema.alterTable('sessions').addColumn('sso_connection_id', 'integer', (c) => c.references('sso_connections.id').onDelete('cascade')).execute();
   await db.schema.createIndex('sessions_sso_connection').on('sessions').column('sso_connection_id').where(sql.ref('sso_connection_id'), 'is not', null).execute();
   await db.schema.alterTable('users').alterColumn('password_hash', (c) => c.dropNotNull()).execute();
+  await checkManagementScopes(db, MANAGEMENT_SCOPES);
 }
 
 export async function down(db: Kysely<any>): Promise<void> {
+  await checkManagementScopes(db, MANAGEMENT_SCOPES_BEFORE);
   await sql`delete from users where password_hash is null`.execute(db);
   await db.schema.alterTable('users').alterColumn('password_hash', (c) => c.setNotNull()).execute();
   await db.schema.alterTable('sessions').dropColumn('sso_connection_id').execute();

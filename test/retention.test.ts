@@ -61,7 +61,7 @@ beforeAll(async () => {
 });
 afterAll(() => database.close());
 
-const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0, pending_sign_ins: 0, second_step_failures: 0 };
+const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0 };
 
 describe(`deleting expired rows on ${BACKEND}`, () => {
   it('deletes what expired, keeps what is live, and keeps codes a week past expiry for replay detection', async () => {
@@ -89,6 +89,16 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
       await db.insertInto('pending_sign_ins').values({ id_hash: id, user_id: fixture.ownerId, amr: ['pwd'], return_to: '/dashboard', expires_at: at(expiresIn) }).execute();
     }
     for (const failedAgo of [-16 * 60, -60]) await db.insertInto('second_step_failures').values({ user_id: fixture.ownerId, failed_at: at(failedAgo) }).execute();
+    // An SSO sign-in goes once expired; a SAML assertion ID once it could no longer be accepted.
+    const { id: connectionId } = await db
+      .insertInto('sso_connections')
+      .values({ organization_id: fixture.organizationId, protocol: 'saml', name: 'IdP', saml_idp_entity_id: 'https://idp.example', saml_idp_sso_url: 'https://idp.example/sso', saml_idp_certificates: ['pem'] })
+      .returning('id')
+      .executeTakeFirstOrThrow();
+    for (const [handle, expiresIn] of [['sso-gone', -10], ['sso-live', 300]] as const) {
+      await db.insertInto('sso_sign_ins').values({ handle_hash: handle, connection_id: connectionId, browser_hash: null, return_to: '/', expires_at: at(expiresIn) }).execute();
+      await db.insertInto('saml_assertion_ids').values({ connection_id: connectionId, assertion_id: handle, expires_at: at(expiresIn) }).execute();
+    }
 
     expect(await deleteExpired(db)).toEqual({
       authorization_codes: 1,
@@ -99,8 +109,12 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
       invitations: 1,
       mail_outbox: 1,
       pending_sign_ins: 1,
+      sso_sign_ins: 1,
+      saml_assertion_ids: 1,
       second_step_failures: 1,
     });
+    expect((await db.selectFrom('sso_sign_ins').select('handle_hash').execute()).map((r) => r.handle_hash)).toEqual(['sso-live']);
+    expect((await db.selectFrom('saml_assertion_ids').select('assertion_id').execute()).map((r) => r.assertion_id)).toEqual(['sso-live']);
     expect((await db.selectFrom('pending_sign_ins').select('id_hash').execute()).map((p) => p.id_hash)).toEqual(['pending-live']);
     expect((await db.selectFrom('mail_outbox').select('recipient').execute()).map((m) => m.recipient)).toEqual(['waiting@example.com']);
     expect((await db.selectFrom('invitations').select('email').execute()).map((i) => i.email)).toEqual([`i${-29 * DAY}@example.com`]);

@@ -18,12 +18,14 @@ import { applicationRoutes } from './applications.js';
 import { auditEventRoutes } from './audit-events.js';
 import { actorOf, authenticateApiRequest, authOf } from './auth.js';
 import { contactRoutes } from './contacts.js';
+import { domainRoutes } from './domains.js';
 import { registerApiRateLimit } from './rate-limit.js';
 import { grantRoutes } from './grants.js';
 import { invitationRoutes } from './invitations.js';
 import { memberRoutes } from './members.js';
 import { roleRoutes } from './roles.js';
 import { errorResponses, orgParams, serializerCompiler } from './schemas.js';
+import { ssoConnectionRoutes } from './sso-connections.js';
 import { taskRoutes } from './tasks.js';
 
 export const API_PREFIX = '/api/v1/:organization_id';
@@ -96,4 +98,7 @@ export async function apiRoutes(
   await api.register(invitationRoutes, { db: options.db, mail: options.mail, issuer: options.config.issuer });
   await api.register(grantRoutes, { db: options.db, revocations: options.revocations });
   await api.register(auditEventRoutes, { db: options.db });
+  // Single sign-on: the organization's identity providers and the email domains routed to them.
+  await api.register(ssoConnectionRoutes, { db: options.db, config: options.config });
+  await api.register(domainRoutes, { db: options.db, config: options.config });
 }

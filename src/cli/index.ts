@@ -8,6 +8,7 @@
  * command line to that server's admin socket (src/admin-socket.ts), which runs it here, in
  * runCommandLine, with the same output and exit code.
  */
+import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { sendToAdminSocket, type CommandOutcome } from '../admin-socket.js';
 import { ConfigError, loadConfig, type Config } from '../config.js';
@@ -16,6 +17,7 @@ import { AppError } from '../errors.js';
 import { describeStartupError, openDatabase } from '../runtime.js';
 import { appCommands } from './apps.js';
 import { cleanupCommands } from './cleanup.js';
+import { domainCommands } from './domains.js';
 import { grantCommands } from './grants.js';
 import { keyCommands } from './keys.js';
 import { memberCommands } from './members.js';
@@ -23,6 +25,7 @@ import { migrateCommands } from './migrate.js';
 import { orgCommands } from './orgs.js';
 import { roleCommands } from './roles.js';
 import { seedDemoCommands } from './seed-demo.js';
+import { ssoCommands } from './sso.js';
 import { UsageError, type Command, type CommandContext, type Options, type Values } from './shared.js';
 import { tokenCommands } from './tokens.js';
 import { userCommands } from './users.js';
@@ -39,6 +42,8 @@ const COMMANDS: Record<string, Command> = {
   ...appCommands,
   ...tokenCommands,
   ...grantCommands,
+  ...ssoCommands,
+  ...domainCommands,
   ...keyCommands,
   ...cleanupCommands,
   ...seedDemoCommands,
@@ -128,6 +133,26 @@ export async function runCommandLine(argv: string[], ctx: CommandContext): Promi
   return 'outcome' in parsed ? parsed.outcome : execute(parsed, ctx);
 }
 
+/**
+ * The command line as the server's admin socket gets it: the values of file options
+ * (--idp-cert-file, --idp-metadata-file) made absolute, since the server reads them from its
+ * own working directory.
+ */
+export function withAbsoluteFiles(argv: string[]): string[] {
+  const out: string[] = [];
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!;
+    const inline = /^(--[a-z-]+-file)=(.+)$/s.exec(arg);
+    const next = argv[i + 1];
+    if (inline) out.push(`${inline[1]}=${path.resolve(inline[2]!)}`);
+    else if (/^--[a-z-]+-file$/.test(arg) && next !== undefined && next !== '' && !next.startsWith('-')) {
+      out.push(arg, path.resolve(next));
+      i++;
+    } else out.push(arg);
+  }
+  return out;
+}
+
 /** Runs one command; returns the exit code. Never throws. */
 export async function runCli(argv: string[], io: CliIo): Promise<number> {
   const emit = (outcome: CommandOutcome): number => {
@@ -157,7 +182,7 @@ export async function runCli(argv: string[], io: CliIo): Promise<number> {
       break;
     } catch (err) {
       if (!(err instanceof DatabaseInUseError)) return emit(startupFailure(err));
-      const forwarded = await sendToAdminSocket(config.dataDir, argv);
+      const forwarded = await sendToAdminSocket(config.dataDir, withAbsoluteFiles(argv));
       if ('outcome' in forwarded) return emit(forwarded.outcome);
       if ('error' in forwarded) return emit(failure(parsed.json, err.code, `${err.description}; its admin socket cannot be used: ${forwarded.error}`));
       if (Date.now() > deadline) return emit(startupFailure(err));

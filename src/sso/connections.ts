@@ -9,6 +9,7 @@ import { DOMParser } from '@xmldom/xmldom';
 import { sql } from 'kysely';
 import { z } from 'zod';
 import { type Actor, recordAuditEvent } from '../audit/events.js';
+import type { Config } from '../config.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import { isForeignKeyViolation } from '../db/errors.js';
 import type { SsoConnection, SsoConnectionState, SsoProtocol } from '../db/schema.js';
@@ -30,6 +31,11 @@ export interface ConnectionSettings {
   issuer: string;
   secretKey: string;
   allowHttp: boolean;
+}
+
+/** The settings from the configuration (the API, the dashboard and the CLI alike). */
+export function connectionSettings(config: Pick<Config, 'issuer' | 'secretKey' | 'outbound'>): ConnectionSettings {
+  return { issuer: config.issuer, secretKey: config.secretKey, allowHttp: config.outbound.allowHttp };
 }
 
 /** The URLs orgauth has for a connection: what the organization's admin registers at their provider. */
@@ -239,12 +245,10 @@ function createSchema(allowHttp: boolean) {
   ], { error: () => 'protocol: must be oidc or saml' });
 }
 
-function updateSchema(allowHttp: boolean, protocol: SsoProtocol) {
-  const fields = fieldsSchema(allowHttp).partial();
-  return protocol === 'oidc'
-    ? fields.pick({ name: true, state: true, jit: true, default_role: true, issuer: true, client_id: true, client_secret: true, scopes: true }).strict()
-    : fields.pick({ name: true, state: true, jit: true, default_role: true, idp_entity_id: true, idp_sso_url: true, idp_certificates: true, idp_metadata_xml: true, idp_initiated: true }).strict();
-}
+const oidcUpdateSchema = (allowHttp: boolean) =>
+  fieldsSchema(allowHttp).partial().pick({ name: true, state: true, jit: true, default_role: true, issuer: true, client_id: true, client_secret: true, scopes: true }).strict();
+const samlUpdateSchema = (allowHttp: boolean) =>
+  fieldsSchema(allowHttp).partial().pick({ name: true, state: true, jit: true, default_role: true, idp_entity_id: true, idp_sso_url: true, idp_certificates: true, idp_metadata_xml: true, idp_initiated: true }).strict();
 
 /** Who changes a connection: the audit actor and the role they act with (a default role they could not give is refused). */
 export interface ConnectionActor {
@@ -349,7 +353,10 @@ export async function updateConnection(db: DB, settings: ConnectionSettings, org
   return inTransaction(db, async (trx) => {
     const current = await getConnectionRow(trx, organizationId, id);
     await trx.selectFrom('sso_connections').select('id').where('id', '=', current.id).forUpdate().execute();
-    const parsed = parseInput(updateSchema(settings.allowHttp, current.protocol), input);
+    // The fields that apply follow the connection's protocol (zod drops keys that were not sent).
+    const oidc = current.protocol === 'oidc' ? parseInput(oidcUpdateSchema(settings.allowHttp), input) : undefined;
+    const samlInput = current.protocol === 'saml' ? parseInput(samlUpdateSchema(settings.allowHttp), input) : undefined;
+    const parsed = oidc ?? samlInput ?? {};
     const changes: Record<string, unknown> = {};
     const changed: string[] = [];
     const set = (column: string, field: string, value: unknown) => {
@@ -368,14 +375,14 @@ export async function updateConnection(db: DB, settings: ConnectionSettings, org
         changed.push('default_role');
       }
     }
-    if ('issuer' in parsed) {
-      if (parsed.issuer !== undefined && parsed.issuer !== current.oidc_issuer) set('oidc_issuer', 'issuer', parsed.issuer);
-      if (parsed.client_id !== undefined && parsed.client_id !== current.oidc_client_id) set('oidc_client_id', 'client_id', parsed.client_id);
-      if (parsed.client_secret !== undefined) set('oidc_client_secret_sealed', 'client_secret', sealText(settings.secretKey, CLIENT_SECRET_PURPOSE, parsed.client_secret));
-      if (parsed.scopes !== undefined && parsed.scopes !== current.oidc_scopes) set('oidc_scopes', 'scopes', parsed.scopes);
+    if (oidc) {
+      if (oidc.issuer !== undefined && oidc.issuer !== current.oidc_issuer) set('oidc_issuer', 'issuer', oidc.issuer);
+      if (oidc.client_id !== undefined && oidc.client_id !== current.oidc_client_id) set('oidc_client_id', 'client_id', oidc.client_id);
+      if (oidc.client_secret !== undefined) set('oidc_client_secret_sealed', 'client_secret', sealText(settings.secretKey, CLIENT_SECRET_PURPOSE, oidc.client_secret));
+      if (oidc.scopes !== undefined && oidc.scopes !== current.oidc_scopes) set('oidc_scopes', 'scopes', oidc.scopes);
     }
-    if ('idp_entity_id' in parsed || 'idp_metadata_xml' in parsed || 'idp_initiated' in parsed || 'idp_sso_url' in parsed || 'idp_certificates' in parsed) {
-      const saml = withMetadata<SamlFields>(parsed, settings.allowHttp);
+    if (samlInput) {
+      const saml = withMetadata<SamlFields>(samlInput, settings.allowHttp);
       if (saml.idp_entity_id !== undefined && saml.idp_entity_id !== current.saml_idp_entity_id) set('saml_idp_entity_id', 'idp_entity_id', saml.idp_entity_id);
       if (saml.idp_sso_url !== undefined && saml.idp_sso_url !== current.saml_idp_sso_url) set('saml_idp_sso_url', 'idp_sso_url', saml.idp_sso_url);
       if (saml.idp_certificates !== undefined && saml.idp_certificates.join() !== current.saml_idp_certificates.join()) set('saml_idp_certificates', 'idp_certificates', saml.idp_certificates);

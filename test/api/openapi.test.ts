@@ -71,6 +71,17 @@ describe('GET /openapi.json', () => {
       'GET /api/v1/{organization_id}/grants/{id}': ['grants.read'],
       'DELETE /api/v1/{organization_id}/grants/{id}': ['grants.write'],
       'GET /api/v1/{organization_id}/audit-events': ['audit.read'],
+      'GET /api/v1/{organization_id}/sso-connections': ['sso.read'],
+      'POST /api/v1/{organization_id}/sso-connections': ['sso.write'],
+      'GET /api/v1/{organization_id}/sso-connections/{id}': ['sso.read'],
+      'PATCH /api/v1/{organization_id}/sso-connections/{id}': ['sso.write'],
+      'DELETE /api/v1/{organization_id}/sso-connections/{id}': ['sso.write'],
+      'GET /api/v1/{organization_id}/domains': ['sso.read'],
+      'POST /api/v1/{organization_id}/domains': ['sso.write'],
+      'GET /api/v1/{organization_id}/domains/{domain}': ['sso.read'],
+      'POST /api/v1/{organization_id}/domains/{domain}/verify': ['sso.write'],
+      'PATCH /api/v1/{organization_id}/domains/{domain}': ['sso.write'],
+      'DELETE /api/v1/{organization_id}/domains/{domain}': ['sso.write'],
     });
     expect(doc.components.securitySchemes.oauth2).toMatchObject({ type: 'oauth2' });
   });
@@ -83,7 +94,7 @@ describe('GET /openapi.json', () => {
     expect(Object.keys(flows.authorizationCode!.scopes)).toEqual(['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write']);
     expect(Object.keys(flows.clientCredentials!.scopes)).toEqual([
       'contacts.read', 'contacts.write', 'tasks.read', 'tasks.write',
-      'applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read',
+      'applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read', 'sso.read', 'sso.write',
     ]);
   });
 });

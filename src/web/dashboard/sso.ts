@@ -16,7 +16,7 @@ import { type AppError, ConflictError, ForbiddenError, InvalidRequestError, NotF
 import type { Params } from '../../oauth/helpers/params.js';
 import {
   type ConnectionActor,
-  type ConnectionSettings,
+  connectionSettings,
   type ConnectionView,
   createConnection,
   DEFAULT_OIDC_SCOPES,
@@ -166,10 +166,6 @@ interface PageView {
   done?: string;
   connectionId?: number | undefined;
   noticeDomain?: string | undefined;
-}
-
-export function connectionSettings(config: Config): ConnectionSettings {
-  return { issuer: config.issuer, secretKey: config.secretKey, allowHttp: config.outbound.allowHttp };
 }
 
 export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Promise<void> {
