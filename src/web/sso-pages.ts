@@ -42,7 +42,9 @@ export type StartSso = (req: FastifyRequest, reply: FastifyReply, connectionId: 
 
 function connectionIdOf(req: FastifyRequest): number {
   const raw = (req.params as { id?: string }).id ?? '';
-  return /^[1-9][0-9]{0,9}$/.test(raw) ? Number(raw) : 0;
+  const id = /^[1-9][0-9]{0,9}$/.test(raw) ? Number(raw) : 0;
+  // An integer column: a larger number in a query is the database's error (a 500), not "not found".
+  return id <= 2 ** 31 - 1 ? id : 0;
 }
 
 function queryString(req: FastifyRequest, name: string): string | undefined {
