@@ -28,6 +28,13 @@ import { type Kysely, sql } from 'kysely';
  *   the clock skew), so the same assertion is never accepted twice, on any instance.
  * - sessions.sso_connection_id: the connection a session was signed in through; ended with it.
  * - users.password_hash is null for someone who has only ever signed in through their company.
+ * - sso_connections.links_existing_accounts: whether the connection may link an existing account
+ *   by its verified email without the account's own proof. Only a connection whose trust
+ *   (issuer, client, IdP, certificates) an owner or the operator set last may; one an admin or an
+ *   application set makes new members but takes over no existing account (an admin must not
+ *   become an owner by pointing a connection at an IdP of their own).
+ * - removed_members: who an organization removed. Automation (just-in-time provisioning) never
+ *   adds them back; an admin or an invitation does, and clears the row.
  * - applications_management_scopes_check also keeps the new management scopes (sso.read,
  *   sso.write) off public applications.
  */
@@ -58,6 +65,7 @@ export async function up(db: Kysely<any>): Promise<void> {
     .addColumn('saml_idp_sso_url', 'text', (c) => c.check(sql`length(saml_idp_sso_url) <= 2048`))
     .addColumn('saml_idp_certificates', sql`text[]`, (c) => c.notNull().defaultTo(sql`'{}'::text[]`).check(sql`cardinality(saml_idp_certificates) <= 5`))
     .addColumn('saml_idp_initiated', 'boolean', (c) => c.notNull().defaultTo(false))
+    .addColumn('links_existing_accounts', 'boolean', (c) => c.notNull().defaultTo(false))
     .addColumn('created_at', 'timestamptz', (c) => c.notNull().defaultTo(sql`now()`))
     .addColumn('updated_at', 'timestamptz', (c) => c.notNull().defaultTo(sql`now()`))
     .addCheckConstraint(
@@ -126,6 +134,14 @@ export async function up(db: Kysely<any>): Promise<void> {
     .execute();
   await db.schema.createIndex('saml_assertion_ids_expires').on('saml_assertion_ids').column('expires_at').execute();
 
+  await db.schema
+    .createTable('removed_members')
+    .addColumn('organization_id', 'integer', (c) => c.notNull().references('organizations.id').onDelete('cascade'))
+    .addColumn('user_id', 'integer', (c) => c.notNull().references('users.id').onDelete('cascade'))
+    .addColumn('removed_at', 'timestamptz', (c) => c.notNull().defaultTo(sql`now()`))
+    .addPrimaryKeyConstraint('removed_members_pkey', ['organization_id', 'user_id'])
+    .execute();
+
   await db.schema.alterTable('sessions').addColumn('sso_connection_id', 'integer', (c) => c.references('sso_connections.id').onDelete('cascade')).execute();
   await db.schema.createIndex('sessions_sso_connection').on('sessions').column('sso_connection_id').where(sql.ref('sso_connection_id'), 'is not', null).execute();
   await db.schema.alterTable('users').alterColumn('password_hash', (c) => c.dropNotNull()).execute();
@@ -137,5 +153,5 @@ export async function down(db: Kysely<any>): Promise<void> {
   await sql`delete from users where password_hash is null`.execute(db);
   await db.schema.alterTable('users').alterColumn('password_hash', (c) => c.setNotNull()).execute();
   await db.schema.alterTable('sessions').dropColumn('sso_connection_id').execute();
-  for (const table of ['saml_assertion_ids', 'sso_sign_ins', 'sso_identities', 'sso_domains', 'sso_connections']) await db.schema.dropTable(table).execute();
+  for (const table of ['removed_members', 'saml_assertion_ids', 'sso_sign_ins', 'sso_identities', 'sso_domains', 'sso_connections']) await db.schema.dropTable(table).execute();
 }

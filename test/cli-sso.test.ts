@@ -166,6 +166,8 @@ describe(`orgauth sso on ${BACKEND}`, { timeout: 180_000 }, () => {
       '--scopes', 'openid email', '--jit', 'no', '--default-role', 'viewer', '--state', 'draft');
     expect(made).toEqual({
       id: expect.any(Number), organization_id: Number(orgId), protocol: 'oidc', name: 'Entra', state: 'draft', jit: false, default_role: 'viewer',
+      // The operator vouches for what the connection trusts: it links existing accounts by their verified email.
+      links_existing_accounts: true,
       created_at: expect.any(String), updated_at: expect.any(String),
       issuer: 'https://login.entra.example/v2.0', client_id: 'orgauth-2', scopes: 'openid email', redirect_uri: `${issuer}/sso/${made.id}/oidc/callback`,
     });
@@ -180,7 +182,7 @@ describe(`orgauth sso on ${BACKEND}`, { timeout: 180_000 }, () => {
       '--idp-cert-file', file('current.pem', current), '--idp-cert-file', file('next.pem', next), '--idp-initiated', 'yes');
     const base = `${issuer}/sso/${made.id}`;
     expect(made).toEqual({
-      id: expect.any(Number), organization_id: Number(orgId), protocol: 'saml', name: 'ADFS', state: 'active', jit: true, default_role: 'member',
+      id: expect.any(Number), organization_id: Number(orgId), protocol: 'saml', name: 'ADFS', state: 'active', jit: true, default_role: 'member', links_existing_accounts: true,
       created_at: expect.any(String), updated_at: expect.any(String),
       idp_entity_id: 'https://adfs.example/entity', idp_sso_url: 'https://adfs.example/sso', idp_initiated: true,
       idp_certificates: [current, next].map((pem) => ({ subject: expect.any(String), fingerprint_sha256: new X509Certificate(pem).fingerprint256, not_after: expect.any(String) })),
@@ -272,6 +274,7 @@ describe(`orgauth sso on ${BACKEND}`, { timeout: 180_000 }, () => {
     const shown = (await cli('sso', 'show', '--org', orgId, '--id', String(samlId))).stdout;
     expect(shown).toContain(`acs_url:      ${issuer}/sso/${samlId}/saml/acs`);
     expect(shown.match(/^certificate: /gm)).toHaveLength(2);
+    expect(shown).toMatch(/^link_existing: yes /m);
     expect(await jsonError('sso', 'show', '--org', orgId, '--id', '987654')).toEqual({ error: 'not_found', error_description: 'no such SSO connection in this organization' });
     expect((await jsonError('sso', 'show', '--org', orgId, '--id', '01')).error_description).toMatch(/^--id must be a positive integer\n/);
   });
@@ -298,6 +301,15 @@ describe(`orgauth sso on ${BACKEND}`, { timeout: 180_000 }, () => {
     } finally {
       await handle.close();
     }
+
+    // --link-existing yes|no: the operator may turn linking existing accounts by their verified email off and on.
+    expect(await json('sso', 'update', '--org', orgId, '--id', String(samlId), '--link-existing', 'no')).toMatchObject({ id: samlId, links_existing_accounts: false });
+    expect((await cli('sso', 'show', '--org', orgId, '--id', String(samlId))).stdout).toMatch(/^link_existing: no /m);
+    expect(await json('sso', 'update', '--org', orgId, '--id', String(samlId), '--link-existing', 'yes')).toMatchObject({ id: samlId, links_existing_accounts: true });
+    expect((await jsonError('sso', 'update', '--org', orgId, '--id', String(samlId), '--link-existing', 'maybe')).error_description).toMatch(/^--link-existing must be yes or no\n/);
+    const unlinked = await json('sso', 'create', '--org', orgId, '--protocol', 'oidc', '--name', 'Unlinked', '--issuer', 'https://u.example', '--client-id', 'u', '--client-secret', secret, '--link-existing', 'no');
+    expect(unlinked.links_existing_accounts).toBe(false);
+    expect(await json('sso', 'delete', '--org', orgId, '--id', String(unlinked.id))).toMatchObject({ deleted: true });
 
     expect((await jsonError('sso', 'update', '--org', orgId, '--id', String(samlId), '--client-secret', 'x')).error_description).toMatch(/^--client-secret: not for a SAML connection\n/);
     expect((await jsonError('sso', 'update', '--org', orgId, '--id', String(oidcId), '--idp-cert-file', 'x.pem')).error_description).toMatch(/^--idp-cert-file: not for an OIDC connection\n/);

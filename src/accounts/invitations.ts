@@ -26,7 +26,7 @@ import { parseInput } from '../lib/validate.js';
 import { invitationMessage } from '../mail/messages.js';
 import type { MailOutbox } from '../mail/outbox.js';
 import { LINK_TOKEN_PATTERN } from './account-tokens.js';
-import { asRoleRef, getOrganization, UnverifiedEmailError } from './organizations.js';
+import { asRoleRef, forgetRemoval, getOrganization, UnverifiedEmailError } from './organizations.js';
 import { lockRole, mayAssign, roleOf, type RoleRef } from './roles.js';
 import { emailSchema, type PreparedUser, insertUser } from './users.js';
 
@@ -346,6 +346,7 @@ async function join(trx: DB, invitation: OpenInvitation, userId: number): Promis
       .insertInto('memberships')
       .values({ organization_id: invitation.organization_id, user_id: userId, role: invitation.role_kind, role_id: invitation.role_id })
       .execute();
+    await forgetRemoval(trx, invitation.organization_id, userId);
     await recordAuditEvent(trx, {
       organizationId: invitation.organization_id,
       action: 'member.added',

@@ -1,3 +1,4 @@
+import { sql } from 'kysely';
 import { z } from 'zod';
 import { type Actor, recordAuditEvent } from '../audit/events.js';
 import { narrowGrantsInTransaction, revokeGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/models/grants.js';
@@ -145,6 +146,7 @@ export async function addMember(
         .insertInto('memberships')
         .values({ organization_id: input.organizationId, user_id: input.userId, role: role.kind, role_id: role.id })
         .execute();
+      await forgetRemoval(trx, input.organizationId, input.userId);
       await recordAuditEvent(trx, {
         actor: options.actor,
         organizationId: input.organizationId,
@@ -241,6 +243,12 @@ export async function removeMember(db: DB, input: { organizationId: number; user
     refuseUnlessAllowed(options, member);
     if (isLastOwner) throw new ConflictError('the last owner of an organization cannot be removed');
     await trx.deleteFrom('memberships').where('organization_id', '=', input.organizationId).where('user_id', '=', input.userId).execute();
+    // Remembered, so that automation (SSO's just-in-time provisioning) never adds them back.
+    await trx
+      .insertInto('removed_members')
+      .values({ organization_id: input.organizationId, user_id: input.userId })
+      .onConflict((oc) => oc.columns(['organization_id', 'user_id']).doUpdateSet({ removed_at: sql<Date>`now()` }))
+      .execute();
     await recordAuditEvent(trx, {
       actor: options.actor,
       organizationId: input.organizationId,
@@ -250,6 +258,17 @@ export async function removeMember(db: DB, input: { organizationId: number; user
     return revokeGrantsInTransaction(trx, { organizationId: input.organizationId, userId: input.userId }, 'member_removed', options.actor);
   });
   options.revocations?.noteRevoked(revoked, 'member_removed');
+}
+
+/** A person added again by hand (an admin, an invitation) is no longer one the organization removed. */
+export async function forgetRemoval(trx: DB, organizationId: number, userId: number): Promise<void> {
+  await trx.deleteFrom('removed_members').where('organization_id', '=', organizationId).where('user_id', '=', userId).execute();
+}
+
+/** Whether the organization removed this person (and nobody added them back by hand since). */
+export async function wasRemoved(db: DB, organizationId: number, userId: number): Promise<boolean> {
+  const row = await db.selectFrom('removed_members').select('user_id').where('organization_id', '=', organizationId).where('user_id', '=', userId).executeTakeFirst();
+  return row !== undefined;
 }
 
 export interface Member {

@@ -48,6 +48,9 @@ export const connectionSchema = z
     state: z.enum(['draft', 'active', 'disabled']).describe('only an active connection signs anyone in'),
     jit: z.boolean().describe('just-in-time provisioning: someone the IdP vouches for who is not yet a member becomes one, with default_role'),
     default_role: z.string().describe('the role members provisioned through the connection get; never owner'),
+    links_existing_accounts: z
+      .boolean()
+      .describe('whether an existing account is linked by its email (in a verified domain, verified by the provider) without the account’s own proof; true only when an owner or the operator set what the connection trusts'),
     created_at: z.iso.datetime(),
     updated_at: z.iso.datetime(),
     issuer: z.string().optional().describe('OIDC: the provider’s issuer URL'),
@@ -75,6 +78,7 @@ const commonFields = {
   state: stateField.optional().describe('default active; draft while it is being set up, disabled to stop it (its sessions end)'),
   jit: z.boolean().optional().describe('default true'),
   default_role: z.string().max(200).optional().describe('a role’s name, default member; never owner, and only a role whose every permission the token holds'),
+  links_existing_accounts: z.boolean().optional().describe('only false from an application: only an owner or the operator may let a connection link existing accounts without their proof; a change of what the connection trusts by an application sets it to false'),
 };
 const oidcFields = {
   issuer: z.string().optional().describe('OIDC: the provider’s issuer URL (https); its discovery document is read at sign-in'),

@@ -82,6 +82,7 @@ function refuseOptionsOf(values: Values, protocol: 'oidc' | 'saml'): void {
 /** The fields both protocols have, from the options given (what is not given is left out). */
 function commonInput(values: Values) {
   const jit = yesNo(values, 'jit');
+  const linksExisting = yesNo(values, 'link-existing');
   const state = stateOf(values);
   const name = optionalString(values, 'name');
   const defaultRole = optionalString(values, 'default-role');
@@ -89,6 +90,7 @@ function commonInput(values: Values) {
     ...(name !== undefined ? { name } : {}),
     ...(state !== undefined ? { state } : {}),
     ...(jit !== undefined ? { jit } : {}),
+    ...(linksExisting !== undefined ? { links_existing_accounts: linksExisting } : {}),
     ...(defaultRole !== undefined ? { default_role: defaultRole } : {}),
   };
 }
@@ -136,6 +138,7 @@ function describe(c: ConnectionView): string {
     `state:        ${c.state}`,
     `jit:          ${c.jit ? 'yes' : 'no'}`,
     `default_role: ${c.default_role}`,
+    `link_existing: ${c.links_existing_accounts ? 'yes' : 'no'}   (link an existing account by its verified email, without its proof)`,
   ];
   if (c.protocol === 'oidc') lines.push(`issuer:       ${c.issuer ?? ''}`, `client_id:    ${c.client_id ?? ''}`, `scopes:       ${c.scopes ?? ''}`);
   else {
@@ -150,6 +153,7 @@ const COMMON_OPTIONS: Options = {
   name: { type: 'string' },
   state: { type: 'string' },
   jit: { type: 'string' },
+  'link-existing': { type: 'string' },
   'default-role': { type: 'string' },
   issuer: { type: 'string' },
   'client-id': { type: 'string' },
@@ -165,8 +169,8 @@ const COMMON_OPTIONS: Options = {
 export const ssoCommands: Record<string, Command> = {
   'sso create': {
     usage: [
-      'orgauth sso create --org ID --protocol oidc --name N --issuer URL --client-id X --client-secret S [--scopes "openid email profile"] [--jit yes|no] [--default-role R] [--state draft|active|disabled]',
-      '       orgauth sso create --org ID --protocol saml --name N (--idp-entity-id E --idp-sso-url URL --idp-cert-file FILE [--idp-cert-file FILE2]... | --idp-metadata-file FILE) [--idp-initiated yes|no] [--jit yes|no] [--default-role R] [--state draft|active|disabled]',
+      'orgauth sso create --org ID --protocol oidc --name N --issuer URL --client-id X --client-secret S [--scopes "openid email profile"] [--jit yes|no] [--link-existing yes|no] [--default-role R] [--state draft|active|disabled]',
+      '       orgauth sso create --org ID --protocol saml --name N (--idp-entity-id E --idp-sso-url URL --idp-cert-file FILE [--idp-cert-file FILE2]... | --idp-metadata-file FILE) [--idp-initiated yes|no] [--jit yes|no] [--link-existing yes|no] [--default-role R] [--state draft|active|disabled]',
     ].join('\n'),
     summary:
       'connect an identity provider (OpenID Connect or SAML) to an organization; active unless --state draft. Prints the URLs to register at the provider. --idp-cert-file is repeatable (the IdP rotating its key); the client secret is never printed',
@@ -227,7 +231,7 @@ export const ssoCommands: Record<string, Command> = {
 
   'sso update': {
     usage:
-      'orgauth sso update --org ID --id C [--state draft|active|disabled] [--name N] [--jit yes|no] [--default-role R] [--issuer URL] [--client-id X] [--client-secret S] [--scopes "…"] [--idp-entity-id E] [--idp-sso-url URL] [--idp-cert-file FILE]... [--idp-metadata-file FILE] [--idp-initiated yes|no]',
+      'orgauth sso update --org ID --id C [--state draft|active|disabled] [--name N] [--jit yes|no] [--link-existing yes|no] [--default-role R] [--issuer URL] [--client-id X] [--client-secret S] [--scopes "…"] [--idp-entity-id E] [--idp-sso-url URL] [--idp-cert-file FILE]... [--idp-metadata-file FILE] [--idp-initiated yes|no]',
     summary:
       'change an SSO connection; what is not given stays. --idp-cert-file replaces the whole list (repeat it to keep the old certificate beside the new one); leaving the active state ends the sessions signed in through it',
     options: { ...COMMON_OPTIONS, id: { type: 'string' } },

@@ -144,7 +144,9 @@ export type RevocationReason =
   | 'member_removed'
   | 'scopes_narrowed'
   /** A role change took a scope from the grant's user: the grant was replaced by a narrower one, or revoked when nothing was left. */
-  | 'role_changed';
+  | 'role_changed'
+  /** An account whose address nobody had proved was taken over by its organization's identity provider (src/sso/identities.ts). */
+  | 'account_reclaimed';
 
 export interface GrantsTable {
   id: Generated<number>;
@@ -368,6 +370,8 @@ export interface SsoConnectionsTable {
   /** PEM certificates; a response signed by any of them is accepted (rotation). */
   saml_idp_certificates: ColumnType<string[], string[] | undefined, string[]>;
   saml_idp_initiated: ColumnType<boolean, boolean | undefined, boolean>;
+  /** Whether it may link an existing account by its verified email without the account's proof (trust set by an owner or the operator). */
+  links_existing_accounts: ColumnType<boolean, boolean | undefined, boolean>;
   created_at: Generated<Date>;
   updated_at: Generated<Date>;
 }
@@ -418,6 +422,13 @@ export interface SsoSignInsTable {
   consumed_at: NullableTimestamp;
 }
 
+/** Who an organization removed: just-in-time provisioning never adds them back. */
+export interface RemovedMembersTable {
+  organization_id: number;
+  user_id: number;
+  removed_at: Generated<Date>;
+}
+
 /** SAML replay store: an assertion ID seen, kept until its NotOnOrAfter. */
 export interface SamlAssertionIdsTable {
   id: Generated<number>;
@@ -455,6 +466,7 @@ export interface Database {
   sso_identities: SsoIdentitiesTable;
   sso_sign_ins: SsoSignInsTable;
   saml_assertion_ids: SamlAssertionIdsTable;
+  removed_members: RemovedMembersTable;
 }
 
 export type User = Selectable<UsersTable>;

@@ -131,6 +131,10 @@ const SPECIAL_USE_V6: readonly (readonly [string, number])[] = [
   ['::1', 128],
   ['::', 96],
   ['64:ff9b::', 96],
+  // IPv4-translated (RFC 2765 SIIT), a spelling of an IPv4 address the mapped check does not read.
+  ['::ffff:0:0:0', 96],
+  // Local-use NAT64 (RFC 8215): translated to IPv4 inside the operator's network.
+  ['64:ff9b:1::', 48],
   ['100::', 64],
   ['2001::', 23],
   ['2001:db8::', 32],
@@ -139,6 +143,8 @@ const SPECIAL_USE_V6: readonly (readonly [string, number])[] = [
   ['5f00::', 16],
   ['fc00::', 7],
   ['fe80::', 10],
+  // Deprecated site-local (RFC 3879), still routed inside some networks.
+  ['fec0::', 10],
   ['ff00::', 8],
 ];
 

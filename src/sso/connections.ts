@@ -59,6 +59,8 @@ export interface ConnectionView {
   state: SsoConnectionState;
   jit: boolean;
   default_role: string;
+  /** Whether it links an existing account by its verified email without the account's proof (set by an owner or the operator). */
+  links_existing_accounts: boolean;
   created_at: Date;
   updated_at: Date;
   /** OIDC: the upstream issuer, the client orgauth is there, and the callback to register. */
@@ -87,6 +89,7 @@ export function connectionView(issuer: string, row: ConnectionRow): ConnectionVi
     state: row.state,
     jit: row.jit,
     default_role: defaultRoleOf(row).name,
+    links_existing_accounts: row.links_existing_accounts,
     created_at: row.created_at,
     updated_at: row.updated_at,
   };
@@ -223,6 +226,7 @@ function fieldsSchema(allowHttp: boolean) {
     idp_certificates: certificatesField,
     idp_metadata_xml: z.string().max(512 * 1024),
     idp_initiated: z.boolean(),
+    links_existing_accounts: z.boolean(),
   });
 }
 
@@ -233,27 +237,46 @@ function createSchema(allowHttp: boolean) {
   return z.discriminatedUnion('protocol', [
     fields
       .pick({ name: true, issuer: true, client_id: true, client_secret: true })
-      .extend({ protocol: z.literal('oidc'), ...fields.pick({ state: true, jit: true, default_role: true, scopes: true }).partial().shape })
+      .extend({ protocol: z.literal('oidc'), ...fields.pick({ state: true, jit: true, default_role: true, scopes: true, links_existing_accounts: true }).partial().shape })
       .strict(),
     fields
       .pick({ name: true })
       .extend({
         protocol: z.literal('saml'),
-        ...fields.pick({ state: true, jit: true, default_role: true, idp_entity_id: true, idp_sso_url: true, idp_certificates: true, idp_metadata_xml: true, idp_initiated: true }).partial().shape,
+        ...fields.pick({ state: true, jit: true, default_role: true, idp_entity_id: true, idp_sso_url: true, idp_certificates: true, idp_metadata_xml: true, idp_initiated: true, links_existing_accounts: true }).partial().shape,
       })
       .strict(),
   ], { error: () => 'protocol: must be oidc or saml' });
 }
 
 const oidcUpdateSchema = (allowHttp: boolean) =>
-  fieldsSchema(allowHttp).partial().pick({ name: true, state: true, jit: true, default_role: true, issuer: true, client_id: true, client_secret: true, scopes: true }).strict();
+  fieldsSchema(allowHttp).partial().pick({ name: true, state: true, jit: true, default_role: true, issuer: true, client_id: true, client_secret: true, scopes: true, links_existing_accounts: true }).strict();
 const samlUpdateSchema = (allowHttp: boolean) =>
-  fieldsSchema(allowHttp).partial().pick({ name: true, state: true, jit: true, default_role: true, idp_entity_id: true, idp_sso_url: true, idp_certificates: true, idp_metadata_xml: true, idp_initiated: true }).strict();
+  fieldsSchema(allowHttp).partial().pick({ name: true, state: true, jit: true, default_role: true, idp_entity_id: true, idp_sso_url: true, idp_certificates: true, idp_metadata_xml: true, idp_initiated: true, links_existing_accounts: true }).strict();
+
+/** The fields that say whom a connection trusts. */
+const TRUST_FIELDS = new Set(['issuer', 'client_id', 'client_secret', 'idp_entity_id', 'idp_sso_url', 'idp_certificates']);
 
 /** Who changes a connection: the audit actor and the role they act with (a default role they could not give is refused). */
 export interface ConnectionActor {
   actor?: Actor | undefined;
   actingAs?: RoleRef | undefined;
+}
+
+/**
+ * Whether `by` vouches for a connection's trust: the operator (no role) or an owner. Only then may
+ * the connection link existing accounts by their verified email without the account's own proof:
+ * otherwise an admin, or an application, could point a connection at an IdP of their own and sign
+ * in as the owner.
+ */
+function vouches(by: ConnectionActor): boolean {
+  return by.actingAs === undefined || by.actingAs.kind === 'owner';
+}
+
+function refuseUnvouched(by: ConnectionActor, asked: boolean | undefined): void {
+  if (asked === true && !vouches(by)) {
+    throw new ForbiddenError('only an owner may let a connection link existing accounts without their proof (links_existing_accounts)');
+  }
 }
 
 /** The default role, checked: not owner (a connection never makes owners), one the actor may give. */
@@ -322,7 +345,17 @@ export async function createConnection(db: DB, settings: ConnectionSettings, org
     const { count } = await trx.selectFrom('sso_connections').select((eb) => eb.fn.countAll<number>().as('count')).where('organization_id', '=', organizationId).executeTakeFirstOrThrow();
     if (Number(count) >= MAX_CONNECTIONS) throw new InvalidRequestError(`an organization may have at most ${MAX_CONNECTIONS} SSO connections`);
     const role = await resolveDefaultRole(trx, organizationId, parsed.default_role ?? 'member', by);
-    const common = { organization_id: organizationId, protocol: parsed.protocol, name: parsed.name, state: parsed.state ?? 'active', jit: parsed.jit ?? true, default_role: role.kind, default_role_id: role.id };
+    refuseUnvouched(by, parsed.links_existing_accounts);
+    const common = {
+      organization_id: organizationId,
+      protocol: parsed.protocol,
+      name: parsed.name,
+      state: parsed.state ?? 'active',
+      jit: parsed.jit ?? true,
+      default_role: role.kind,
+      default_role_id: role.id,
+      links_existing_accounts: parsed.links_existing_accounts ?? vouches(by),
+    };
     let values;
     if (parsed.protocol === 'oidc') {
       values = {
@@ -388,6 +421,11 @@ export async function updateConnection(db: DB, settings: ConnectionSettings, org
       if (saml.idp_certificates !== undefined && saml.idp_certificates.join() !== current.saml_idp_certificates.join()) set('saml_idp_certificates', 'idp_certificates', saml.idp_certificates);
       if (saml.idp_initiated !== undefined && saml.idp_initiated !== current.saml_idp_initiated) set('saml_idp_initiated', 'idp_initiated', saml.idp_initiated);
     }
+    // Whoever changes what the connection trusts vouches for it anew: a non-owner's change stops it linking existing accounts.
+    refuseUnvouched(by, parsed.links_existing_accounts);
+    const trustChanged = changed.some((f) => TRUST_FIELDS.has(f));
+    const links = parsed.links_existing_accounts ?? (trustChanged && !vouches(by) ? false : current.links_existing_accounts);
+    if (links !== current.links_existing_accounts) set('links_existing_accounts', 'links_existing_accounts', links);
     if (changed.length === 0) return connectionView(settings.issuer, current);
     await trx.updateTable('sso_connections').set({ ...changes, updated_at: sql<Date>`now()` }).where('id', '=', current.id).execute();
     let sessionsEnded = 0;

@@ -14,11 +14,14 @@
  * A linked user who is no longer a member of the organization is refused: removing a member
  * ends their SSO sign-in at once, and JIT never adds back someone an admin removed.
  */
-import { sql } from 'kysely';
+import { sql, type Transaction } from 'kysely';
+import type { Database } from '../db/schema.js';
 import { recordAccountEvent, recordAuditEvent } from '../audit/events.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import { isUniqueViolation } from '../db/errors.js';
-import { addMember } from '../accounts/organizations.js';
+import { endAccountTokens } from '../accounts/account-tokens.js';
+import { addMember, wasRemoved } from '../accounts/organizations.js';
+import { revokeGrantsInTransaction } from '../oauth/models/grants.js';
 import { emailSchema, findUserByEmail, insertUser } from '../accounts/users.js';
 import { defaultRoleOf } from './connections.js';
 import { emailDomain, hasVerifiedDomain } from './domains.js';
@@ -39,7 +42,7 @@ export interface UpstreamIdentity {
   amr: string[];
 }
 
-export type RefusalReason = 'connection_inactive' | 'not_a_member' | 'email_missing' | 'email_outside_verified_domains' | 'jit_off' | 'linked_to_another_subject';
+export type RefusalReason = 'connection_inactive' | 'not_a_member' | 'email_missing' | 'email_unusable' | 'email_outside_verified_domains' | 'jit_off' | 'linked_to_another_subject';
 
 export type Resolution =
   | { kind: 'signed_in'; userId: number; organizationId: number }
@@ -51,6 +54,7 @@ export const REFUSAL_MESSAGES: Record<RefusalReason, string> = {
   connection_inactive: 'This company sign-in is not active. Ask your administrator.',
   not_a_member: 'Your company account is not a member of this organization here. Ask an administrator of the organization to invite you.',
   email_missing: 'Your identity provider did not tell us your email address. Ask your administrator to release the email attribute.',
+  email_unusable: 'Your identity provider sent an email address that cannot be matched safely (letters outside ASCII, or an address that differs from the account’s only by them). Ask your administrator.',
   email_outside_verified_domains: 'Your email address is not in a domain this organization has verified. Ask your administrator.',
   jit_off: 'This organization does not add people automatically. Ask an administrator of the organization to invite you.',
   linked_to_another_subject: 'Your account here is already linked to a different identity at this provider. Ask your administrator.',
@@ -67,7 +71,7 @@ function lockConnection(trx: DB, connectionId: number) {
   return trx
     .selectFrom('sso_connections')
     .leftJoin('roles', 'roles.id', 'sso_connections.default_role_id')
-    .select(['sso_connections.organization_id', 'sso_connections.state', 'sso_connections.jit', 'sso_connections.default_role', 'sso_connections.default_role_id', 'roles.name as role_name', 'roles.permissions as role_permissions'])
+    .select(['sso_connections.organization_id', 'sso_connections.state', 'sso_connections.jit', 'sso_connections.links_existing_accounts', 'sso_connections.default_role', 'sso_connections.default_role_id', 'roles.name as role_name', 'roles.permissions as role_permissions'])
     .where('sso_connections.id', '=', connectionId)
     .forShare('sso_connections')
     .executeTakeFirst();
@@ -93,8 +97,6 @@ export async function resolveUpstreamIdentity(db: DB, identity: UpstreamIdentity
     const connection = await lockConnection(trx, identity.connectionId);
     if (!connection || connection.state !== 'active') return refuse(trx, connection?.organization_id, identity, 'connection_inactive');
     const organizationId = connection.organization_id;
-    const isMember = async (userId: number) =>
-      (await trx.selectFrom('memberships').select('user_id').where('organization_id', '=', organizationId).where('user_id', '=', userId).executeTakeFirst()) !== undefined;
 
     const link = await trx
       .selectFrom('sso_identities')
@@ -105,24 +107,33 @@ export async function resolveUpstreamIdentity(db: DB, identity: UpstreamIdentity
       .where('subject', '=', identity.subject)
       .executeTakeFirst();
     if (link) {
-      if (!(await isMember(link.user_id))) return refuse(trx, organizationId, identity, 'not_a_member');
+      if (!(await isMember(trx, organizationId, link.user_id))) return refuse(trx, organizationId, identity, 'not_a_member');
       await trx.updateTable('sso_identities').set({ last_used_at: sql<Date>`now()`, email: identity.email ?? null }).where('id', '=', link.id).execute();
       return { kind: 'signed_in', userId: link.user_id, organizationId };
     }
 
-    const parsedEmail = identity.email === undefined ? undefined : emailSchema.safeParse(identity.email);
-    if (!parsedEmail?.success) return refuse(trx, organizationId, identity, 'email_missing');
-    const email = parsedEmail.data;
+    if (identity.email === undefined || identity.email === '') return refuse(trx, organizationId, identity, 'email_missing');
+    const email = canonicalEmail(identity.email);
+    if (email === undefined) return refuse(trx, organizationId, identity, 'email_unusable');
     const domain = emailDomain(email);
     const domainVerified = domain !== undefined && (await hasVerifiedDomain(trx, organizationId, domain));
-    const existing = await findUserByEmail(trx, email);
+    const found = await findUserByEmail(trx, email);
+    // The account found must have exactly this address: the database's lower() folds some
+    // non-ASCII letters (İ to i) that the domain check, in ASCII, does not.
+    if (found && found.email.toLowerCase() !== email) return refuse(trx, organizationId, identity, 'email_unusable');
 
-    if (existing) {
-      if (!domainVerified || !identity.emailVerified) {
-        await recordAuditEvent(trx, { organizationId, action: 'sso.link_needs_proof', details: { connection_id: identity.connectionId, user_id: existing.id, reason: domainVerified ? 'email_not_verified_by_provider' : 'domain_not_verified' } });
-        return { kind: 'needs_proof', userId: existing.id, email, organizationId };
+    if (found) {
+      const trusted = domainVerified && identity.emailVerified && connection.links_existing_accounts;
+      if (!trusted) {
+        const reason = !domainVerified ? 'domain_not_verified' : !identity.emailVerified ? 'email_not_verified_by_provider' : 'connection_not_vouched_by_owner';
+        await recordAuditEvent(trx, { organizationId, action: 'sso.link_needs_proof', details: { connection_id: identity.connectionId, user_id: found.id, reason } });
+        return { kind: 'needs_proof', userId: found.id, email, organizationId };
       }
-      return linkExisting(trx, identity, organizationId, connection, existing.id, 'verified_domain');
+      // Nobody ever proved this address was theirs (a sign-up that was never confirmed, perhaps
+      // by someone waiting for the real person): the organization's IdP, authoritative for its
+      // verified domain, now does. What the unproved account had is ended first.
+      if (found.email_verified_at === null) await reclaimUnverifiedAccount(trx, found.id, organizationId, identity.connectionId);
+      return linkExisting(trx, identity, organizationId, connection, found.id, 'verified_domain');
     }
 
     if (!domainVerified) return refuse(trx, organizationId, identity, 'email_outside_verified_domains');
@@ -133,6 +144,42 @@ export async function resolveUpstreamIdentity(db: DB, identity: UpstreamIdentity
     await recordAuditEvent(trx, { organizationId, action: 'sso.user_provisioned', details: { connection_id: identity.connectionId, user_id: user.id, role: defaultRoleOf(connection).name } });
     return { kind: 'signed_in', userId: user.id, organizationId };
   });
+}
+
+/**
+ * The provider's email in the one form it is compared in: ASCII lower case, the domain in its
+ * IDNA (xn--) form; undefined when it is not an address, or has a non-ASCII local part
+ * (whose case folding differs between JavaScript and the database's collation).
+ */
+function canonicalEmail(value: string | undefined): string | undefined {
+  const parsed = value === undefined ? undefined : emailSchema.safeParse(value);
+  if (!parsed?.success) return undefined;
+  const at = parsed.data.lastIndexOf('@');
+  const local = parsed.data.slice(0, at);
+  const domain = emailDomain(parsed.data);
+  if (domain === undefined || !/^[\x21-\x7e]+$/.test(local)) return undefined;
+  return `${local}@${domain}`.toLowerCase();
+}
+
+async function isMember(trx: DB, organizationId: number, userId: number): Promise<boolean> {
+  const row = await trx.selectFrom('memberships').select('user_id').where('organization_id', '=', organizationId).where('user_id', '=', userId).executeTakeFirst();
+  return row !== undefined;
+}
+
+/**
+ * Ends what an account whose address nobody proved could be holding: its password, second
+ * factors and passkeys, sessions and sign-ins in progress, links sent by email, and the grants
+ * it gave; the address is then verified (by the IdP). Audited on the account and in the
+ * organization.
+ */
+async function reclaimUnverifiedAccount(trx: Transaction<Database>, userId: number, organizationId: number, connectionId: number): Promise<void> {
+  await trx.updateTable('users').set({ password_hash: null, email_verified_at: sql<Date>`now()`, updated_at: new Date() }).where('id', '=', userId).execute();
+  for (const table of ['totp_factors', 'recovery_codes', 'passkeys', 'sessions', 'pending_sign_ins'] as const) await trx.deleteFrom(table).where('user_id', '=', userId).execute();
+  await endAccountTokens(trx, userId);
+  const memberships = await trx.selectFrom('memberships').select('organization_id').where('user_id', '=', userId).execute();
+  for (const m of memberships) await revokeGrantsInTransaction(trx, { organizationId: m.organization_id, userId }, 'account_reclaimed');
+  await recordAuditEvent(trx, { organizationId, action: 'sso.unverified_account_reclaimed', details: { connection_id: connectionId, user_id: userId } });
+  await recordAccountEvent(trx, { userId, action: 'sso.unverified_account_reclaimed', details: { connection_id: connectionId, organization_id: organizationId } });
 }
 
 type ConnectionForLink = NonNullable<Awaited<ReturnType<typeof lockConnection>>>;
@@ -156,8 +203,9 @@ async function insertLink(trx: DB, identity: UpstreamIdentity, userId: number, e
 
 /** Links an existing account (its ownership shown by `how`) and makes it a member if JIT allows. */
 async function linkExisting(trx: DB, identity: UpstreamIdentity, organizationId: number, connection: ConnectionForLink, userId: number, how: 'verified_domain' | 'proof'): Promise<Resolution> {
-  const member = (await trx.selectFrom('memberships').select('user_id').where('organization_id', '=', organizationId).where('user_id', '=', userId).executeTakeFirst()) !== undefined;
-  if (!member && !connection.jit) return refuse(trx, organizationId, identity, 'not_a_member');
+  const member = await isMember(trx, organizationId, userId);
+  // Automation adds nobody the organization removed; an admin or an invitation may.
+  if (!member && (!connection.jit || (await wasRemoved(trx, organizationId, userId)))) return refuse(trx, organizationId, identity, 'not_a_member');
   if (!(await insertLink(trx, identity, userId, identity.email ?? ''))) return refuse(trx, organizationId, identity, 'linked_to_another_subject');
   if (!member) await addMember(trx, { organizationId, userId, role: defaultRoleOf(connection) });
   await recordAuditEvent(trx, { organizationId, action: 'sso.identity_linked', details: { connection_id: identity.connectionId, user_id: userId, how, ...(member ? {} : { added_as: defaultRoleOf(connection).name }) } });

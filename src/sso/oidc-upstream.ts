@@ -6,7 +6,7 @@
  * issuer is a URL an organization's admin typed.
  */
 import * as client from 'openid-client';
-import type { OutboundFetch } from '../lib/outbound.js';
+import { type OutboundFetch, OutboundRefusedError } from '../lib/outbound.js';
 import { openText } from '../lib/crypto.js';
 import { CLIENT_SECRET_PURPOSE, type ConnectionRow, connectionUrls, DEFAULT_OIDC_SCOPES } from './connections.js';
 import type { UpstreamIdentity } from './identities.js';
@@ -32,6 +32,14 @@ export interface OidcChecks {
 /** The upstream could not be used (discovery, token exchange, a check failed): the reason is for the log. */
 export class UpstreamOidcError extends Error {
   override readonly name = 'UpstreamOidcError';
+  constructor(
+    message: string,
+    /** The reason as the organization's audit log shows it: without what the outbound policy saw. */
+    readonly auditReason: string = message,
+    options?: ErrorOptions,
+  ) {
+    super(message, options);
+  }
 }
 
 export class UpstreamOidc {
@@ -93,6 +101,8 @@ export class UpstreamOidc {
     );
     const claims = tokens.claims();
     if (!claims) throw new UpstreamOidcError('the provider returned no ID token');
+    // What the identity link stores (src/sso/identities.ts): bounded, as the columns are.
+    if (claims.sub.length > 1024 || claims.iss.length > 2048) throw new UpstreamOidcError('the ID token\'s sub or iss is too long');
     const text = (v: unknown) => (typeof v === 'string' && v !== '' ? v : undefined);
     return {
       connectionId: row.id,
@@ -110,7 +120,7 @@ export class UpstreamOidc {
     try {
       return await fn();
     } catch (err) {
-      throw new UpstreamOidcError(`${step} failed: ${describeError(err)}`, { cause: err });
+      throw new UpstreamOidcError(`${step} failed: ${describeError(err, false)}`, `${step} failed: ${describeError(err, true)}`, { cause: err });
     }
   }
 }
@@ -122,10 +132,16 @@ export class UpstreamOidc {
  * or in the OAuth error code. A cause that is not an Error (the callback's parameters, the
  * token response) is left out: it may hold the state or a code.
  */
-function describeError(err: unknown): string {
+function describeError(err: unknown, forAudit: boolean): string {
   if (!(err instanceof Error)) return String(err);
   const parts: string[] = [];
   for (let current: unknown = err; current instanceof Error && parts.length < 4; current = current.cause) {
+    // The organization's admins read the audit log: which internal address a name resolves to
+    // is not theirs to learn (a DNS oracle into orgauth's network). The log keeps it.
+    if (forAudit && current instanceof OutboundRefusedError) {
+      parts.push('OutboundRefusedError: the provider’s address is not one orgauth may reach (private or special-use, plain http, or too slow or large)');
+      break;
+    }
     const { error, error_description: description } = current as Error & { error?: unknown; error_description?: unknown };
     const code = typeof error === 'string' ? ` (${error}${typeof description === 'string' ? `: ${description}` : ''})` : '';
     parts.push(`${current.name}: ${current.message}${code}`);

@@ -47,6 +47,7 @@ const STRONG_ALGORITHMS = new Set([
 const EMAIL_ATTRIBUTES = ['email', 'mail', 'emailaddress', 'urn:oid:0.9.2342.19200300.100.1.3', 'http://schemas.xmlsoap.org/ws/2005/05/identity/claims/emailaddress'];
 const NAME_ATTRIBUTES = ['name', 'displayname', 'http://schemas.xmlsoap.org/ws/2005/05/identity/claims/name', 'http://schemas.microsoft.com/identity/claims/displayname'];
 const EMAIL_FORMAT = 'urn:oasis:names:tc:SAML:1.1:nameid-format:emailAddress';
+const TRANSIENT = 'urn:oasis:names:tc:SAML:2.0:nameid-format:transient';
 
 /** A response refused; `reason` is for the log and the audit, never shown as is. */
 export class SamlResponseError extends Error {
@@ -176,6 +177,8 @@ export class SamlServiceProvider {
     const nameId = nameIdEl?.textContent?.trim() ?? '';
     if (!subject || nameId === '' || nameId.length > 1024) throw new SamlResponseError('the assertion has no NameID');
     const nameIdFormat = nameIdEl?.getAttribute('Format') || 'urn:oasis:names:tc:SAML:1.1:nameid-format:unspecified';
+    // A transient NameID is new at every sign-in: it cannot be the subject of a link.
+    if (nameIdFormat === TRANSIENT) throw new SamlResponseError('a transient NameID names nobody across sign-ins: configure the IdP to send a persistent or emailAddress NameID');
 
     // SAML Web Browser SSO profile §4.1.4.2-3: a bearer confirmation for this ACS, still valid.
     const confirmations = children(subject, ASSERTION_NS, 'SubjectConfirmation').filter((c) => c.getAttribute('Method') === BEARER);

@@ -137,48 +137,45 @@ export interface ParkedSignIn {
   /** The existing account to be proved (needs_proof), when that is what waits. */
   userId?: number;
   returnTo: string;
-  browser: string | null;
+  /** When it was parked: a proof must be a sign-in made after it. */
+  createdAt: Date;
 }
 
-function parked(row: { result: unknown; return_to: string; browser_hash: string | null }): ParkedSignIn | undefined {
+function parked(row: { result: unknown; return_to: string; created_at: Date }): ParkedSignIn | undefined {
   const result = row.result as (UpstreamIdentity & { userId?: number }) | null;
   if (result === null || typeof result !== 'object') return undefined;
   const { userId, ...identity } = result;
-  return { identity, ...(typeof userId === 'number' ? { userId } : {}), returnTo: row.return_to, browser: row.browser_hash };
+  return { identity, ...(typeof userId === 'number' ? { userId } : {}), returnTo: row.return_to, createdAt: row.created_at };
 }
 
 /**
- * Which parked sign-in a page may take: a verified response waiting for its account step
- * (`proof: false`: bound to the browser that started it, or to none for an IdP-initiated one), or
- * a link waiting for its account's proof (`proof: true`: bound to the browser's link cookie).
+ * Which parked sign-in a page may take: a verified response waiting for its account step, bound
+ * to the browser that started it (`kind: 'bound'`) or to none (`'unsolicited'`: IdP-initiated),
+ * or a link waiting for its account's proof (`'proof'`: bound to the browser's link cookie).
  * Another browser's handle matches nothing, so it cannot use up someone else's sign-in either.
  */
 export interface ParkedFor {
-  browser: string | undefined;
-  proof: boolean;
+  kind: 'bound' | 'unsolicited' | 'proof';
+  browser?: string | undefined;
 }
 
 function parkedFor(handle: string, expect: ParkedFor) {
-  const browser = expect.proof
-    ? sql`browser_hash = ${expect.browser ?? null}`
-    : expect.browser === undefined
-      ? sql`browser_hash is null`
-      : sql`(browser_hash is null or browser_hash = ${expect.browser})`;
+  const browser = expect.kind === 'unsolicited' ? sql`browser_hash is null` : sql`browser_hash = ${expect.browser ?? null}`;
   return sql<boolean>`handle_hash = ${sha256Hex(handle)} and result is not null and expires_at > now()
-    and ((result -> 'userId') is not null) = ${expect.proof} and ${browser}`;
+    and ((result -> 'userId') is not null) = ${expect.kind === 'proof'} and ${browser}`;
 }
 
 /** Takes (deletes) what waits under `handle` for this browser; undefined when unknown, used, expired or another browser's. */
 export async function takeParkedSignIn(db: DB, handle: string, expect: ParkedFor): Promise<ParkedSignIn | undefined> {
   if (handle.length === 0 || handle.length > 100) return undefined;
-  const row = await db.deleteFrom('sso_sign_ins').where(parkedFor(handle, expect)).returning(['result', 'return_to', 'browser_hash']).executeTakeFirst();
+  const row = await db.deleteFrom('sso_sign_ins').where(parkedFor(handle, expect)).returning(['result', 'return_to', 'created_at']).executeTakeFirst();
   return row && parked(row);
 }
 
 /** Reads what waits under `handle` for this browser without taking it (the page that asks to confirm a link). */
 export async function peekParkedSignIn(db: DB, handle: string, expect: ParkedFor): Promise<ParkedSignIn | undefined> {
   if (handle.length === 0 || handle.length > 100) return undefined;
-  const row = await db.selectFrom('sso_sign_ins').select(['result', 'return_to', 'browser_hash']).where(parkedFor(handle, expect)).executeTakeFirst();
+  const row = await db.selectFrom('sso_sign_ins').select(['result', 'return_to', 'created_at']).where(parkedFor(handle, expect)).executeTakeFirst();
   return row && parked(row);
 }
 
@@ -193,6 +190,8 @@ export async function parkForProof(db: DB, input: { identity: UpstreamIdentity; 
       browser_hash: input.browser,
       return_to: input.returnTo,
       result: JSON.stringify({ ...input.identity, userId: input.userId }),
+      // The application's clock, as the session's auth_time it is compared with (provedSince).
+      created_at: new Date(),
       consumed_at: sql<Date>`now()`,
       expires_at: sql<Date>`now() + make_interval(secs => ${PROOF_TTL_SECONDS})`,
     })

@@ -26,6 +26,7 @@ import { beginSession } from './begin-session.js';
 import { findAccountToken } from '../accounts/account-tokens.js';
 import { acceptInvitation, findOpenInvitation, InvitationUnavailableError, sameAddress, signUpFromInvitation } from '../accounts/invitations.js';
 import { requestPasswordReset, resetPassword } from '../accounts/password-reset.js';
+import { findSsoRoute } from '../sso/domains.js';
 import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH } from '../accounts/passwords.js';
 import { CSRF_FAILED, csrfToken, csrfTokenMatches, currentUser, checkPreSessionCsrf, ensurePreSession } from '../accounts/sessions.js';
 import { emailSchema, findUserByEmail } from '../accounts/users.js';
@@ -238,7 +239,13 @@ export async function emailLinkPages(app: FastifyInstance, { db, config, mail, b
     if (name.length > 200) errors.push('The name must be at most 200 characters long.');
     if (errors.length > 0) return invitationPage(req, reply, token, 400, { errors, name });
     // A dead link costs no password hash.
-    if (!(await findOpenInvitation(db, token))) return badLink(req, reply, new InvitationUnavailableError().description);
+    const open = await findOpenInvitation(db, token);
+    if (!open) return badLink(req, reply, new InvitationUnavailableError().description);
+    // No password account for an address whose organization requires its single sign-on: that
+    // person signs in through their company, then accepts the invitation signed in.
+    if ((await findSsoRoute(db, open.email))?.ssoRequired) {
+      return invitationPage(req, reply, token, 403, { errors: ['Your organization signs you in through its identity provider: sign in with your company account first (enter your email on the sign-in page and choose Continue), then open this invitation again.'], name });
+    }
     let joined;
     try {
       joined = await signUpFromInvitation(db, token, { name, passwordHash: await hashPassword(password) });

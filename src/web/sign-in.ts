@@ -42,6 +42,7 @@ export const LOGIN_MAX_FAILURES_PER_EMAIL = 5;
 export const LOGIN_MAX_FAILURES_PER_IP = 20;
 
 const BAD_CREDENTIALS = 'Incorrect email or password.';
+const SSO_REQUIRED = 'Your organization signs you in through its identity provider. Choose Continue to sign in with your company account.';
 
 /** One query-string value; repeated or missing is undefined. */
 function queryValue(req: FastifyRequest, name: string): string | undefined {
@@ -158,17 +159,21 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
       if (route) return routeToSso(req, reply, route, email, returnTo);
       return renderLogin(req, reply, 200, { step: 'password', returnTo, email });
     }
-    // SS: the organization signs these addresses in through its identity provider only.
-    if (route?.ssoRequired) {
+    const ssoRequired = () => {
       req.log.info({ reason: 'sso required' }, 'sign-in refused');
-      return renderLogin(req, reply, 403, { step: 'email', returnTo, email, error: 'Your organization signs you in through its identity provider. Choose Continue to sign in with your company account.' });
-    }
+      return renderLogin(req, reply, 403, { step: 'email', returnTo, email, error: SSO_REQUIRED });
+    };
+    // SS: the organization signs these addresses in through its identity provider only.
+    if (route?.ssoRequired) return ssoRequired();
     const password = form.password;
 
     const wait = Math.max(emailThrottle.retryAfter(emailKey), ipThrottle.retryAfter(ipKey));
     if (wait > 0) throw new TooManyAttemptsError(wait, 'Too many failed sign-in attempts. Please wait and try again later.');
 
     const user = email !== '' && email.length <= 254 ? await findUserByEmail(db, email) : undefined;
+    // The account's own address decides, not what was typed: the database's lower() finds
+    // alice@biz.example for a typed alice@bİz.example, whose domain routes nowhere.
+    if (user && user.email.toLowerCase() !== emailKey && (await findSsoRoute(db, user.email))?.ssoRequired) return ssoRequired();
     let ok = false;
     if (password.length <= PASSWORD_MAX_LENGTH) {
       // The same argon2 work whether or not the email exists, so timing does not tell.
@@ -213,6 +218,8 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
     if (name.trim().length > 200) errors.push('The name must be at most 200 characters long.');
     const orgName = organizationNameSchema.safeParse(organizationName);
     if (!orgName.success) errors.push(`The organization name ${orgName.error.issues[0]?.message ?? 'is invalid'}.`);
+    // No password account for an address whose organization requires its single sign-on.
+    if (errors.length === 0 && (await findSsoRoute(db, email))?.ssoRequired) errors.push(`${SSO_REQUIRED.replace('Choose Continue', 'On the sign-in page, enter your email and choose Continue')}`);
     if (errors.length > 0) return again(errors);
 
     let userId: number;

@@ -32,10 +32,13 @@ import { ForbiddenError, renderPage } from './render.js';
 const START_AGAIN = { href: '/login', label: 'Sign in again' };
 /** Unknown, used, expired, or another browser's: one answer, since a page must not tell them apart for someone else's link. */
 const EXPIRED = 'This sign-in has expired, was finished already, or was started in another browser. Start again here.';
-/** Sign-ins an address may start in SIGN_IN_TTL_SECONDS: each is a row written for an anonymous request. */
-const NEW_SIGN_INS_PER_IP = 100;
+/**
+ * Sign-ins an address may start in SIGN_IN_TTL_SECONDS: each is a row written for an anonymous
+ * request. Generous: a whole company may sign in from behind one address on a Monday morning.
+ */
+const NEW_SIGN_INS_PER_IP = 1000;
 /** Refused SAML responses an address may post in SIGN_IN_TTL_SECONDS: each is an audit event of the organization's. */
-const REFUSED_RESPONSES_PER_IP = 30;
+const REFUSED_RESPONSES_PER_IP = 100;
 
 /** Leaves for connection `id`'s identity provider: what the email-first sign-in and the chooser call. */
 export type StartSso = (req: FastifyRequest, reply: FastifyReply, connectionId: number, returnTo: string, loginHint?: string) => Promise<FastifyReply>;
@@ -83,6 +86,15 @@ function currentLinkBrowser(req: FastifyRequest, config: Config): string | undef
   return value !== undefined && value !== '' ? browserHash(value) : undefined;
 }
 
+/**
+ * Whether the session was signed in after the link was parked: the proof is a sign-in the person
+ * makes for it, not a session the browser happened to hold (someone else could have brought the
+ * browser to the link page).
+ */
+function provedSince(session: { authTime: Date }, parkedAt: Date): boolean {
+  return session.authTime.getTime() >= parkedAt.getTime() - 1000;
+}
+
 function failure(reply: FastifyReply, status: number, message: string) {
   return renderPage(reply, status, 'message', { title: 'Company sign-in failed', message, link: START_AGAIN });
 }
@@ -113,7 +125,7 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
       } catch (err) {
         if (!(err instanceof UpstreamOidcError)) throw err;
         req.log.warn({ connection_id: row.id, err: err.message }, 'upstream OpenID provider unusable');
-        await auditFailure(row, 'sso.provider_unreachable', err.message);
+        await auditFailure(row, 'sso.provider_unreachable', err.auditReason);
         return failure(reply, 502, 'Your company’s identity provider could not be reached. Try again in a minute, or ask your administrator.');
       }
       await startOidcSignIn(db, config.secretKey, { connectionId: row.id, browser, returnTo, checks });
@@ -124,13 +136,16 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
   };
 
   /** The account step, once a provider vouched for `identity`. */
-  async function finishSignIn(req: FastifyRequest, reply: FastifyReply, identity: UpstreamIdentity, returnTo: string, resolution?: Resolution) {
-    const resolved = resolution ?? (await resolveUpstreamIdentity(db, identity));
+  async function finishSignIn(req: FastifyRequest, reply: FastifyReply, identity: UpstreamIdentity, returnTo: string, options: { resolution?: Resolution; unsolicited?: boolean } = {}) {
+    const resolved = options.resolution ?? (await resolveUpstreamIdentity(db, identity));
     if (resolved.kind === 'signed_in') {
       req.log.info({ user_id: resolved.userId, connection_id: identity.connectionId }, 'signed in through SSO');
       return beginSession(db, config, req, reply, { userId: resolved.userId, amr: federatedAmr(identity), returnTo, currentOrganizationId: resolved.organizationId, ssoConnectionId: identity.connectionId });
     }
     if (resolved.kind === 'needs_proof') {
+      // A response nobody asked for must not lead a browser to the page that links an account:
+      // anyone could post one into a signed-in victim's browser and ask them to confirm.
+      if (options.unsolicited) return renderPage(reply, 403, 'message', { title: 'Company sign-in refused', message: 'To connect your company sign-in to an account here, start from the sign-in page: enter your email address and choose Continue.', link: START_AGAIN });
       const handle = await parkForProof(db, { identity, userId: resolved.userId, browser: browserHash(ensureLinkBinding(req, reply, config)), returnTo });
       return reply.redirect(`/sso/link?${new URLSearchParams({ handle }).toString()}`, 303);
     }
@@ -158,7 +173,7 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
     } catch (err) {
       if (!(err instanceof UpstreamOidcError)) throw err;
       req.log.warn({ connection_id: row.id, err: err.message }, 'upstream OpenID sign-in refused');
-      await auditFailure(row, 'sso.sign_in_failed', err.message);
+      await auditFailure(row, 'sso.sign_in_failed', err.auditReason);
       return failure(reply, 400, 'Your company sign-in could not be completed. Start again, or ask your administrator.');
     }
     return finishSignIn(req, reply, identity, taken.returnTo);
@@ -192,27 +207,50 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
   });
 
   app.get('/sso/finish', async (req, reply) => {
-    const parked = await takeParkedSignIn(db, queryString(req, 'handle') ?? '', { browser: currentBrowser(req, config), proof: false });
+    const handle = queryString(req, 'handle') ?? '';
+    const parked = await takeParkedSignIn(db, handle, { kind: 'bound', browser: currentBrowser(req, config) });
+    if (parked) return finishSignIn(req, reply, parked.identity, parked.returnTo);
+    // IdP-initiated: no browser started it, so this one is asked first (a page another site could
+    // make a browser post to signs nobody in by itself: login CSRF).
+    const unsolicited = await peekParkedSignIn(db, handle, { kind: 'unsolicited' });
+    if (!unsolicited) return failure(reply, 400, EXPIRED);
+    const row = await findConnectionRow(db, unsolicited.identity.connectionId);
+    const organization = row ? await db.selectFrom('organizations').select('name').where('id', '=', row.organization_id).executeTakeFirst() : undefined;
+    return renderPage(reply, 200, 'sso-continue', {
+      title: 'Continue signing in',
+      email: unsolicited.identity.email ?? unsolicited.identity.subject,
+      connectionName: row?.name ?? '',
+      organizationName: organization?.name ?? '',
+      handle,
+      csrfToken: csrfToken(config, { preSession: ensurePreSession(req, reply, config) }),
+    });
+  });
+
+  app.post('/sso/finish', async (req, reply) => {
+    const form = readParams(req.body);
+    checkPreSessionCsrf(req, config, form.csrf_token);
+    const parked = await takeParkedSignIn(db, form.handle ?? '', { kind: 'unsolicited' });
     if (!parked) return failure(reply, 400, EXPIRED);
-    return finishSignIn(req, reply, parked.identity, parked.returnTo);
+    return finishSignIn(req, reply, parked.identity, parked.returnTo, { unsolicited: true });
   });
 
   /** The account exists already and the provider's word is not enough: its owner signs in to it once, then confirms. */
   app.get('/sso/link', async (req, reply) => {
     const handle = queryString(req, 'handle') ?? '';
-    const parked = await peekParkedSignIn(db, handle, { browser: currentLinkBrowser(req, config), proof: true });
+    const parked = await peekParkedSignIn(db, handle, { kind: 'proof', browser: currentLinkBrowser(req, config) });
     if (!parked || parked.userId === undefined) return failure(reply, 400, EXPIRED);
     const row = await findConnectionRow(db, parked.identity.connectionId);
     const session = await currentUser(db, config, req);
     const email = parked.identity.email ?? '';
     const here = `/sso/link?${new URLSearchParams({ handle }).toString()}`;
-    if (!session || session.userId !== parked.userId) {
+    if (!session || session.userId !== parked.userId || !provedSince(session, parked.createdAt)) {
       return renderPage(reply, 200, 'sso-link', {
         title: 'Connect your company sign-in',
         connectionName: row?.name ?? '',
         email,
         signedInAsOther: session !== undefined,
         signInHref: `/login?${new URLSearchParams({ return_to: here, login_hint: email, method: 'password', ...(session ? { prompt: 'login' } : {}) }).toString()}`,
+        signedInAlready: session !== undefined && session.userId === parked.userId,
       });
     }
     return renderPage(reply, 200, 'sso-link', { title: 'Connect your company sign-in', connectionName: row?.name ?? '', email, confirm: true, handle, csrfToken: csrfToken(config, { session: session.sessionId }) });
@@ -222,11 +260,13 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
     const form = readParams(req.body);
     const session = await currentUser(db, config, req);
     if (!session || !csrfTokenMatches(config, { session: session.sessionId }, form.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
-    const parked = await takeParkedSignIn(db, form.handle ?? '', { browser: currentLinkBrowser(req, config), proof: true });
+    const parked = await peekParkedSignIn(db, form.handle ?? '', { kind: 'proof', browser: currentLinkBrowser(req, config) });
     if (!parked || parked.userId === undefined) return failure(reply, 400, EXPIRED);
     if (parked.userId !== session.userId) return failure(reply, 403, 'You are signed in to another account than the one your company sign-in names.');
+    if (!provedSince(session, parked.createdAt)) return failure(reply, 403, 'Sign in to the account again to connect it: a sign-in from before is not proof.');
+    if (!(await takeParkedSignIn(db, form.handle ?? '', { kind: 'proof', browser: currentLinkBrowser(req, config) }))) return failure(reply, 400, EXPIRED);
     const resolution = await linkAfterProof(db, parked.identity, session.userId);
-    return finishSignIn(req, reply, parked.identity, parked.returnTo, resolution);
+    return finishSignIn(req, reply, parked.identity, parked.returnTo, { resolution });
   });
 
   return startSso;

@@ -12,7 +12,7 @@ import { createRole } from '../../src/accounts/roles.js';
 import { KNOWN_SCOPES } from '../../src/oauth/helpers/scopes.js';
 import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
 import { openText } from '../../src/lib/crypto.js';
-import { CLIENT_SECRET_PURPOSE } from '../../src/sso/connections.js';
+import { CLIENT_SECRET_PURPOSE, createConnection } from '../../src/sso/connections.js';
 import { buildTestApp, TEST_SECRET_KEY, testConfig } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
 import { startDnsServer, type TestDnsServer } from '../helpers/dns-server.js';
@@ -79,6 +79,8 @@ describe(`SSO connections in the management API on ${BACKEND}`, () => {
     const made = res.json();
     expect(made).toEqual({
       id: expect.any(Number), organization_id: a.organizationId, protocol: 'oidc', name: 'Okta', state: 'active', jit: true, default_role: 'member',
+      // Made by an application: it takes over no existing account without that account's proof.
+      links_existing_accounts: false,
       created_at: expect.any(String), updated_at: expect.any(String),
       issuer: OIDC.issuer, client_id: 'orgauth-client', scopes: 'openid email profile', redirect_uri: `${issuer}/sso/${made.id}/oidc/callback`,
     });
@@ -126,7 +128,7 @@ describe(`SSO connections in the management API on ${BACKEND}`, () => {
     const made = res.json();
     const base = `${issuer}/sso/${made.id}`;
     expect(made).toEqual({
-      id: expect.any(Number), organization_id: a.organizationId, protocol: 'saml', name: 'ADFS', state: 'active', jit: true, default_role: 'member',
+      id: expect.any(Number), organization_id: a.organizationId, protocol: 'saml', name: 'ADFS', state: 'active', jit: true, default_role: 'member', links_existing_accounts: false,
       created_at: expect.any(String), updated_at: expect.any(String),
       idp_entity_id: SAML_ENTITY, idp_sso_url: SAML_SSO, idp_initiated: true,
       idp_certificates: [current, next].map((pem) => {
@@ -240,6 +242,34 @@ describe(`SSO connections in the management API on ${BACKEND}`, () => {
     expect(res.json()).toMatchObject({ client_id: 'new-client', scopes: 'openid email' });
     const row = await t.handle.db.selectFrom('sso_connections').select('oidc_client_secret_sealed').where('id', '=', made.id).executeTakeFirstOrThrow();
     expect(openText(TEST_SECRET_KEY, CLIENT_SECRET_PURPOSE, row.oidc_client_secret_sealed!)).toBe(secret);
+  });
+
+  it('links_existing_accounts: an application may not turn it on (403); its change of what a connection trusts turns it off', async () => {
+    const countOf = async () => (await t.handle.db.selectFrom('sso_connections').select('id').where('organization_id', '=', a.organizationId).execute()).length;
+    const before = await countOf();
+    expect(expectError(await api('POST', '/sso-connections', { body: { ...OIDC, name: 'Vouching app', links_existing_accounts: true } }), 403, 'forbidden').error_description).toMatch(/only an owner/);
+    expect(await countOf()).toBe(before);
+    const unvouched = await api('POST', '/sso-connections', { body: { ...OIDC, name: 'Not vouching', links_existing_accounts: false } });
+    expect(unvouched.statusCode, unvouched.body).toBe(201);
+    expect(unvouched.json().links_existing_accounts).toBe(false);
+    expectError(await api('PATCH', `/sso-connections/${unvouched.json().id}`, { body: { links_existing_accounts: true } }), 403, 'forbidden');
+    expectError(await api('POST', '/sso-connections', { body: { ...OIDC, links_existing_accounts: 'yes' } }), 400, 'invalid_request');
+
+    // One the operator made (what createConnection does without an acting role): it links existing accounts.
+    const settings = { issuer, secretKey: TEST_SECRET_KEY, allowHttp: testConfig().outbound.allowHttp };
+    const vouched = await createConnection(t.handle.db, settings, a.organizationId, { ...OIDC, name: 'Operator vouched' });
+    expect((await api('GET', `/sso-connections/${vouched.id}`)).json().links_existing_accounts).toBe(true);
+    // The application renames it: still vouched for. It sets the client secret: whom the connection trusts is the application's word now.
+    expect((await api('PATCH', `/sso-connections/${vouched.id}`, { body: { name: 'Operator vouched (renamed)', scopes: 'openid email' } })).json().links_existing_accounts).toBe(true);
+    const moved = await api('PATCH', `/sso-connections/${vouched.id}`, { body: { client_secret: 'an-application-chose-this-secret-01' } });
+    expect(moved.statusCode, moved.body).toBe(200);
+    expect(moved.json().links_existing_accounts).toBe(false);
+    expect((await auditEvents()).find((e) => e.action === 'sso_connection.updated' && e.details.connection_id === vouched.id)?.details).toEqual({
+      connection_id: vouched.id, changed: ['client_secret', 'links_existing_accounts'],
+    });
+    // Turning it off is anyone's.
+    const another = await createConnection(t.handle.db, settings, a.organizationId, { ...OIDC, name: 'Operator vouched 2' });
+    expect((await api('PATCH', `/sso-connections/${another.id}`, { body: { links_existing_accounts: false } })).json().links_existing_accounts).toBe(false);
   });
 
   it('deletes a connection: 204, then 404 for it; audited', async () => {

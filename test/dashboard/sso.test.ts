@@ -272,6 +272,47 @@ describe(`dashboard single sign-on: connections on ${BACKEND}`, () => {
     expect(alertIn(badCert.body)).toContain('Certificates (number 1): is not an X.509 certificate');
   });
 
+  it('only an owner vouches for a connection (links existing accounts by their verified email): what an admin makes or re-points does not', async () => {
+    const org = await newSsoOrganization();
+    const admin = w.browsers.admin;
+    expect((await submit(owner(), '/dashboard/sso/connections', oidcFields({ name: 'Owner made' }))).statusCode).toBe(303);
+    expect((await submit(admin, '/dashboard/sso/connections', oidcFields({ name: 'Admin made', client_id: 'admin-client' }))).statusCode).toBe(303);
+    // A checkbox the admin's form does not have, posted all the same: not the admin's to set.
+    expect((await submit(admin, '/dashboard/sso/connections', oidcFields({ name: 'Admin insisting', client_id: 'admin-client-2', links_existing_accounts: 'on' }))).statusCode).toBe(303);
+    const [byOwner, byAdmin, insisting] = await connectionsOf(org.id);
+    expect([byOwner, byAdmin, insisting].map((c) => [c!.name, c!.links_existing_accounts])).toEqual([['Owner made', true], ['Admin made', false], ['Admin insisting', false]]);
+
+    // The page says which does; only the owner's edit forms have the checkbox.
+    const ownerPage = await owner().get('/dashboard/sso');
+    expect(ownerPage.body).toContain('<dt>Existing accounts</dt><dd>linked by their verified email (an owner vouched for this connection)</dd>');
+    expect(ownerPage.body).toContain('<dt>Existing accounts</dt><dd>linked only after their owner signs in to them once</dd>');
+    expect(ownerPage.body.match(/name="links_existing_accounts"/g)).toHaveLength(3);
+    expect(ownerPage.body).toMatch(/<input type="checkbox" name="links_existing_accounts" checked>/);
+    const adminPage = await admin.get('/dashboard/sso');
+    expect(adminPage.statusCode).toBe(200);
+    expect(adminPage.body).toContain('<dt>Existing accounts</dt>');
+    expect(adminPage.body).not.toContain('name="links_existing_accounts"');
+
+    const edit = (c: NonNullable<typeof byOwner>, extra: Record<string, string> = {}) => ({ name: c.name, issuer: c.oidc_issuer!, client_id: c.oidc_client_id!, oidc_scopes: c.oidc_scopes!, jit: 'on', default_role: 'member', ...extra });
+    const linksOf = async (id: number) => (await connectionsOf(org.id)).find((c) => c.id === id)!.links_existing_accounts;
+    // The admin's edit with the checkbox: ignored (the domain layer would refuse it, 403).
+    expect((await submit(admin, `/dashboard/sso/connections/${byAdmin!.id}`, edit(byAdmin!, { links_existing_accounts: 'on' }))).statusCode).toBe(303);
+    expect(await linksOf(byAdmin!.id)).toBe(false);
+    // The admin renames the owner's connection (the form as a browser sends it, the secret left blank): still vouched for. Points it at another issuer: no longer.
+    expect((await submit(admin, `/dashboard/sso/connections/${byOwner!.id}`, edit(byOwner!, { name: 'Owner made (renamed)', client_secret: '' }))).statusCode).toBe(303);
+    expect(await linksOf(byOwner!.id)).toBe(true);
+    expect((await submit(admin, `/dashboard/sso/connections/${byOwner!.id}`, edit(byOwner!, { name: 'Owner made (renamed)', issuer: 'https://attacker-idp.example' }))).statusCode).toBe(303);
+    expect(await linksOf(byOwner!.id)).toBe(false);
+    const event = await w.db.selectFrom('audit_events').select(['actor_user_id', 'details']).where('organization_id', '=', org.id).where('action', '=', 'sso_connection.updated').orderBy('id', 'desc').executeTakeFirstOrThrow();
+    expect(event).toEqual({ actor_user_id: w.users.admin.id, details: { connection_id: byOwner!.id, changed: ['issuer', 'links_existing_accounts'] } });
+
+    // The owner checks the box: vouched for; unchecks it: not.
+    expect((await submit(owner(), `/dashboard/sso/connections/${byAdmin!.id}`, edit(byAdmin!, { links_existing_accounts: 'on' }))).statusCode).toBe(303);
+    expect(await linksOf(byAdmin!.id)).toBe(true);
+    expect((await submit(owner(), `/dashboard/sso/connections/${byAdmin!.id}`, edit(byAdmin!))).statusCode).toBe(303);
+    expect(await linksOf(byAdmin!.id)).toBe(false);
+  });
+
   it('disables a connection: the sessions signed in through it end; draft and active again', async () => {
     const org = await newSsoOrganization();
     const created = await createConnection(w.db, settings, org.id, { protocol: 'oidc', name: 'Okta', issuer: 'https://okta.example', client_id: 'c', client_secret: 's' });

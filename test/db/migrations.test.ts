@@ -44,15 +44,16 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   account_events: ['id', 'user_id', 'action', 'details', 'created_at'],
   sso_connections: [
     'id', 'organization_id', 'protocol', 'name', 'state', 'jit', 'default_role', 'default_role_id', 'oidc_issuer', 'oidc_client_id', 'oidc_client_secret_sealed', 'oidc_scopes',
-    'saml_idp_entity_id', 'saml_idp_sso_url', 'saml_idp_certificates', 'saml_idp_initiated', 'created_at', 'updated_at',
+    'saml_idp_entity_id', 'saml_idp_sso_url', 'saml_idp_certificates', 'saml_idp_initiated', 'links_existing_accounts', 'created_at', 'updated_at',
   ],
   sso_domains: ['id', 'organization_id', 'domain', 'state', 'verification_token', 'sso_required', 'verified_at', 'checked_at', 'created_at'],
   sso_identities: ['id', 'connection_id', 'user_id', 'issuer', 'subject_format', 'subject', 'email', 'created_at', 'last_used_at'],
   sso_sign_ins: ['id', 'handle_hash', 'connection_id', 'browser_hash', 'return_to', 'oidc_nonce', 'oidc_code_verifier_sealed', 'saml_request_id', 'result', 'created_at', 'expires_at', 'consumed_at'],
   saml_assertion_ids: ['id', 'connection_id', 'assertion_id', 'expires_at'],
+  removed_members: ['organization_id', 'user_id', 'removed_at'],
 };
 
-const ORG_OWNED = ['memberships', 'roles', 'applications', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations', 'sso_connections', 'sso_domains'];
+const ORG_OWNED = ['memberships', 'roles', 'applications', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations', 'sso_connections', 'sso_domains', 'removed_members'];
 const HASH = 'a'.repeat(64);
 
 let database: TestDatabase;

@@ -133,6 +133,23 @@ export async function acsThenFinish(browser: Browser, connectionId: number, saml
   return browser.get(String(acs.headers.location));
 }
 
+/**
+ * The confirmation an IdP-initiated (unsolicited) response needs: GET /sso/finish?handle=... of a
+ * handle bound to no browser shows the "Continue as <email>" page (view sso-continue), which
+ * signs nobody in (the caller checks that with `page`); its form POSTs csrf_token and handle back
+ * to /sso/finish. Returns the page and the POST's response.
+ */
+export async function confirmUnsolicited(browser: Browser, finishUrl: string): Promise<{ page: LightMyRequestResponse; done: LightMyRequestResponse }> {
+  const page = await browser.get(finishUrl);
+  if (page.statusCode !== 200) throw new Error(`GET ${finishUrl} answered ${page.statusCode}: ${page.body.slice(0, 300)}`);
+  const field = (name: string) => new RegExp(`name="${name}" value="([^"]*)"`).exec(page.body)?.[1];
+  const csrf_token = field('csrf_token');
+  const handle = field('handle');
+  if (!csrf_token || !handle) throw new Error(`no confirmation form on ${finishUrl}: ${page.body.slice(0, 300)}`);
+  const done = await browser.post('/sso/finish', { csrf_token, handle });
+  return { page, done };
+}
+
 /** What the database holds of sign-ins: compared before and after a refused response. */
 export async function counts(db: DB): Promise<{ users: number; identities: number; sessions: number; memberships: number }> {
   const count = async (table: 'users' | 'sso_identities' | 'sessions' | 'memberships') =>

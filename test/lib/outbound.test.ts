@@ -395,13 +395,18 @@ describe('isSpecialUseAddress', () => {
     '::', '::1', '::ffff:127.0.0.1', '::ffff:7f00:1', '0:0:0:0:0:ffff:a00:1', '::ffff:169.254.169.254', '::127.0.0.1',
     '64:ff9b::808:808', '100::1', '2001::1', '2001:1ff:ffff::1', '2001:db8::1', '2002:7f00:1::1', 'fc00::1',
     'fd12:3456::1', 'fe80::1', 'febf::1', 'ff02::1',
+    // Local-use NAT64 (64:ff9b:1::/48, RFC 8215), deprecated site-local (fec0::/10, RFC 3879),
+    // IPv4-translated (::ffff:0:0:0/96, RFC 2765: a spelling of an IPv4 address the mapped check does not read).
+    '64:ff9b:1::a00:1', '64:ff9b:1:ffff:ffff:ffff:ffff:ffff', 'fec0::1', 'feff:ffff::1', '::ffff:0:a00:1', '::ffff:0:808:808', '0:0:0:0:ffff:0:7f00:1',
     'not-an-ip', '', '010.0.0.1',
   ])('%s is special-use', (address) => {
     expect(isSpecialUseAddress(address, [])).toBe(true);
   });
 
   it.each(['8.8.8.8', '1.1.1.1', '100.63.255.255', '100.128.0.0', '172.15.255.255', '172.32.0.0', '192.0.1.1', '198.20.0.1', '223.255.255.255',
-    '2606:4700::1111', '2001:4860:4860::8888', '2001:200::1', '::ffff:8.8.8.8'])('%s is public', (address) => {
+    '2606:4700::1111', '2001:4860:4860::8888', '2001:200::1', '::ffff:8.8.8.8',
+    // Just outside the ranges above: 64:ff9b:2::/48 is neither NAT64 prefix, ::ffff:1:0:0/96 not the translated one.
+    '64:ff9b:2::1', '::ffff:1:808:808'])('%s is public', (address) => {
     expect(isSpecialUseAddress(address, [])).toBe(false);
   });
 

@@ -26,6 +26,9 @@ import { sha256Hex } from '../../src/lib/crypto.js';
 import { createApplication } from '../../src/oauth/models/applications.js';
 import { createConnection, updateConnection } from '../../src/sso/connections.js';
 import { REFUSAL_MESSAGES } from '../../src/sso/identities.js';
+import { buildApp } from '../../src/app.js';
+import { parseConfig } from '../../src/config.js';
+import { createLogger } from '../../src/logger.js';
 import { Browser, csrfTokenIn } from '../accounts/browser.js';
 import { BACKEND } from '../helpers/db.js';
 import { createOrgFixture } from '../helpers/oauth.js';
@@ -33,7 +36,6 @@ import { authorizationRequest, hiddenFields, RP_REDIRECT } from '../helpers/oidc
 import { freePort } from '../helpers/process.js';
 import {
   auditEvents,
-  buildSecondApp,
   pageText,
   pathOf,
   postEmail,
@@ -631,14 +633,26 @@ describe(`choosing among connections, and providers that cannot be reached, on $
       client_id: 'orgauth',
       client_secret: 'never-used-secret',
     });
-    const strict = await buildSecondApp(world, { OUTBOUND_ALLOW_NETWORKS: undefined });
+    // The app without the allowance, its log kept (warnings up) to read what the audit leaves out.
+    const logged: string[] = [];
+    const strictEnv = Object.fromEntries(Object.entries({ ...world.env, LOG_LEVEL: 'warn' }).filter(([k]) => k !== 'OUTBOUND_ALLOW_NETWORKS'));
+    const strictConfig = parseConfig(strictEnv);
+    const strict = await buildApp(strictConfig, { db: db(), logger: createLogger(strictConfig, { write: (line: string) => void logged.push(line) }), listen: world.t.handle.listen });
     try {
       const res = await postEmail(new Browser(strict, '10.25.254.1'), 'omar@guarded.example');
       expectFailurePage(res, 502, 'Your company’s identity provider could not be reached. Try again in a minute, or ask your administrator.');
       expect(requests).toBe(0);
-      expect((await auditEvents(world, guarded.organizationId, 'sso.provider_unreachable')).map((e) => e.details)).toEqual([
-        { connection_id: connection.id, reason: 'discovery failed: ClientError: something went wrong <- OutboundRefusedError: outbound request refused: 127.0.0.1 is a special-use address' },
+      // The organization's audit log says the address was refused, not what the outbound policy
+      // saw (which internal address the name resolved to is not for the organization's admins).
+      const reasons = (await auditEvents(world, guarded.organizationId, 'sso.provider_unreachable')).map((e) => e.details);
+      expect(reasons).toEqual([
+        { connection_id: connection.id, reason: 'discovery failed: ClientError: something went wrong <- OutboundRefusedError: the provider’s address is not one orgauth may reach (private or special-use, plain http, or too slow or large)' },
       ]);
+      expect(JSON.stringify(reasons)).not.toContain('special-use address');
+      expect(JSON.stringify(reasons)).not.toMatch(/127\.0\.0\.1/);
+      // The operator's log still says what the outbound policy saw.
+      const warning = logged.map((line) => JSON.parse(line) as { msg: string; connection_id?: number; err?: string }).find((l) => l.msg === 'upstream OpenID provider unusable');
+      expect(warning).toMatchObject({ connection_id: connection.id, err: expect.stringContaining('outbound request refused: 127.0.0.1 is a special-use address') });
       // The app that may reach loopback does ask it (and, answered 404, shows the same page).
       expectFailurePage(await postEmail(newBrowser(), 'omar@guarded.example'), 502, 'Your company’s identity provider could not be reached. Try again in a minute, or ask your administrator.');
       expect(requests).toBe(1);

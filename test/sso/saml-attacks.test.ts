@@ -222,6 +222,17 @@ describe(`SAML responses orgauth refuses, on ${BACKEND}`, () => {
       await expectRefused(a, w.idp.forge.valid({ ...a.base, statusCode: 'urn:oasis:names:tc:SAML:2.0:status:Responder' }), /status:Responder/);
     });
 
+    it('a transient NameID, validly signed: it names nobody across sign-ins, so it can be the subject of no link', async () => {
+      // Mallory's address as the attribute, a transient NameID (new at each sign-in) as the subject:
+      // accepted, it would provision (or link) an account to a subject that never comes back.
+      const a = await attempt();
+      await expectRefused(a, await w.idp.respond({ spEntityId: w.urls.entity_id, acsUrl: w.urls.acs_url, inResponseTo: a.requestId, nameId: '_3f1c0a9e7b2d4c6e8f0a1b2c3d4e5f60', nameIdFormat: NAMEID_FORMAT.transient, attributes: { email: MALLORY } }), /transient NameID/);
+      // So is one carrying carol's own address as the NameID.
+      const b = await attempt(CAROL);
+      await expectRefused(b, w.idp.forge.valid({ ...b.base, nameIdFormat: NAMEID_FORMAT.transient }), /transient NameID/);
+      expect(await w.db.selectFrom('users').select('id').where('email', '=', MALLORY).execute()).toEqual([]);
+    });
+
     it('a comment in the NameID (CVE-2017-11427 style) is read whole: never carol', async () => {
       const nameId = `${CAROL}.evil.test`;
       const a = await attempt(MALLORY);

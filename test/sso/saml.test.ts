@@ -10,10 +10,12 @@ import { X509Certificate } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createConnection, updateConnection } from '../../src/sso/connections.js';
 import { BACKEND } from '../helpers/db.js';
+import { pageText } from '../helpers/sso-world.js';
 import { attackerKeyPair, certificateBody, createSamlIdp, DEFAULT_IDP_ENTITY_ID, generateTestKeyPair, NAMEID_FORMAT } from '../helpers/saml-idp.js';
 import {
   acsThenFinish,
   auditReasons,
+  confirmUnsolicited,
   counts,
   DOMAIN,
   newBrowser,
@@ -146,9 +148,18 @@ describe(`SAML sign-in on ${BACKEND}`, () => {
       const response = await unsolicited();
       // The IdP's page posts it from a browser that never visited orgauth: no cookie to bind to.
       const fresh = newBrowser(w.app);
-      const done = await acsThenFinish(fresh, w.connection.id, response, '/dashboard?idp=1');
-      expect(done.statusCode).toBe(303);
+      const acs = await postToAcs(fresh, w.connection.id, response, '/dashboard?idp=1');
+      expect(acs.statusCode, acs.body.slice(0, 300)).toBe(303);
+      const finishUrl = String(acs.headers.location);
+      expect(finishUrl).toMatch(/^\/sso\/finish\?handle=[A-Za-z0-9_-]{43}$/);
+      // It answers no request of ours: the browser is asked first, and the GET signs nobody in
+      // (a page elsewhere could send a victim's browser there: login CSRF).
+      const { page, done } = await confirmUnsolicited(fresh, finishUrl);
+      expect(pageText(page.body)).toContain(`Continue as ${email}`);
+      expect(page.cookies.find((c) => c.name === 'orgauth_session' && c.value !== '')).toBeUndefined();
+      expect(done.statusCode, done.body.slice(0, 300)).toBe(303);
       expect(done.headers.location).toBe('/dashboard?idp=1');
+      expect(fresh.cookies.has('orgauth_session')).toBe(true);
       expect(await sessionsOf(w.db, email)).toHaveLength(1);
 
       const replay = newBrowser(w.app);

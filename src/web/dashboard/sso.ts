@@ -117,6 +117,7 @@ export interface EditForm {
   certificates: string;
   metadataXml: string;
   idpInitiated: boolean;
+  linksExisting: boolean;
 }
 
 const emptyOidc = (): OidcForm => ({ name: '', issuer: '', clientId: '', scopes: DEFAULT_OIDC_SCOPES, jit: true, defaultRole: 'member' });
@@ -135,6 +136,7 @@ function editFormOf(c: ConnectionView): EditForm {
     certificates: '',
     metadataXml: '',
     idpInitiated: c.idp_initiated ?? false,
+    linksExisting: c.links_existing_accounts,
   };
 }
 
@@ -191,6 +193,7 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
       ctx,
       active: 'sso',
       manage,
+      owner: access?.kind === 'owner',
       connections: connections.map((c) => ({
         ...c,
         certificates: (c.idp_certificates ?? []).map((cert) => {
@@ -342,8 +345,11 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
       certificates: params.idp_certificates ?? '',
       metadataXml: params.idp_metadata_xml ?? '',
       idpInitiated: checked(params, 'idp_initiated'),
+      linksExisting: checked(params, 'links_existing_accounts'),
     };
     const input: Record<string, unknown> = { name: form.name, jit: form.jit };
+    // Only an owner vouches for a connection (the checkbox is theirs alone).
+    if (ctx.organization.access.kind === 'owner') input.links_existing_accounts = form.linksExisting;
     // The default role only when changed: changing it is for those who could give both the old and the new one.
     if (form.defaultRole !== c.default_role) input.default_role = form.defaultRole;
     if (c.protocol === 'oidc') {
