@@ -75,7 +75,7 @@ export class UpstreamOidc {
   }
 
   /** Where to send the browser: the provider's authorization endpoint with this sign-in's checks. */
-  async authorizationUrl(row: ConnectionRow, checks: OidcChecks, loginHint?: string): Promise<URL> {
+  async authorizationUrl(row: ConnectionRow, checks: OidcChecks, options: { loginHint?: string | undefined; again?: boolean } = {}): Promise<URL> {
     const configuration = await this.wrap('discovery', () => this.configuration(row));
     const parameters: Record<string, string> = {
       redirect_uri: connectionUrls(this.settings.issuer, row.id).redirect_uri,
@@ -86,7 +86,9 @@ export class UpstreamOidc {
       state: checks.state,
       nonce: checks.nonce,
     };
-    if (loginHint !== undefined) parameters.login_hint = loginHint;
+    if (options.loginHint !== undefined) parameters.login_hint = options.loginHint;
+    // OIDC Core §3.1.2.1: a fresh authentication, not the provider's existing session.
+    if (options.again) Object.assign(parameters, { prompt: 'login', max_age: '0' });
     return client.buildAuthorizationUrl(configuration, parameters);
   }
 

@@ -92,7 +92,7 @@ const time = (value: string | null): number | undefined => {
 export class SamlServiceProvider {
   constructor(private readonly issuer: string) {}
 
-  private saml(row: ConnectionRow, requestId?: string): SAML {
+  private saml(row: ConnectionRow, requestId?: string, forceAuthn = false): SAML {
     const urls = connectionUrls(this.issuer, row.id);
     return new SAML({
       issuer: urls.entity_id,
@@ -109,6 +109,7 @@ export class SamlServiceProvider {
       validateInResponseTo: ValidateInResponseTo.never,
       identifierFormat: null,
       disableRequestedAuthnContext: true,
+      forceAuthn,
       signatureAlgorithm: 'sha256',
       digestAlgorithm: 'sha256',
       ...(requestId !== undefined ? { generateUniqueId: () => requestId } : {}),
@@ -120,9 +121,12 @@ export class SamlServiceProvider {
     return this.saml(row).generateServiceProviderMetadata(null, null);
   }
 
-  /** The IdP's SSO URL with a deflated, base64 AuthnRequest whose ID is `requestId` (HTTP-Redirect binding). */
-  authorizationUrl(row: ConnectionRow, requestId: string, relayState: string): Promise<string> {
-    return this.saml(row, requestId).getAuthorizeUrlAsync(relayState, undefined, {});
+  /**
+   * The IdP's SSO URL with a deflated, base64 AuthnRequest whose ID is `requestId` (HTTP-Redirect
+   * binding); `forceAuthn`: the IdP must authenticate the person again (SAML Core §3.4.1).
+   */
+  authorizationUrl(row: ConnectionRow, requestId: string, relayState: string, forceAuthn = false): Promise<string> {
+    return this.saml(row, requestId, forceAuthn).getAuthorizeUrlAsync(relayState, undefined, {});
   }
 
   /** Verifies a posted SAMLResponse (see the top of the file); a SamlResponseError says why not. */

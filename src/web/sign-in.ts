@@ -82,12 +82,19 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
    * The sign-in page. Email first (`step: 'email'`): the address decides whether the person signs
    * in through their organization's identity provider or here; then the password step.
    */
-  function renderLogin(req: FastifyRequest, reply: FastifyReply, status: number, view: { step: 'email' | 'password'; returnTo: string; email?: string; error?: string; notice?: string }) {
+  function renderLogin(
+    req: FastifyRequest,
+    reply: FastifyReply,
+    status: number,
+    view: { step: 'email' | 'password'; returnTo: string; email?: string; error?: string; notice?: string; again?: boolean },
+  ) {
     const preSession = ensurePreSession(req, reply, config);
     return renderPage(reply, status, 'login', {
       title: 'Sign in',
       csrfToken: csrfToken(config, { preSession }),
       step: view.step,
+      // Carried to the identity provider: the application asked for a fresh sign-in.
+      again: view.again === true,
       returnTo: view.returnTo,
       email: view.email ?? '',
       error: view.error ?? '',
@@ -97,9 +104,9 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
   }
 
   /** Where an address signs in when its organization verified its domain and has an active connection: there. */
-  async function routeToSso(req: FastifyRequest, reply: FastifyReply, route: NonNullable<Awaited<ReturnType<typeof findSsoRoute>>>, email: string, returnTo: string) {
+  async function routeToSso(req: FastifyRequest, reply: FastifyReply, route: NonNullable<Awaited<ReturnType<typeof findSsoRoute>>>, email: string, returnTo: string, again: boolean) {
     const [only] = route.connections;
-    if (route.connections.length === 1 && only) return startSso(req, reply, only.id, returnTo, email);
+    if (route.connections.length === 1 && only) return startSso(req, reply, only.id, returnTo, { loginHint: email, again });
     const preSession = ensurePreSession(req, reply, config);
     return renderPage(reply, 200, 'sso-choose', {
       title: 'Choose how to sign in',
@@ -107,6 +114,7 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
       email,
       returnTo,
       connections: route.connections,
+      again,
       backQuery: new URLSearchParams({ return_to: returnTo }).toString(),
     });
   }
@@ -141,7 +149,7 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
     if (signedIn && !again) return reply.redirect(returnTo, 303);
     const email = hintedEmail(queryValue(req, 'login_hint')) ?? signedIn?.email;
     const step = queryValue(req, 'method') === 'password' ? 'password' : 'email';
-    return renderLogin(req, reply, 200, { step, returnTo, ...(email !== undefined ? { email } : {}), ...(again && signedIn ? { notice: 'The application asks you to sign in again.' } : {}) });
+    return renderLogin(req, reply, 200, { step, returnTo, again, ...(email !== undefined ? { email } : {}), ...(again && signedIn ? { notice: 'The application asks you to sign in again.' } : {}) });
   });
 
   app.post('/login', async (req, reply) => {
@@ -156,8 +164,8 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
     // leaves for that identity provider; any other goes on to the password.
     if (form.password === undefined) {
       if (!emailSchema.safeParse(email).success) return renderLogin(req, reply, 400, { step: 'email', returnTo, email, error: 'Enter your email address.' });
-      if (route) return routeToSso(req, reply, route, email, returnTo);
-      return renderLogin(req, reply, 200, { step: 'password', returnTo, email });
+      if (route) return routeToSso(req, reply, route, email, returnTo, form.prompt === 'login');
+      return renderLogin(req, reply, 200, { step: 'password', returnTo, email, again: form.prompt === 'login' });
     }
     const ssoRequired = () => {
       req.log.info({ reason: 'sso required' }, 'sign-in refused');

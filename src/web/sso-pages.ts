@@ -41,7 +41,19 @@ const NEW_SIGN_INS_PER_IP = 1000;
 const REFUSED_RESPONSES_PER_IP = 100;
 
 /** Leaves for connection `id`'s identity provider: what the email-first sign-in and the chooser call. */
-export type StartSso = (req: FastifyRequest, reply: FastifyReply, connectionId: number, returnTo: string, loginHint?: string) => Promise<FastifyReply>;
+export type StartSso = (req: FastifyRequest, reply: FastifyReply, connectionId: number, returnTo: string, options?: SsoStartOptions) => Promise<FastifyReply>;
+
+/** What the sign-in asks of the identity provider. */
+export interface SsoStartOptions {
+  /** The address typed (OIDC login_hint). */
+  loginHint?: string | undefined;
+  /**
+   * The application asked for a fresh sign-in (OIDC prompt=login, max_age): the provider is asked
+   * to authenticate the person again (OIDC prompt=login and max_age=0, SAML ForceAuthn), not to
+   * answer from a session it already has.
+   */
+  again?: boolean;
+}
 
 function connectionIdOf(req: FastifyRequest): number {
   const raw = (req.params as { id?: string }).id ?? '';
@@ -110,7 +122,7 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
     await recordAuditEvent(db, { organizationId: row.organization_id, action, details: { connection_id: row.id, reason: reason.slice(0, 500) } });
   }
 
-  const startSso: StartSso = async (req, reply, connectionId, returnTo, loginHint) => {
+  const startSso: StartSso = async (req, reply, connectionId, returnTo, options = {}) => {
     const row = await findConnectionRow(db, connectionId);
     if (!row || row.state !== 'active') return failure(reply, 404, 'This company sign-in is not available. Ask your administrator.');
     const wait = newSignIns.retryAfter(req.ip);
@@ -121,7 +133,7 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
       const checks = UpstreamOidc.newChecks();
       let url: URL;
       try {
-        url = await oidc.authorizationUrl(row, checks, loginHint);
+        url = await oidc.authorizationUrl(row, checks, options);
       } catch (err) {
         if (!(err instanceof UpstreamOidcError)) throw err;
         req.log.warn({ connection_id: row.id, err: err.message }, 'upstream OpenID provider unusable');
@@ -132,7 +144,7 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
       return reply.redirect(url.href, 303);
     }
     const requestId = await startSamlSignIn(db, { connectionId: row.id, browser, returnTo });
-    return reply.redirect(await saml.authorizationUrl(row, requestId, ''), 303);
+    return reply.redirect(await saml.authorizationUrl(row, requestId, '', options.again === true), 303);
   };
 
   /** The account step, once a provider vouched for `identity`. */
@@ -157,7 +169,7 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
     const form = readParams(req.body);
     checkPreSessionCsrf(req, config, form.csrf_token);
     const hint = form.login_hint !== undefined && form.login_hint.length <= 254 ? form.login_hint : undefined;
-    return startSso(req, reply, connectionIdOf(req), safeReturnTo(form.return_to), hint);
+    return startSso(req, reply, connectionIdOf(req), safeReturnTo(form.return_to), { loginHint: hint, again: form.prompt === 'login' });
   });
 
   app.get('/sso/:id/oidc/callback', async (req, reply) => {

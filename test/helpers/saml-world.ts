@@ -11,7 +11,7 @@ import { createUser } from '../../src/accounts/users.js';
 import type { Config } from '../../src/config.js';
 import { connectDatabase, type DB } from '../../src/db/connect.js';
 import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
-import { type ConnectionView, connectionUrls, createConnection } from '../../src/sso/connections.js';
+import { type ConnectionView, connectionUrls, createConnection, connectionSettings } from '../../src/sso/connections.js';
 import { addDomain, txtLookup, verifyDomain } from '../../src/sso/domains.js';
 import { Browser } from '../accounts/browser.js';
 import { buildTestApp, testConfig } from './app.js';
@@ -38,7 +38,7 @@ export interface SamlWorld {
   close(): Promise<void>;
 }
 
-export const settings = (config: Config) => ({ issuer: config.issuer, secretKey: config.secretKey, allowHttp: config.outbound.allowHttp });
+export const settings = connectionSettings;
 
 /** An organization (owned by a fresh user) that verified `domain` through a DNS TXT record. */
 export async function orgWithVerifiedDomain(db: DB, domain: string): Promise<number> {

@@ -171,6 +171,21 @@ describe(`single sign-on through an organization's OpenID provider on ${BACKEND}
     expect((await laptop.get('/dashboard')).statusCode).toBe(200);
   });
 
+  it('asks the provider to authenticate again when the application asked for a fresh sign-in (prompt=login): prompt=login, max_age=0', async () => {
+    const email = upstreamAccount('fresh', 'corp.example');
+    const browser = newBrowser();
+    const page = await browser.get('/login?prompt=login&return_to=%2Fdashboard');
+    expect(page.body).toContain('<input type="hidden" name="prompt" value="login">');
+    const csrf_token = await browser.csrf('/login?prompt=login');
+    const leaving = await browser.post('/login', { csrf_token, email, return_to: '/dashboard', prompt: 'login' });
+    expect(leaving.statusCode, leaving.body).toBe(303);
+    const authorize = new URL(leaving.headers.location as string);
+    expect([authorize.searchParams.get('prompt'), authorize.searchParams.get('max_age')]).toEqual(['login', '0']);
+    // Without it, the provider may answer from its own session.
+    const plain = new URL((await postEmail(newBrowser(), email)).headers.location as string);
+    expect([plain.searchParams.get('prompt'), plain.searchParams.get('max_age')]).toEqual([null, null]);
+  });
+
   it('signs a third-party application user in through their company: the consent page offers the SSO organization, the ID token says fed', async () => {
     const email = upstreamAccount('dave', 'corp.example');
     const vendor = await createOrgFixture(db());

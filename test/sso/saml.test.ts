@@ -11,7 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createConnection, updateConnection } from '../../src/sso/connections.js';
 import { BACKEND } from '../helpers/db.js';
 import { pageText } from '../helpers/sso-world.js';
-import { attackerKeyPair, certificateBody, createSamlIdp, DEFAULT_IDP_ENTITY_ID, generateTestKeyPair, NAMEID_FORMAT } from '../helpers/saml-idp.js';
+import { attackerKeyPair, certificateBody, createSamlIdp, DEFAULT_IDP_ENTITY_ID, generateTestKeyPair, NAMEID_FORMAT, parseAuthnRequest } from '../helpers/saml-idp.js';
 import {
   acsThenFinish,
   auditReasons,
@@ -82,6 +82,17 @@ describe(`SAML sign-in on ${BACKEND}`, () => {
     expect((await again.get('/dashboard')).statusCode).toBe(200);
     expect(await counts(w.db)).toEqual({ ...before, sessions: before.sessions + 1 });
     expect((await linksOf(user?.id ?? 0)).map((l) => l.id)).toEqual(links.map((l) => l.id));
+  });
+
+  it('sends ForceAuthn when the application asked for a fresh sign-in (prompt=login), and not otherwise', async () => {
+    const email = `fresh@${DOMAIN}`;
+    const browser = newBrowser(w.app);
+    const csrf_token = await browser.csrf('/login?prompt=login');
+    const res = await browser.post('/login', { csrf_token, return_to: '/dashboard', email, prompt: 'login' });
+    expect(res.statusCode, res.body).toBe(303);
+    expect(parseAuthnRequest(String(res.headers.location)).xml).toMatch(/ForceAuthn="true"/);
+    const { request } = await startAtLogin(newBrowser(w.app), email);
+    expect(request.xml).not.toMatch(/ForceAuthn="true"/);
   });
 
   it('serves the SP metadata an IdP admin imports; 404 for an OIDC or unknown connection', async () => {
