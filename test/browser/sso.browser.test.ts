@@ -21,7 +21,7 @@ import { addDomain, txtLookup, verifyDomain } from '../../src/sso/domains.js';
 import { TEST_SECRET_KEY } from '../helpers/app.js';
 import { startDnsServer, type TestDnsServer } from '../helpers/dns-server.js';
 import { startUpstreamOidc, type UpstreamOidc } from '../helpers/upstream-oidc.js';
-import { authorizationRequest, CallbackServer, HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld } from './harness.js';
+import { authorizationRequest, CallbackServer, enterPassword, HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld } from './harness.js';
 
 const EMAIL = 'alice@corp.example';
 const ORG = 'Acme Corp';
@@ -138,6 +138,34 @@ describe.runIf(HAS_CHROMIUM)('single sign-on through a company OpenID provider i
       expect(await db.selectFrom('sso_identities').select(['connection_id', 'subject']).where('user_id', '=', bob.id).execute()).toEqual([{ connection_id: connectionId, subject: 'bob-at-acme' }]);
       expect(await db.selectFrom('memberships').select('role').where('organization_id', '=', orgId).where('user_id', '=', bob.id).execute()).toEqual([{ role: 'member' }]);
       expect(await db.selectFrom('sessions').select(['amr', 'sso_connection_id']).where('user_id', '=', bob.id).execute()).toEqual([{ amr: ['fed', 'pwd', 'mfa'], sso_connection_id: connectionId }]);
+      await page.context().close();
+    },
+    LONG_TEST_MS,
+  );
+
+  it(
+    'the owner manages it on the dashboard: the connection with its redirect URI, a new domain with the TXT record to publish, verified',
+    async () => {
+      const page = await (await world.browser.newContext()).newPage();
+      await page.goto(`${world.baseUrl}/login?method=password`);
+      await enterPassword(page, 'admin@acme-admins.example', 'an admin password 123');
+      await Promise.all([page.waitForURL((u) => u.pathname === '/dashboard'), page.click('button[type="submit"]')]);
+      await page.click('nav[aria-label="Dashboard"] a:has-text("Single sign-on")');
+      expect(new URL(page.url()).pathname).toBe('/dashboard/sso');
+      expect(await page.locator('body').textContent()).toContain(`${world.baseUrl}/sso/${connectionId}/oidc/callback`);
+
+      await page.fill('input[name="domain"]', 'acme-subsidiary.example');
+      await Promise.all([page.waitForLoadState('load'), page.click('form[action$="/domains"] button[type="submit"]')]);
+      const body = (await page.locator('body').textContent()) ?? '';
+      expect(body).toContain('_orgauth-challenge.acme-subsidiary.example');
+      const token = /orgauth-domain-verification=[A-Za-z0-9_-]+/.exec(body)?.[0];
+      expect(token).toBeDefined();
+      await screenshot(page, 'sso-dashboard');
+
+      dns.setTxt('_orgauth-challenge.acme-subsidiary.example', [token!]);
+      await Promise.all([page.waitForLoadState('load'), page.click('form[action$="/domains/acme-subsidiary.example/verify"] button')]);
+      const db = world.db.handle.db;
+      expect(await db.selectFrom('sso_domains').select('state').where('domain', '=', 'acme-subsidiary.example').execute()).toEqual([{ state: 'verified' }]);
       await page.context().close();
     },
     LONG_TEST_MS,
