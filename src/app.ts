@@ -5,6 +5,7 @@
 import { randomUUID } from 'node:crypto';
 import cookie from '@fastify/cookie';
 import formbody from '@fastify/formbody';
+import { corsForClients } from './oauth/endpoints/cors.js';
 import Fastify, { type FastifyBaseLogger, type FastifyError, type FastifyInstance, type FastifyReply, LogController } from 'fastify';
 import { accountPages } from './web/sign-in.js';
 import { API_PREFIX, apiRoutes } from './api/index.js';
@@ -162,6 +163,7 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
     await mail.stop();
   });
   const oauth = { db: deps.db, keys, revocations, config, clientThrottle: clientAuthThrottle(), applications, clientGrants, metrics };
+  await corsForClients(app);
   await app.register(metadataRoutes, oauth);
   await app.register(tokenEndpoint, oauth);
   await app.register(revocationEndpoint, oauth);
