@@ -27,7 +27,9 @@ import { type Kysely, sql } from 'kysely';
  * - saml_assertion_ids: the replay store. An assertion ID is kept until its NotOnOrAfter (plus
  *   the clock skew), so the same assertion is never accepted twice, on any instance.
  * - sessions.sso_connection_id: the connection a session was signed in through; ended with it.
- * - users.password_hash is null for someone who has only ever signed in through their company.
+ * - users.password_hash is null for someone who has only ever signed in through their company;
+ *   users_email_domain indexes the addresses' domain part (SSO required ends a domain's password
+ *   sessions at once).
  * - sso_connections.links_existing_accounts: whether the connection may link an existing account
  *   by its verified email without the account's own proof. Only a connection whose trust
  *   (issuer, client, IdP, certificates) an owner or the operator set last may; one an admin or an
@@ -145,11 +147,14 @@ export async function up(db: Kysely<any>): Promise<void> {
   await db.schema.alterTable('sessions').addColumn('sso_connection_id', 'integer', (c) => c.references('sso_connections.id').onDelete('cascade')).execute();
   await db.schema.createIndex('sessions_sso_connection').on('sessions').column('sso_connection_id').where(sql.ref('sso_connection_id'), 'is not', null).execute();
   await db.schema.alterTable('users').alterColumn('password_hash', (c) => c.dropNotNull()).execute();
+  // The people of a domain (SSO required ends their password sessions at once).
+  await sql`create index users_email_domain on users ((split_part(lower(email), '@', 2)))`.execute(db);
   await checkManagementScopes(db, MANAGEMENT_SCOPES);
 }
 
 export async function down(db: Kysely<any>): Promise<void> {
   await checkManagementScopes(db, MANAGEMENT_SCOPES_BEFORE);
+  await sql`drop index users_email_domain`.execute(db);
   await sql`delete from users where password_hash is null`.execute(db);
   await db.schema.alterTable('users').alterColumn('password_hash', (c) => c.setNotNull()).execute();
   await db.schema.alterTable('sessions').dropColumn('sso_connection_id').execute();

@@ -213,14 +213,39 @@ export async function verifyDomain(db: DB, lookup: TxtLookup, organizationId: nu
   }
 }
 
-/** Changes what a domain requires: `sso_required` keeps its people from signing in with a password. */
+/**
+ * Changes what a domain requires: `sso_required` keeps its people from signing in with a password.
+ * Turned on for a verified domain while the organization has an active connection, it takes
+ * effect at once: the sessions of people with addresses at the domain that were not signed in
+ * through one of the organization's connections end, and so do their sign-ins waiting for a
+ * second step (found through the index on the addresses' domain part).
+ */
 export async function updateDomain(db: DB, organizationId: number, domain: string, input: { sso_required?: boolean | undefined }, actor?: Actor): Promise<DomainView> {
   return inTransaction(db, async (trx) => {
     const row = await findDomainRow(trx, organizationId, domain);
     if (!row) throw notFound();
     if (input.sso_required === undefined || input.sso_required === row.sso_required) return domainView(row);
     const updated = await trx.updateTable('sso_domains').set({ sso_required: input.sso_required }).where('id', '=', row.id).returningAll().executeTakeFirstOrThrow();
-    await recordAuditEvent(trx, { actor, organizationId, action: 'domain.updated', details: { domain: row.domain, sso_required: input.sso_required } });
+    let sessionsEnded: number | undefined;
+    if (input.sso_required && row.state === 'verified') {
+      const active = await trx.selectFrom('sso_connections').select('id').where('organization_id', '=', organizationId).where('state', '=', 'active').limit(1).executeTakeFirst();
+      if (active) {
+        const people = trx.selectFrom('users').select('id').where(sql<string>`split_part(lower(email), '@', 2)`, '=', row.domain);
+        const ended = await trx
+          .deleteFrom('sessions')
+          .where('user_id', 'in', people)
+          .where((eb) => eb.or([eb('sso_connection_id', 'is', null), eb('sso_connection_id', 'not in', eb.selectFrom('sso_connections').select('id').where('organization_id', '=', organizationId))]))
+          .executeTakeFirst();
+        await trx.deleteFrom('pending_sign_ins').where('user_id', 'in', people).execute();
+        sessionsEnded = Number(ended.numDeletedRows);
+      }
+    }
+    await recordAuditEvent(trx, {
+      actor,
+      organizationId,
+      action: 'domain.updated',
+      details: { domain: row.domain, sso_required: input.sso_required, ...(sessionsEnded !== undefined ? { sessions_ended: sessionsEnded } : {}) },
+    });
     return domainView(updated);
   });
 }

@@ -22,7 +22,7 @@ import { testConfig } from '../helpers/app.js';
 import { createTestDatabase, TEST_DATABASE_URL } from '../helpers/db.js';
 import { explain, firstQueryOf, nodesOf, type PlanNode } from '../helpers/plans.js';
 import { updateConnection } from '../../src/sso/connections.js';
-import { findSsoRoute, hasVerifiedDomain } from '../../src/sso/domains.js';
+import { findSsoRoute, hasVerifiedDomain, updateDomain } from '../../src/sso/domains.js';
 import { resolveUpstreamIdentity, type UpstreamIdentity } from '../../src/sso/identities.js';
 import { recordSamlResponse, takeOidcSignIn, takeParkedSignIn } from '../../src/sso/sign-ins.js';
 
@@ -251,6 +251,13 @@ describe.skipIf(!TEST_DATABASE_URL)('the single sign-on statements at volume, on
     expect(query.sql).toMatch(/where "sso_connection_id" = \$1/);
     await expectIndexed('updateConnection: the sessions ended', query, [{ table: 'sessions', index: 'sessions_sso_connection' }]);
     expect((await db().selectFrom('sso_connections').select('state').where('id', '=', bigConnectionId).executeTakeFirstOrThrow()).state).toBe('active');
+  });
+
+  it("SSO required turned on: the domain's people found through the index on the addresses' domain part", async () => {
+    await db().insertInto('users').values([1, 2, 3].map((i) => ({ email: `p${i}@small.example`, name: '', password_hash: null }))).execute();
+    await db().insertInto('sso_domains').values({ organization_id: bigOrganizationId, domain: 'small.example', state: 'verified', verification_token: 't', verified_at: new Date() }).execute();
+    const query = await statementOf(db(), (d) => updateDomain(d, bigOrganizationId, 'small.example', { sso_required: true }), /delete from "sessions"/);
+    await expectIndexed('updateDomain: the password sessions ended', query, [{ table: 'users', index: 'users_email_domain' }]);
   });
 
   it('retention: expired sign-ins and assertion IDs found through their expires_at index, then deleted by key', async () => {

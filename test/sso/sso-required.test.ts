@@ -14,7 +14,7 @@ import { updateDomain } from '../../src/sso/domains.js';
 import { Browser, csrfTokenIn } from '../accounts/browser.js';
 import { TEST_SECRET_KEY } from '../helpers/app.js';
 import { BACKEND } from '../helpers/db.js';
-import { pageText, postEmail, type SsoOrganization, ssoOrganization, type SsoWorld, startSsoWorld, upstreamCallback } from '../helpers/sso-world.js';
+import { auditEvents, pageText, postEmail, signInThroughSso, type SsoOrganization, ssoOrganization, type SsoWorld, startSsoWorld, upstreamCallback } from '../helpers/sso-world.js';
 
 const PASSWORD = 'a local password 123';
 const REFUSED = 'Your organization signs you in through its identity provider. Choose Continue to sign in with your company account.';
@@ -160,5 +160,28 @@ describe(`SSO required on ${BACKEND}`, () => {
     const [message] = await mailTo(email, 1);
     expect(message!.subject).toBe('Reset your password');
     expect(message!.text).toMatch(new RegExp(`${world.issuer.replace(/\./g, '\\.')}/reset-password\\?token=[A-Za-z0-9_-]{20,}`));
+  });
+
+  it('turned on, ends at once the password sessions of the domain’s people; sessions through the organization’s IdP stay', async () => {
+    const now = await ssoOrganization(world, { domain: 'at-once.example', name: 'At Once Corp' });
+    const email = 'dee@at-once.example';
+    await createUser(db(), { email, password: PASSWORD, name: 'Dee Local' });
+    const local = newBrowser();
+    expect((await passwordSignIn(local, email)).statusCode).toBe(303);
+    const outsider = 'eve@elsewhere.example';
+    await createUser(db(), { email: outsider, password: PASSWORD, name: 'Eve Elsewhere' });
+    const elsewhere = newBrowser();
+    expect((await passwordSignIn(elsewhere, outsider)).statusCode).toBe(303);
+    world.upstream.setAccount('fay', { sub: 'fay-sub', email: 'fay@at-once.example', email_verified: true, name: 'Fay Upstream' });
+    const federated = newBrowser();
+    expect((await signInThroughSso(world, federated, 'fay@at-once.example', 'fay')).statusCode).toBe(303);
+
+    await updateDomain(db(), now.organizationId, 'AT-ONCE.example', { sso_required: true });
+    expect((await local.get('/dashboard')).statusCode).toBe(303);
+    expect(await sessionsOf(email)).toEqual([]);
+    expect((await federated.get('/dashboard')).statusCode).toBe(200);
+    expect((await elsewhere.get('/dashboard')).statusCode).toBe(200);
+    const [event] = (await auditEvents(world, now.organizationId, 'domain.updated')).map((e) => e.details);
+    expect(event).toEqual({ domain: 'at-once.example', sso_required: true, sessions_ended: 1 });
   });
 });
