@@ -424,6 +424,12 @@ export async function updateConnection(db: DB, settings: ConnectionSettings, org
     // Whoever changes what the connection trusts vouches for it anew: a non-owner's change stops it linking existing accounts.
     refuseUnvouched(by, parsed.links_existing_accounts);
     const trustChanged = changed.some((f) => TRUST_FIELDS.has(f));
+    // Identity links are keyed on the IdP's subject, not on its keys: whoever re-points a
+    // connection people sign in through could sign in as any of them, its owners included.
+    if (trustChanged && !vouches(by)) {
+      const linked = await trx.selectFrom('sso_identities').select('id').where('connection_id', '=', current.id).limit(1).executeTakeFirst();
+      if (linked) throw new ForbiddenError('only an owner may change what a connection trusts (issuer, client, IdP, certificates) once people sign in through it');
+    }
     const links = parsed.links_existing_accounts ?? (trustChanged && !vouches(by) ? false : current.links_existing_accounts);
     if (links !== current.links_existing_accounts) set('links_existing_accounts', 'links_existing_accounts', links);
     if (changed.length === 0) return connectionView(settings.issuer, current);

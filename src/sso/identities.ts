@@ -132,8 +132,7 @@ export async function resolveUpstreamIdentity(db: DB, identity: UpstreamIdentity
       // Nobody ever proved this address was theirs (a sign-up that was never confirmed, perhaps
       // by someone waiting for the real person): the organization's IdP, authoritative for its
       // verified domain, now does. What the unproved account had is ended first.
-      if (found.email_verified_at === null) await reclaimUnverifiedAccount(trx, found.id, organizationId, identity.connectionId);
-      return linkExisting(trx, identity, organizationId, connection, found.id, 'verified_domain');
+      return linkExisting(trx, identity, organizationId, connection, found.id, 'verified_domain', { reclaim: found.email_verified_at === null });
     }
 
     if (!domainVerified) return refuse(trx, organizationId, identity, 'email_outside_verified_domains');
@@ -174,7 +173,9 @@ async function isMember(trx: DB, organizationId: number, userId: number): Promis
  */
 async function reclaimUnverifiedAccount(trx: Transaction<Database>, userId: number, organizationId: number, connectionId: number): Promise<void> {
   await trx.updateTable('users').set({ password_hash: null, email_verified_at: sql<Date>`now()`, updated_at: new Date() }).where('id', '=', userId).execute();
-  for (const table of ['totp_factors', 'recovery_codes', 'passkeys', 'sessions', 'pending_sign_ins'] as const) await trx.deleteFrom(table).where('user_id', '=', userId).execute();
+  // Its links to identity providers too: one made by whoever held the account (through an IdP of
+  // their own, proving it with the password) must not outlive the password.
+  for (const table of ['totp_factors', 'recovery_codes', 'passkeys', 'sessions', 'pending_sign_ins', 'sso_identities'] as const) await trx.deleteFrom(table).where('user_id', '=', userId).execute();
   await endAccountTokens(trx, userId);
   const memberships = await trx.selectFrom('memberships').select('organization_id').where('user_id', '=', userId).execute();
   for (const m of memberships) await revokeGrantsInTransaction(trx, { organizationId: m.organization_id, userId }, 'account_reclaimed');
@@ -202,10 +203,20 @@ async function insertLink(trx: DB, identity: UpstreamIdentity, userId: number, e
 }
 
 /** Links an existing account (its ownership shown by `how`) and makes it a member if JIT allows. */
-async function linkExisting(trx: DB, identity: UpstreamIdentity, organizationId: number, connection: ConnectionForLink, userId: number, how: 'verified_domain' | 'proof'): Promise<Resolution> {
+async function linkExisting(
+  trx: Transaction<Database>,
+  identity: UpstreamIdentity,
+  organizationId: number,
+  connection: ConnectionForLink,
+  userId: number,
+  how: 'verified_domain' | 'proof',
+  options: { reclaim?: boolean } = {},
+): Promise<Resolution> {
   const member = await isMember(trx, organizationId, userId);
   // Automation adds nobody the organization removed; an admin or an invitation may.
   if (!member && (!connection.jit || (await wasRemoved(trx, organizationId, userId)))) return refuse(trx, organizationId, identity, 'not_a_member');
+  // Only once the sign-in will go through: a refused one must not have taken the account's password.
+  if (options.reclaim) await reclaimUnverifiedAccount(trx, userId, organizationId, identity.connectionId);
   if (!(await insertLink(trx, identity, userId, identity.email ?? ''))) return refuse(trx, organizationId, identity, 'linked_to_another_subject');
   if (!member) await addMember(trx, { organizationId, userId, role: defaultRoleOf(connection) });
   await recordAuditEvent(trx, { organizationId, action: 'sso.identity_linked', details: { connection_id: identity.connectionId, user_id: userId, how, ...(member ? {} : { added_as: defaultRoleOf(connection).name }) } });

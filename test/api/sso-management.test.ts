@@ -412,7 +412,7 @@ describe(`domains in the management API on ${BACKEND}`, () => {
     expect(events.map((e) => [e.action, e.details])).toEqual([
       ['domain.deleted', { domain }],
       ['domain.updated', { domain, sso_required: false }],
-      ['domain.updated', { domain, sso_required: true }],
+      ['domain.updated', { domain, sso_required: true, sessions_ended: 0 }],
       ['domain.verified', { domain }],
       ['domain.verification_failed', { domain, records_found: 2 }],
       ['domain.verification_failed', { domain, records_found: 0 }],

@@ -315,6 +315,19 @@ describe('prompt (must-show 2)', () => {
     expect(new URL(res.headers.location as string).searchParams.get('error')).toBe('login_required');
   });
 
+  it('signed out, prompt=login or max_age still ask the login page for a fresh sign-in (which it carries on to a company identity provider)', async () => {
+    const ada = await person();
+    for (const [extra, fresh] of [[{ prompt: 'login' }, true], [{ max_age: '0' }, true], [{}, false]] as [Record<string, string>, boolean][]) {
+      const res = await ada.browser.get(pathOf((await request('openid', extra)).url));
+      expect(res.statusCode).toBe(303);
+      const login = new URL(res.headers.location as string, issuer);
+      expect(login.pathname).toBe('/login');
+      expect(login.searchParams.get('prompt'), JSON.stringify(extra)).toBe(fresh ? 'login' : null);
+      const page = await ada.browser.get(pathOf(login));
+      expect(page.body.includes('<input type="hidden" name="prompt" value="login">'), JSON.stringify(extra)).toBe(fresh);
+    }
+  });
+
   it('login_hint pre-fills the email; id_token_hint naming someone else asks to sign in (login_required with prompt=none)', async () => {
     const ada = await person();
     const grace = await person();

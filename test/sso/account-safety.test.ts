@@ -220,6 +220,9 @@ describe(`(2) an account nobody proved the address of, reclaimed on ${BACKEND}`,
     const applicationId = (await db().selectFrom('applications').select('id').where('client_id', '=', application.client_id).executeTakeFirstOrThrow()).id;
     const grant = await createGrant(db(), { organizationId: squatterOrg, applicationId, userId: account.id, scopes: ['contacts.read'] });
     expect(grant).toBeDefined();
+    // And links the account to an IdP of its own (a connection of its organization, proved with the password).
+    const own = await createConnection(db(), world.settings, squatterOrg, { protocol: 'saml', name: 'Squatter IdP', idp_entity_id: 'https://squatter.example', idp_sso_url: 'https://squatter.example/sso', idp_certificates: [createSamlIdp().certificatePem] });
+    await db().insertInto('sso_identities').values({ connection_id: own.id, user_id: account.id, issuer: 'https://squatter.example', subject_format: 'urn:oasis:names:tc:SAML:1.1:nameid-format:emailAddress', subject: 'ceo@reclaim.example', email: 'ceo@reclaim.example' }).execute();
 
     // The real CEO signs in through the company's IdP, which vouches for the address.
     upstreamAccount('ceo', 'ceo@reclaim.example');
@@ -248,6 +251,18 @@ describe(`(2) an account nobody proved the address of, reclaimed on ${BACKEND}`,
     const accountEvents = await db().selectFrom('account_events').select(['action', 'details']).where('user_id', '=', account.id).where('action', '=', 'sso.unverified_account_reclaimed').execute();
     expect(accountEvents).toEqual([{ action: 'sso.unverified_account_reclaimed', details: { connection_id: corp.connectionId, organization_id: corp.organizationId } }]);
     expect((await auditEvents(world, corp.organizationId, 'sso.unverified_account_reclaimed')).map((e) => e.details)).toEqual([{ connection_id: corp.connectionId, user_id: account.id }]);
+  });
+
+  it('a sign-in refused for another reason (JIT off, not a member) reclaims nothing: the account keeps its password', async () => {
+    await ssoOrganization(world, { domain: 'no-reclaim.example', name: 'No Reclaim Corp', jit: false });
+    await createUser(db(), { email: 'cto@no-reclaim.example', password: PASSWORD, name: 'CTO', emailVerified: false });
+    upstreamAccount('cto', 'cto@no-reclaim.example');
+    const res = await signInThroughSso(world, newBrowser(), 'cto@no-reclaim.example', 'cto');
+    expect(res.statusCode).toBe(403);
+    const kept = (await userByEmail('cto@no-reclaim.example'))!;
+    expect(kept.password_hash).not.toBeNull();
+    expect(kept.email_verified_at).toBeNull();
+    expect((await newBrowser().login('cto@no-reclaim.example', PASSWORD)).statusCode).toBe(303);
   });
 
   it('an account whose address was confirmed is linked as it is: its password and sessions stay', async () => {
@@ -473,6 +488,17 @@ describe(`(4) who vouches for a connection on ${BACKEND}`, () => {
     expect(saml.links_existing_accounts).toBe(true);
     expect((await updateConnection(db(), world.settings, organizationId, saml.id, { idp_initiated: true }, adminBy)).links_existing_accounts).toBe(true);
     expect((await updateConnection(db(), world.settings, organizationId, saml.id, { idp_sso_url: 'https://elsewhere.example/sso' }, adminBy)).links_existing_accounts).toBe(false);
+  });
+
+  it('once people sign in through a connection, only an owner may change what it trusts: an admin’s new secret or certificate is refused (403)', async () => {
+    const c = await connect(ownerBy, 'In use');
+    upstreamAccount('user1', `user1@${domain}`);
+    expect((await through(c.id, 'user1')).headers.location).toBe('/dashboard');
+    await expect(updateConnection(db(), world.settings, organizationId, c.id, { client_secret: c.client_secret }, adminBy)).rejects.toThrow(ForbiddenError);
+    await expect(updateConnection(db(), world.settings, organizationId, c.id, { issuer: 'https://elsewhere.example' }, adminBy)).rejects.toThrow(ForbiddenError);
+    // The rest stays the admin's; the owner may re-point it.
+    expect((await updateConnection(db(), world.settings, organizationId, c.id, { name: 'In use (renamed)' }, adminBy)).name).toBe('In use (renamed)');
+    expect((await updateConnection(db(), world.settings, organizationId, c.id, { client_secret: c.client_secret }, ownerBy)).links_existing_accounts).toBe(true);
   });
 });
 

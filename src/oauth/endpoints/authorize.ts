@@ -442,7 +442,10 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
         return redirectError(reply, target.redirectUri, 'error' in request ? request : { error: 'login_required', description: 'the user is not signed in', state: request.state });
       }
       // AZ-6: sign in first; the login page brings the browser back to this very request.
-      return toLogin(reply, req, 'error' in request ? undefined : request, false);
+      // A fresh sign-in asked for (prompt=login, max_age) goes on to the page, and from it to a
+      // company identity provider, which must not answer from a session of its own.
+      const fresh = !('error' in request) && (request.prompt.has('login') || request.maxAge !== null);
+      return toLogin(reply, req, 'error' in request ? undefined : request, fresh);
     }
     if ('error' in request) return redirectError(reply, target.redirectUri, request);
     const hint = await readHint(request);
