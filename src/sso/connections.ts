@@ -15,6 +15,7 @@ import { isForeignKeyViolation } from '../db/errors.js';
 import type { SsoConnection, SsoConnectionState, SsoProtocol } from '../db/schema.js';
 import { ForbiddenError, InvalidRequestError, NotFoundError } from '../errors.js';
 import { sealText } from '../lib/crypto.js';
+import { enforceSsoRequired } from './domains.js';
 import { isWellFormed, parseInput } from '../lib/validate.js';
 import { lockRole, mayAssign, requireRole, type RoleRef, roleOf } from '../accounts/roles.js';
 
@@ -439,6 +440,8 @@ export async function updateConnection(db: DB, settings: ConnectionSettings, org
       const ended = await trx.deleteFrom('sessions').where('sso_connection_id', '=', current.id).executeTakeFirst();
       sessionsEnded = Number(ended.numDeletedRows);
     }
+    // Active again (or for the first time): the organization's SSO-required domains hold from now on.
+    if (changes.state === 'active') sessionsEnded = (await enforceSsoRequired(trx, organizationId)) ?? 0;
     await recordAuditEvent(trx, {
       actor: by.actor,
       organizationId,

@@ -204,7 +204,9 @@ export async function verifyDomain(db: DB, lookup: TxtLookup, organizationId: nu
         .where('id', '=', row.id)
         .returningAll()
         .executeTakeFirstOrThrow();
-      await recordAuditEvent(trx, { actor, organizationId, action: 'domain.verified', details: { domain: row.domain } });
+      // A domain that already required SSO requires it from now on.
+      const sessionsEnded = verified.sso_required ? await enforceSsoRequired(trx, organizationId, [row.domain]) : undefined;
+      await recordAuditEvent(trx, { actor, organizationId, action: 'domain.verified', details: { domain: row.domain, ...(sessionsEnded !== undefined ? { sessions_ended: sessionsEnded } : {}) } });
       return domainView(verified);
     });
   } catch (err) {
@@ -216,9 +218,7 @@ export async function verifyDomain(db: DB, lookup: TxtLookup, organizationId: nu
 /**
  * Changes what a domain requires: `sso_required` keeps its people from signing in with a password.
  * Turned on for a verified domain while the organization has an active connection, it takes
- * effect at once: the sessions of people with addresses at the domain that were not signed in
- * through one of the organization's connections end, and so do their sign-ins waiting for a
- * second step (found through the index on the addresses' domain part).
+ * effect at once (enforceSsoRequired).
  */
 export async function updateDomain(db: DB, organizationId: number, domain: string, input: { sso_required?: boolean | undefined }, actor?: Actor): Promise<DomainView> {
   return inTransaction(db, async (trx) => {
@@ -227,19 +227,7 @@ export async function updateDomain(db: DB, organizationId: number, domain: strin
     if (input.sso_required === undefined || input.sso_required === row.sso_required) return domainView(row);
     const updated = await trx.updateTable('sso_domains').set({ sso_required: input.sso_required }).where('id', '=', row.id).returningAll().executeTakeFirstOrThrow();
     let sessionsEnded: number | undefined;
-    if (input.sso_required && row.state === 'verified') {
-      const active = await trx.selectFrom('sso_connections').select('id').where('organization_id', '=', organizationId).where('state', '=', 'active').limit(1).executeTakeFirst();
-      if (active) {
-        const people = trx.selectFrom('users').select('id').where(sql<string>`split_part(lower(email), '@', 2)`, '=', row.domain);
-        const ended = await trx
-          .deleteFrom('sessions')
-          .where('user_id', 'in', people)
-          .where((eb) => eb.or([eb('sso_connection_id', 'is', null), eb('sso_connection_id', 'not in', eb.selectFrom('sso_connections').select('id').where('organization_id', '=', organizationId))]))
-          .executeTakeFirst();
-        await trx.deleteFrom('pending_sign_ins').where('user_id', 'in', people).execute();
-        sessionsEnded = Number(ended.numDeletedRows);
-      }
-    }
+    if (input.sso_required && row.state === 'verified') sessionsEnded = await enforceSsoRequired(trx, organizationId, [row.domain]);
     await recordAuditEvent(trx, {
       actor,
       organizationId,
@@ -248,6 +236,31 @@ export async function updateDomain(db: DB, organizationId: number, domain: strin
     });
     return domainView(updated);
   });
+}
+
+/**
+ * Makes SSO required hold at once: while the organization has an active connection, ends the
+ * sessions of people with addresses at `domains` (its verified, SSO-required ones by default)
+ * that were not signed in through one of its connections, and their sign-ins waiting for a second
+ * step. Called when SSO required is turned on, when such a domain is verified, and when a
+ * connection becomes active. Returns the sessions ended; undefined when nothing applies.
+ */
+export async function enforceSsoRequired(trx: DB, organizationId: number, domains?: string[]): Promise<number | undefined> {
+  const active = await trx.selectFrom('sso_connections').select('id').where('organization_id', '=', organizationId).where('state', '=', 'active').limit(1).executeTakeFirst();
+  if (!active) return undefined;
+  const names =
+    domains ??
+    (await trx.selectFrom('sso_domains').select('domain').where('organization_id', '=', organizationId).where('state', '=', 'verified').where('sso_required', '=', true).execute()).map((d) => d.domain);
+  if (names.length === 0) return undefined;
+  // Through the index on the addresses' domain part (users_email_domain).
+  const people = trx.selectFrom('users').select('id').where(sql<string>`split_part(lower(email), '@', 2)`, 'in', names);
+  const ended = await trx
+    .deleteFrom('sessions')
+    .where('user_id', 'in', people)
+    .where((eb) => eb.or([eb('sso_connection_id', 'is', null), eb('sso_connection_id', 'not in', eb.selectFrom('sso_connections').select('id').where('organization_id', '=', organizationId))]))
+    .executeTakeFirst();
+  await trx.deleteFrom('pending_sign_ins').where('user_id', 'in', people).execute();
+  return Number(ended.numDeletedRows);
 }
 
 export async function deleteDomain(db: DB, organizationId: number, domain: string, actor?: Actor): Promise<void> {

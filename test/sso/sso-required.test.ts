@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createUser } from '../../src/accounts/users.js';
 import { openText } from '../../src/lib/crypto.js';
 import { updateConnection } from '../../src/sso/connections.js';
-import { updateDomain } from '../../src/sso/domains.js';
+import { txtLookup, updateDomain, verifyDomain } from '../../src/sso/domains.js';
 import { Browser, csrfTokenIn } from '../accounts/browser.js';
 import { TEST_SECRET_KEY } from '../helpers/app.js';
 import { BACKEND } from '../helpers/db.js';
@@ -183,5 +183,31 @@ describe(`SSO required on ${BACKEND}`, () => {
     expect((await elsewhere.get('/dashboard')).statusCode).toBe(200);
     const [event] = (await auditEvents(world, now.organizationId, 'domain.updated')).map((e) => e.details);
     expect(event).toEqual({ domain: 'at-once.example', sso_required: true, sessions_ended: 1 });
+  });
+
+  it('also at once when a connection becomes active again, or when a domain that already required SSO is verified', async () => {
+    const later = await ssoOrganization(world, { domain: 'later.example', name: 'Later Corp', ssoRequired: true });
+    await updateConnection(db(), world.settings, later.organizationId, later.connectionId, { state: 'disabled' });
+    const email = 'gus@later.example';
+    await createUser(db(), { email, password: PASSWORD, name: 'Gus Local' });
+    const local = newBrowser();
+    expect((await passwordSignIn(local, email)).statusCode).toBe(303);
+    await updateConnection(db(), world.settings, later.organizationId, later.connectionId, { state: 'active' });
+    expect((await local.get('/dashboard')).statusCode).toBe(303);
+    expect(await sessionsOf(email)).toEqual([]);
+
+    // A domain marked SSO required while pending: verifying it ends the password sessions there.
+    const pending = await ssoOrganization(world, { domain: 'pending-req.example', name: 'Pending Req Corp', verify: false });
+    await updateDomain(db(), pending.organizationId, 'pending-req.example', { sso_required: true });
+    const hal = 'hal@pending-req.example';
+    await createUser(db(), { email: hal, password: PASSWORD, name: 'Hal Local' });
+    const halBrowser = newBrowser();
+    expect((await passwordSignIn(halBrowser, hal)).statusCode).toBe(303);
+    const claimed = (await db().selectFrom('sso_domains').select(['verification_token']).where('domain', '=', 'pending-req.example').executeTakeFirstOrThrow()).verification_token;
+    world.dns.setTxt('_orgauth-challenge.pending-req.example', [claimed]);
+    const verified = await verifyDomain(db(), txtLookup(world.config.dnsServers), pending.organizationId, 'pending-req.example');
+    expect(verified.state).toBe('verified');
+    expect((await halBrowser.get('/dashboard')).statusCode).toBe(303);
+    expect((await auditEvents(world, pending.organizationId, 'domain.verified')).map((e) => e.details)).toEqual([{ domain: 'pending-req.example', sessions_ended: 1 }]);
   });
 });
