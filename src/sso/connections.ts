@@ -5,7 +5,6 @@
  * never leaves the server; every change is audited.
  */
 import { X509Certificate } from 'node:crypto';
-import { DOMParser } from '@xmldom/xmldom';
 import { sql } from 'kysely';
 import { z } from 'zod';
 import { type Actor, recordAuditEvent } from '../audit/events.js';
@@ -16,6 +15,7 @@ import type { SsoConnection, SsoConnectionState, SsoProtocol } from '../db/schem
 import { ForbiddenError, InvalidRequestError, NotFoundError } from '../errors.js';
 import { sealText } from '../lib/crypto.js';
 import { enforceSsoRequired } from './domains.js';
+import { parseUntrustedXml } from './xml.js';
 import { isWellFormed, parseInput } from '../lib/validate.js';
 import { lockRole, mayAssign, requireRole, type RoleRef, roleOf } from '../accounts/roles.js';
 
@@ -145,18 +145,9 @@ const REDIRECT_BINDING = 'urn:oasis:names:tc:SAML:2.0:bindings:HTTP-Redirect';
 export function readIdpMetadata(xml: string): { idp_entity_id: string; idp_sso_url: string; idp_certificates: string[] } {
   const fail = (message: string) => new InvalidRequestError(`idp_metadata_xml: ${message}`, { details: [{ path: 'idp_metadata_xml', message }] });
   if (xml.length > 512 * 1024) throw fail('must be at most 512 KiB');
-  // No DTDs: entity expansion ("billion laughs") and external entities are refused before parsing.
-  if (/<!DOCTYPE/i.test(xml)) throw fail('must not contain a DOCTYPE');
-  let problem: string | undefined;
-  const doc = new DOMParser({
-    errorHandler: {
-      warning: () => undefined,
-      error: (m: string) => (problem ??= m),
-      fatalError: (m: string) => (problem ??= m),
-    },
-  }).parseFromString(xml, 'application/xml');
-  const root = doc.documentElement;
-  if (problem !== undefined || !root) throw fail('is not well-formed XML');
+  const parsed = parseUntrustedXml(xml);
+  if ('refused' in parsed) throw fail(parsed.refused === 'doctype' ? 'must not contain a DOCTYPE' : 'is not well-formed XML');
+  const root = parsed.root;
   const descriptor = root.localName === 'EntityDescriptor' && root.namespaceURI === SAML_MD ? root : undefined;
   if (!descriptor) throw fail('must be one EntityDescriptor');
   const idp = descriptor.getElementsByTagNameNS(SAML_MD, 'IDPSSODescriptor').item(0);

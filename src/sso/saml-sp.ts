@@ -16,10 +16,10 @@
  * The lifetime is capped at MAX_ASSERTION_AGE_MS after IssueInstant, so an IdP that issues
  * day-long assertions does not make the replay store hold them for days.
  */
-import { DOMParser } from '@xmldom/xmldom';
 import { SAML, ValidateInResponseTo } from '@node-saml/node-saml';
 import { type ConnectionRow, connectionUrls } from './connections.js';
 import type { UpstreamIdentity } from './identities.js';
+import { parseUntrustedXml } from './xml.js';
 
 /** How far apart our clock and the IdP's may be. */
 export const SAML_CLOCK_SKEW_MS = 60_000;
@@ -76,11 +76,9 @@ function children(parent: XmlElement, ns: string, localName: string): XmlElement
 }
 
 function parseXml(xml: string): XmlElement {
-  if (/<!DOCTYPE/i.test(xml)) throw new SamlResponseError('a DOCTYPE in the response');
-  let problem: string | undefined;
-  const doc = new DOMParser({ errorHandler: { warning: () => undefined, error: (m: string) => (problem ??= m), fatalError: (m: string) => (problem ??= m) } }).parseFromString(xml, 'application/xml');
-  if (problem !== undefined || !doc.documentElement) throw new SamlResponseError(`not well-formed XML: ${problem ?? 'empty'}`);
-  return doc.documentElement;
+  const parsed = parseUntrustedXml(xml);
+  if ('root' in parsed) return parsed.root;
+  throw new SamlResponseError(parsed.refused === 'doctype' ? 'a DOCTYPE in the response' : `not well-formed XML: ${parsed.problem ?? 'empty'}`);
 }
 
 const time = (value: string | null): number | undefined => {
