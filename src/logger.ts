@@ -5,6 +5,8 @@ import type { Config } from './config.js';
 export const SECRET_FIELDS = [
   'password', 'current_password', 'new_password', 'client_secret', 'code_verifier', 'refresh_token', 'access_token', 'token', 'csrf_token',
   'secret_key', 'secretKey',
+  // RFC 8628: the device's polling secret, and the code a person types on /device (in its URL too).
+  'device_code', 'user_code',
 ];
 
 /** Request headers that carry credentials. */
