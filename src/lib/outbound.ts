@@ -29,12 +29,15 @@
  * enforce the size limit, so a WHATWG `Response` is built from bytes either way.
  */
 import { promisify } from 'node:util';
+import { X509Certificate } from 'node:crypto';
 import { lookup as dnsLookup } from 'node:dns/promises';
 import type { LookupAddress, LookupOptions } from 'node:dns';
 import http from 'node:http';
 import https from 'node:https';
+import { readFileSync } from 'node:fs';
 import { BlockList, isIP } from 'node:net';
 import type { LookupFunction } from 'node:net';
+import tls from 'node:tls';
 import zlib from 'node:zlib';
 
 export interface OutboundPolicy {
@@ -46,6 +49,11 @@ export interface OutboundPolicy {
   timeoutMs: number;
   /** The response body, both as received and after content decoding. */
   maxBytes: number;
+  /**
+   * A PEM file of certificate authorities trusted for https besides node's bundled roots (a
+   * company CA; the tests' CA). Null or absent: the bundled roots alone.
+   */
+  caFile?: string | null | undefined;
 }
 
 /** Resolves a hostname to every address it has, the way `dns.promises.lookup(host, { all: true })` does. */
@@ -302,6 +310,20 @@ function buildRequestHeaders(init: OutboundInit, contentType: string | null): Re
   return out;
 }
 
+const PEM_CERTIFICATE = /-----BEGIN CERTIFICATE-----[A-Za-z0-9+/=\s]+?-----END CERTIFICATE-----/g;
+
+/**
+ * The certificates of a PEM file, each parsed (so a damaged one fails here, at start-up, not at
+ * the first handshake). Throws when the file cannot be read or holds no certificate.
+ */
+export function readCaBundle(file: string): string[] {
+  const pem = readFileSync(file, 'utf8');
+  const certificates = pem.match(PEM_CERTIFICATE) ?? [];
+  if (certificates.length === 0) throw new Error(`${file} holds no PEM certificate`);
+  for (const certificate of certificates) new X509Certificate(certificate);
+  return certificates;
+}
+
 const gunzip = promisify(zlib.gunzip);
 const inflate = promisify(zlib.inflate);
 const inflateRaw = promisify(zlib.inflateRaw);
@@ -338,6 +360,7 @@ function send(
   headers: Record<string, string>,
   bytes: Uint8Array | undefined,
   signal: AbortSignal,
+  ca: readonly string[] | undefined,
 ): Promise<http.IncomingMessage> {
   return new Promise((resolve, reject) => {
     const client = target.url.protocol === 'https:' ? https : http;
@@ -351,6 +374,8 @@ function send(
       lookup: pinTo(addresses),
       agent: false,
       signal,
+      // `ca` replaces node's trust store, so the bundled roots come along.
+      ...(ca !== undefined && target.url.protocol === 'https:' ? { ca: [...ca] } : {}),
     });
     request.once('response', resolve);
     // `on`, not `once`: a socket error after the response must not become an uncaught 'error'.
@@ -436,6 +461,7 @@ async function buildResponse(message: http.IncomingMessage, method: string, maxB
 export function createOutboundFetch(policy: OutboundPolicy, options: OutboundOptions = {}): OutboundFetch {
   const allowed = parseNetworks(policy.allowedNetworks);
   const resolve = options.lookup ?? defaultResolve;
+  const ca = policy.caFile ? [...tls.rootCertificates, ...readCaBundle(policy.caFile)] : undefined;
 
   return async (input, init = {}) => {
     const target = checkUrl(input, policy);
@@ -456,7 +482,7 @@ export function createOutboundFetch(policy: OutboundPolicy, options: OutboundOpt
       const method = NORMALIZED_METHODS.has(upper) ? upper : (init.method ?? 'GET');
       const { bytes, contentType } = await encodeBody(init.body);
       const headers = buildRequestHeaders(init, contentType);
-      const message = await send(target, addresses, method, headers, bytes, signal);
+      const message = await send(target, addresses, method, headers, bytes, signal, ca);
       if (init.redirect === 'error' && REDIRECT_STATUSES.has(message.statusCode ?? 0)) {
         message.destroy();
         throw new OutboundRefusedError(`redirect to ${message.headers.location ?? '(no location)'} refused`);

@@ -27,11 +27,12 @@ export interface OidcWorld {
   close(): Promise<void>;
 }
 
-export async function startOidcWorld(): Promise<OidcWorld> {
+/** `env`: more configuration, on top of the world's (OUTBOUND_CA_FILE, OUTBOUND_ALLOW_NETWORKS, ...). */
+export async function startOidcWorld(env: Record<string, string> = {}): Promise<OidcWorld> {
   const t = await createTestDatabase();
   const port = await freePort();
   const issuer = `http://127.0.0.1:${port}`;
-  const config = parseConfig({ SECRET_KEY: TEST_SECRET_KEY, LOG_LEVEL: 'silent', PORT: String(port), ISSUER: issuer, DATA_DIR: '/nonexistent-orgauth-test' });
+  const config = parseConfig({ SECRET_KEY: TEST_SECRET_KEY, LOG_LEVEL: 'silent', DATA_DIR: '/nonexistent-orgauth-test', ...env, PORT: String(port), ISSUER: issuer });
   await ensureSigningKey(t.handle.db, { alg: config.signingAlg, secretKey: config.secretKey });
   const app = await buildApp(config, { db: t.handle.db, logger: createLogger(config), listen: t.handle.listen });
   await app.listen({ host: '127.0.0.1', port });
