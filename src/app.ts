@@ -29,8 +29,13 @@ import { RevocationList } from './oauth/models/revocation-list.js';
 import { ExpiredRowSweeper } from './retention.js';
 import { ApplicationCache } from './oauth/models/application-cache.js';
 import { ClientGrants } from './oauth/models/client-grants.js';
+import { ResourceRegistry } from './oauth/models/resources.js';
+import { ClientMetadataDocuments } from './oauth/models/client-metadata.js';
 import { Metrics } from './metrics.js';
 import { tokenEndpoint } from './oauth/endpoints/token.js';
+import { deviceAuthorizationEndpoint } from './oauth/endpoints/device-authorization.js';
+import { devicePages } from './web/device-pages.js';
+import { registrationEndpoint } from './oauth/endpoints/register.js';
 import { pageAssets } from './web/render.js';
 import { BackgroundTasks } from './lib/background.js';
 import { devOutboxPage } from './web/dev-outbox.js';
@@ -143,7 +148,7 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await applications.start();
   app.addHook('onClose', () => applications.stop());
   const clientGrants = new ClientGrants(deps.db, revocations);
-  const sweeper = new ExpiredRowSweeper(deps.db, { intervalSeconds: config.cleanupInterval, logger: deps.logger });
+  const sweeper = new ExpiredRowSweeper(deps.db, { intervalSeconds: config.cleanupInterval, unusedClientTtl: config.clientRegistration.unusedClientTtl, logger: deps.logger });
   sweeper.start();
   app.addHook('onClose', () => sweeper.stop());
   // Email: queued in the database by requests, sent in the background by every instance.
@@ -162,10 +167,13 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
     await background.drain();
     await mail.stop();
   });
-  const oauth = { db: deps.db, keys, revocations, config, clientThrottle: clientAuthThrottle(), applications, clientGrants, metrics };
+  const resources = new ResourceRegistry(deps.db, config);
+  const oauth = { db: deps.db, keys, revocations, config, clientThrottle: clientAuthThrottle(), applications, clientGrants, metrics, resources };
   await corsForClients(app);
   await app.register(metadataRoutes, oauth);
   await app.register(tokenEndpoint, oauth);
+  await app.register(deviceAuthorizationEndpoint, oauth);
+  await app.register(registrationEndpoint, oauth);
   await app.register(revocationEndpoint, oauth);
   await app.register(introspectionEndpoint, oauth);
   await app.register(userinfoEndpoint, oauth);
@@ -177,7 +185,8 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await app.register(pageAssets);
   await app.register(accountPages, { db: deps.db, config, mail, background });
   if (config.mail.devOutbox) await app.register(devOutboxPage, { config, mail });
-  await app.register(authorizeEndpoint, { db: deps.db, config, keys });
+  await app.register(authorizeEndpoint, { db: deps.db, config, keys, resources, clientMetadata: new ClientMetadataDocuments(deps.db, config, deps.logger) });
+  await app.register(devicePages, { db: deps.db, config, resources });
   await app.register(endSessionEndpoint, { db: deps.db, config, keys });
   await app.register(dashboardPages, { db: deps.db, config, keys, revocations, applications, clientGrants, metrics, mail });
 

@@ -2,8 +2,9 @@
  * Configuration: the only module that reads `process.env`.
  *
  * `parseConfig(env)` is pure: it validates the variables with zod and returns a frozen Config
- * or throws ConfigError listing one line per bad variable. `loadConfig(env)` adds the one piece
- * of I/O configuration needs: the embedded database's generated SECRET_KEY in DATA_DIR.
+ * or throws ConfigError listing one line per bad variable. `loadConfig(env)` adds the I/O
+ * configuration needs: the embedded database's generated SECRET_KEY in DATA_DIR, and a check
+ * that OUTBOUND_CA_FILE holds certificates (the outbound client reads them when it is created).
  */
 import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -11,6 +12,7 @@ import { isIP } from 'node:net';
 import path from 'node:path';
 import { z } from 'zod';
 import { errnoCode } from './lib/errno.js';
+import { readCaBundle } from './lib/outbound.js';
 
 export const SIGNING_ALGS = ['ES256', 'RS256', 'EdDSA'] as const;
 export type SigningAlg = (typeof SIGNING_ALGS)[number];
@@ -52,6 +54,10 @@ export interface Config {
   readonly accessTokenTtl: number;
   readonly refreshTokenTtl: number;
   readonly authCodeTtl: number;
+  /** RFC 8628: how long a device code (and its user code) waits for the user, in seconds. */
+  readonly deviceCodeTtl: number;
+  /** RFC 8628 §3.2 `interval`: the seconds a device waits between polls (slow_down adds 5). */
+  readonly devicePollInterval: number;
   readonly refreshReuseGrace: number;
   readonly signingAlg: SigningAlg;
   readonly logLevel: (typeof LOG_LEVELS)[number];
@@ -67,6 +73,36 @@ export interface Config {
   /** DNS_SERVERS: the resolvers domain verification asks (`host:port`); empty: the system's. */
   readonly dnsServers: readonly string[];
   readonly outbound: OutboundConfig;
+  readonly clientRegistration: ClientRegistrationConfig;
+  readonly clientMetadata: ClientMetadataConfig;
+}
+
+/** Client ID metadata documents, fetched for anonymous requests to /oauth/authorize (src/oauth/models/client-metadata.ts). */
+export interface ClientMetadataConfig {
+  /**
+   * CLIENT_METADATA_ALLOW_NETWORKS: CIDR ranges a metadata document may be fetched from although
+   * special-use (tests on loopback). Not OUTBOUND_ALLOW_NETWORKS: that one opens the company
+   * network to upstreams an administrator configured, this one to URLs anyone may send.
+   */
+  readonly allowedNetworks: readonly string[];
+  /** CLIENT_METADATA_MAX_CLIENTS: metadata-document clients that have not obtained a token yet, at once. */
+  readonly maxClients: number;
+}
+
+export const CLIENT_REGISTRATION_MODES = ['open', 'token', 'off'] as const;
+
+/** RFC 7591 dynamic client registration at POST /oauth/register (src/oauth/endpoints/register.ts). */
+export interface ClientRegistrationConfig {
+  /** CLIENT_REGISTRATION: open to anyone (the default), only with the initial access token, or off (404). */
+  readonly mode: (typeof CLIENT_REGISTRATION_MODES)[number];
+  /** CLIENT_REGISTRATION_TOKEN: the initial access token (RFC 7591 §3) a registration must carry as a Bearer token; mode token only. */
+  readonly initialAccessToken: string | null;
+  /** CLIENT_REGISTRATION_RATE_LIMIT: registrations per client address per hour; 0: no limit. */
+  readonly perAddressPerHour: number;
+  /** CLIENT_REGISTRATION_MAX_CLIENTS: dynamically registered clients that may exist at once. */
+  readonly maxClients: number;
+  /** UNUSED_CLIENT_TTL: seconds after which a self-registered client that never obtained a token is deleted (src/retention.ts). */
+  readonly unusedClientTtl: number;
 }
 
 /** The one guarded client for URLs someone else chose (src/lib/outbound.ts, AG-1). */
@@ -77,6 +113,11 @@ export interface OutboundConfig {
   readonly allowedNetworks: readonly string[];
   readonly timeoutMs: number;
   readonly maxBytes: number;
+  /**
+   * OUTBOUND_CA_FILE: a PEM file of certificate authorities trusted for outbound https besides
+   * node's bundled roots (a company CA; the tests' CA). Null: the bundled roots alone.
+   */
+  readonly caFile: string | null;
 }
 
 export interface MailConfig {
@@ -147,6 +188,8 @@ const envSchema = z
   ACCESS_TOKEN_TTL: optional(seconds()),
   REFRESH_TOKEN_TTL: optional(seconds()),
   AUTH_CODE_TTL: optional(seconds(600)),
+  DEVICE_CODE_TTL: optional(wholeNumber(60, 3600, 'must be a whole number of seconds between 60 and 3600')),
+  DEVICE_POLL_INTERVAL: optional(wholeNumber(1, 60, 'must be a whole number of seconds between 1 and 60')),
   REFRESH_REUSE_GRACE: optional(wholeNumber(0, 3600, 'must be a whole number of seconds between 0 and 3600')),
   CLEANUP_INTERVAL: optional(wholeNumber(0, 7 * 24 * 3600, 'must be a whole number of seconds between 0 and 604800 (0 disables the cleanup)')),
   SIGNING_ALG: optional(z.enum(SIGNING_ALGS, { error: `must be one of ${SIGNING_ALGS.join(', ')}` })),
@@ -170,6 +213,22 @@ const envSchema = z
   OUTBOUND_ALLOW_NETWORKS: optional(
     z.string().refine((v) => parseAddressList(v) !== undefined, { message: 'must be a comma-separated list of IP addresses/CIDR ranges' }),
   ),
+  CLIENT_REGISTRATION: optional(z.enum(CLIENT_REGISTRATION_MODES, { error: `must be one of ${CLIENT_REGISTRATION_MODES.join(', ')}` })),
+  CLIENT_REGISTRATION_TOKEN: optional(
+    z
+      .string()
+      .min(SECRET_KEY_MIN_LENGTH, `must be at least ${SECRET_KEY_MIN_LENGTH} characters (e.g. from \`openssl rand -base64 32\`)`)
+      .max(1000, 'must be at most 1000 characters')
+      .regex(/^[\x21-\x7e]+$/, 'must be printable ASCII without spaces (it travels in an Authorization header)'),
+  ),
+  CLIENT_REGISTRATION_RATE_LIMIT: optional(wholeNumber(0, 1_000_000, 'must be a whole number of registrations per address per hour (0 disables the limit)')),
+  CLIENT_REGISTRATION_MAX_CLIENTS: optional(wholeNumber(1, 10_000_000, 'must be a whole number between 1 and 10000000')),
+  UNUSED_CLIENT_TTL: optional(wholeNumber(60, 365 * 24 * 3600, 'must be a whole number of seconds between 60 and 31536000')),
+  OUTBOUND_CA_FILE: optional(z.string().refine((v) => !v.includes('\u0000'), { message: 'must be a file path' })),
+  CLIENT_METADATA_ALLOW_NETWORKS: optional(
+    z.string().refine((v) => parseAddressList(v) !== undefined, { message: 'must be a comma-separated list of IP addresses/CIDR ranges' }),
+  ),
+  CLIENT_METADATA_MAX_CLIENTS: optional(wholeNumber(1, 10_000_000, 'must be a whole number between 1 and 10000000')),
   TRUST_PROXY: optional(
     z.string().refine((v) => parseTrustProxy(v) !== undefined, {
       message: 'must be true, false or a comma-separated list of IP addresses/CIDR ranges of the proxies',
@@ -177,6 +236,12 @@ const envSchema = z
   ),
   })
   .superRefine((env, ctx) => {
+    if (env.CLIENT_REGISTRATION === 'token' && env.CLIENT_REGISTRATION_TOKEN === undefined) {
+      ctx.addIssue({ code: 'custom', path: ['CLIENT_REGISTRATION_TOKEN'], message: 'required with CLIENT_REGISTRATION=token (at least 32 characters)' });
+    }
+    if (env.CLIENT_REGISTRATION !== 'token' && env.CLIENT_REGISTRATION_TOKEN !== undefined) {
+      ctx.addIssue({ code: 'custom', path: ['CLIENT_REGISTRATION_TOKEN'], message: 'only with CLIENT_REGISTRATION=token' });
+    }
     if (env.DATABASE_URL !== undefined && env.SECRET_KEY === undefined) {
       ctx.addIssue({
         code: 'custom',
@@ -286,6 +351,8 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
     accessTokenTtl: e.ACCESS_TOKEN_TTL ?? 31_536_000,
     refreshTokenTtl: e.REFRESH_TOKEN_TTL ?? 31_536_000,
     authCodeTtl: e.AUTH_CODE_TTL ?? 60,
+    deviceCodeTtl: e.DEVICE_CODE_TTL ?? 600,
+    devicePollInterval: e.DEVICE_POLL_INTERVAL ?? 5,
     refreshReuseGrace: e.REFRESH_REUSE_GRACE ?? 10,
     signingAlg: e.SIGNING_ALG ?? 'ES256',
     logLevel: e.LOG_LEVEL ?? 'info',
@@ -304,6 +371,18 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
       allowedNetworks: e.OUTBOUND_ALLOW_NETWORKS === undefined ? [] : (parseAddressList(e.OUTBOUND_ALLOW_NETWORKS) ?? []),
       timeoutMs: 5000,
       maxBytes: 1024 * 1024,
+      caFile: e.OUTBOUND_CA_FILE === undefined ? null : path.resolve(e.OUTBOUND_CA_FILE),
+    },
+    clientRegistration: {
+      mode: e.CLIENT_REGISTRATION ?? 'open',
+      initialAccessToken: e.CLIENT_REGISTRATION_TOKEN ?? null,
+      perAddressPerHour: e.CLIENT_REGISTRATION_RATE_LIMIT ?? 20,
+      maxClients: e.CLIENT_REGISTRATION_MAX_CLIENTS ?? 10_000,
+      unusedClientTtl: e.UNUSED_CLIENT_TTL ?? 24 * 3600,
+    },
+    clientMetadata: {
+      allowedNetworks: e.CLIENT_METADATA_ALLOW_NETWORKS === undefined ? [] : (parseAddressList(e.CLIENT_METADATA_ALLOW_NETWORKS) ?? []),
+      maxClients: e.CLIENT_METADATA_MAX_CLIENTS ?? 10_000,
     },
   } satisfies Config);
 }
@@ -314,8 +393,18 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
  */
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const config = parseConfig(env);
+  if (config.outbound.caFile !== null) checkCaFile(config.outbound.caFile);
   if (config.secretKey !== '') return config;
   return Object.freeze({ ...config, secretKey: readOrCreateSecretKey(config.dataDir) });
+}
+
+/** OUTBOUND_CA_FILE must be readable and hold certificates: found out at start, not at the first outbound request. */
+function checkCaFile(file: string): void {
+  try {
+    readCaBundle(file);
+  } catch (err) {
+    throw new ConfigError([`OUTBOUND_CA_FILE: ${err instanceof Error ? err.message : String(err)}`]);
+  }
 }
 
 function readOrCreateSecretKey(dataDir: string): string {

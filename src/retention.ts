@@ -18,8 +18,16 @@
  *   then; a message still waiting to be sent has none).
  * - Sign-ins waiting for their second step go once expired; wrong second-step codes once they
  *   are out of the window that counts them (15 minutes).
+ * - Device authorizations (RFC 8628) go an hour after their device code expired, whatever was
+ *   decided: the grant a redeemed one created lives on by itself.
+ * - The record of each dynamic registration (client_registrations) goes an hour after it was
+ *   made, once out of the window the per-address registration limit counts.
+ * - Clients that registered themselves (RFC 7591 dynamic registration, client ID metadata
+ *   documents) and never obtained a token go UNUSED_CLIENT_TTL (a day) after they registered
+ *   (AG-3): what a flood of registrations leaves behind. One that holds a grant stays, whatever
+ *   first_used_at says: deleting it would drop its grants without publishing their revocation.
  */
-import { sql } from 'kysely';
+import { type RawBuilder, sql } from 'kysely';
 import type { Logger } from 'pino';
 import { SECOND_STEP_WINDOW_MS } from './accounts/second-factors.js';
 import type { DB } from './db/connect.js';
@@ -40,9 +48,16 @@ const RULES = [
   // Kept until the assertion could no longer be accepted anyway (its NotOnOrAfter, capped, plus the skew).
   { table: 'saml_assertion_ids', key: 'id', at: 'expires_at', graceSeconds: 0 },
   { table: 'second_step_failures', key: 'id', at: 'failed_at', graceSeconds: SECOND_STEP_WINDOW_MS / 1000 },
+  // An hour past expiry: a device still polling meanwhile is told expired_token, not invalid_grant.
+  { table: 'device_authorizations', key: 'id', at: 'expires_at', graceSeconds: 3600 },
+  // A registration counts toward its address's limit for an hour (src/oauth/models/registrations.ts).
+  { table: 'client_registrations', key: 'id', at: 'created_at', graceSeconds: 3600 },
 ] as const;
 
-export type Expired = Record<(typeof RULES)[number]['table'], number>;
+export type Expired = Record<(typeof RULES)[number]['table'] | 'unused_clients', number>;
+
+/** How long a self-registered client that never obtained a token is kept, unless the caller says (config.clientRegistration.unusedClientTtl). */
+export const DEFAULT_UNUSED_CLIENT_TTL = DAY_S;
 
 /** Rows per statement: short statements and short locks beside the requests. */
 const BATCH = 1000;
@@ -52,34 +67,52 @@ const BATCH = 1000;
  * (checked between batches). Rows another instance is deleting at the same moment are skipped
  * (it deletes them), not waited for. A table that fails (the database away, a statement timed
  * out) does not keep the others from being cleaned: its error is passed to `onError`, and the
- * next run starts over. Returns how many rows each table lost.
+ * next run starts over. Returns how many rows each table lost (`unused_clients`: self-registered
+ * clients older than `unusedClientTtl` seconds, default a day, that never obtained a token).
  */
 export async function deleteExpired(
   db: DB,
-  options: { stopping?: () => boolean; onError?: (table: string, err: unknown) => void } = {},
+  options: { stopping?: () => boolean; onError?: (table: string, err: unknown) => void; unusedClientTtl?: number } = {},
 ): Promise<Expired> {
+  // = any(array(...)), not in (...): the batch's keys are looked up by the primary key however
+  // the planner sizes the table (with in (...) it hashes the subquery and reads the whole table,
+  // found on saml_assertion_ids at 200,000 rows).
+  const steps: { name: keyof Expired; statement: RawBuilder<unknown> }[] = RULES.map(({ table, key, at, graceSeconds }) => ({
+    name: table,
+    statement: sql`
+      delete from ${sql.table(table)} where ${sql.ref(key)} = any(array(
+        select ${sql.ref(key)} from ${sql.table(table)}
+        where ${sql.ref(at)} < now() - make_interval(secs => ${graceSeconds})
+        limit ${BATCH}
+        for update skip locked
+      ))`,
+  }));
+  // By the partial index of unused registrations. Their codes and device authorizations go with them.
+  steps.push({
+    name: 'unused_clients',
+    statement: sql`
+      delete from applications where id = any(array(
+        select id from applications
+        where registration <> 'developer' and first_used_at is null
+          and created_at < now() - make_interval(secs => ${options.unusedClientTtl ?? DEFAULT_UNUSED_CLIENT_TTL})
+          and not exists (select 1 from grants where grants.application_id = applications.id)
+        limit ${BATCH}
+        for update skip locked
+      ))`,
+  });
   const deleted = {} as Expired;
-  for (const { table, key, at, graceSeconds } of RULES) {
-    deleted[table] = 0;
+  for (const { name, statement } of steps) {
+    deleted[name] = 0;
     try {
       while (!options.stopping?.()) {
-        // = any(array(...)), not in (...): the batch's keys are looked up by the primary key
-        // however the planner sizes the table (with in (...) it hashes the subquery and reads
-        // the whole table, found on saml_assertion_ids at 200,000 rows).
-        const result = await sql`
-          delete from ${sql.table(table)} where ${sql.ref(key)} = any(array(
-            select ${sql.ref(key)} from ${sql.table(table)}
-            where ${sql.ref(at)} < now() - make_interval(secs => ${graceSeconds})
-            limit ${BATCH}
-            for update skip locked
-          ))`.execute(db);
+        const result = await statement.execute(db);
         const n = Number(result.numAffectedRows ?? 0n);
-        deleted[table] += n;
+        deleted[name] += n;
         if (n < BATCH) break;
       }
     } catch (err) {
       if (!options.onError) throw err;
-      options.onError(table, err);
+      options.onError(name, err);
     }
   }
   return deleted;
@@ -93,7 +126,12 @@ export class ExpiredRowSweeper {
 
   constructor(
     private readonly db: DB,
-    private readonly options: { intervalSeconds: number; logger?: Pick<Logger, 'info' | 'warn'> | undefined },
+    private readonly options: {
+      intervalSeconds: number;
+      /** UNUSED_CLIENT_TTL (deleteExpired's unusedClientTtl). */
+      unusedClientTtl?: number | undefined;
+      logger?: Pick<Logger, 'info' | 'warn'> | undefined;
+    },
   ) {}
 
   start(): void {
@@ -108,6 +146,7 @@ export class ExpiredRowSweeper {
     this.running ??= deleteExpired(this.db, {
       // A backlog (the first sweep of a large database) must not hold up a shutdown.
       stopping: () => this.stopping,
+      unusedClientTtl: this.options.unusedClientTtl,
       // The database is away or slow: the next sweep catches up.
       onError: (table, err) => logger?.warn({ err, table }, 'could not delete expired rows'),
     })

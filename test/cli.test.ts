@@ -383,10 +383,43 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
     expect(JSON.stringify(await json('keys', 'list'))).not.toMatch(/private|"d":/);
   });
 
+  it('resource create, list, show, update and delete manage the resources tokens may be for (RFC 8707)', async () => {
+    const created = await json('resource', 'create', '--uri', 'https://MCP.example.com:443/mcp/', '--name', 'Contacts MCP', '--scopes', 'contacts.read tools.call');
+    // Stored, and printed, in canonical form: what the tokens' aud will be.
+    expect(created).toEqual({
+      id: expect.any(Number), uri: 'https://mcp.example.com/mcp', name: 'Contacts MCP', scopes: ['contacts.read', 'tools.call'], access_token_ttl: 3600,
+      created_at: expect.any(String), updated_at: expect.any(String),
+    });
+    expect(((await json('resource', 'list')).data as { uri: string }[]).map((r) => r.uri)).toEqual(['https://mcp.example.com/mcp']);
+    expect(await json('resource', 'show', '--uri', 'https://mcp.example.com/mcp/')).toMatchObject({ id: created.id, name: 'Contacts MCP' });
+    expect(await json('resource', 'update', '--uri', String(created.id), '--scopes', 'tools.call', '--access-token-ttl', '600')).toMatchObject({ scopes: ['tools.call'], access_token_ttl: 600 });
+    expect((await jsonError('resource', 'create', '--uri', 'https://mcp.example.com/mcp', '--name', 'Again', '--scopes', 'x')).error).toBe('conflict');
+    expect((await jsonError('resource', 'create', '--uri', 'https://mcp.example.com/other', '--name', 'Admin', '--scopes', 'members.write')).error_description).toMatch(/administers orgauth/);
+    expect((await jsonError('resource', 'create', '--uri', 'http://mcp.example.com/x', '--name', 'Plain', '--scopes', 'x')).error_description).toMatch(/https/);
+    expect(await json('resource', 'delete', '--uri', 'https://mcp.example.com/mcp')).toMatchObject({ uri: 'https://mcp.example.com/mcp' });
+    expect((await jsonError('resource', 'show', '--uri', 'https://mcp.example.com/mcp')).error).toBe('not_found');
+  });
+
+  it('client list shows the clients that registered themselves, and client delete removes one (never a developer’s application)', async () => {
+    await withDb((db) =>
+      db
+        .insertInto('applications')
+        .values({ client_id: 'c'.repeat(32), client_secret_hash: null, token_endpoint_auth_method: 'none', registration: 'dynamic', type: 'public', name: 'Agent', redirect_uris: ['http://127.0.0.1/cb'], scopes: ['contacts.read'], require_pkce: true })
+        .execute(),
+    );
+    const listed = (await json('client', 'list')).data as { client_id: string; registration: string; first_used_at: string | null }[];
+    expect(listed).toEqual([expect.objectContaining({ client_id: 'c'.repeat(32), registration: 'dynamic', first_used_at: null, name: 'Agent' })]);
+    const developers = await json('app', 'create', '--org', String(orgId), '--type', 'private', '--name', 'Not a self-registered one');
+    expect((await jsonError('client', 'delete', '--client-id', developers.client_id as string)).error).toBe('not_found');
+    expect(await json('client', 'delete', '--client-id', 'c'.repeat(32))).toEqual({ client_id: 'c'.repeat(32), deleted: true });
+    expect((await json('client', 'list')).data).toEqual([]);
+    expect((await jsonError('client', 'delete', '--client-id', 'c'.repeat(32))).error).toBe('not_found');
+  });
+
   it('cleanup deletes expired rows and says how many', async () => {
     const user = await json('user', 'create', '--email', 'cleanup@example.com', '--password', 'a-long-password');
     await withDb((db) => db.insertInto('sessions').values({ id_hash: 'a'.repeat(64), user_id: user.id as number, expires_at: new Date(Date.now() - 1000) }).execute());
-    const none = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0 };
+    const none = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0 };
     expect(await json('cleanup')).toEqual({ deleted: { ...none, sessions: 1 } });
     expect(await json('cleanup')).toEqual({ deleted: none });
   });
@@ -408,7 +441,7 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
     for (const command of [
       'migrate', 'user create', 'user list', 'org create', 'org list', 'member add', 'member list', 'member set-role', 'member remove',
       'app create', 'app list', 'app show', 'app rotate-secret', 'app disable', 'app delete', 'token create', 'grant list', 'grant revoke',
-      'keys rotate', 'keys list', 'cleanup', 'seed-demo',
+      'keys rotate', 'keys list', 'resource create', 'resource list', 'resource show', 'resource update', 'resource delete', 'client list', 'client delete', 'cleanup', 'seed-demo',
     ]) {
       expect(help.stdout).toContain(command);
     }

@@ -31,6 +31,8 @@ describe('parseConfig', () => {
       accessTokenTtl: 31_536_000,
       refreshTokenTtl: 31_536_000,
       authCodeTtl: 60,
+      deviceCodeTtl: 600,
+      devicePollInterval: 5,
       refreshReuseGrace: 10,
       signingAlg: 'ES256',
       logLevel: 'info',
@@ -40,7 +42,9 @@ describe('parseConfig', () => {
       cleanupInterval: 600,
       mail: { smtpUrl: null, from: 'orgauth <no-reply@localhost>', devOutbox: true },
       dnsServers: [],
-      outbound: { allowHttp: true, allowedNetworks: [], timeoutMs: 5000, maxBytes: 1024 * 1024 },
+      outbound: { allowHttp: true, allowedNetworks: [], timeoutMs: 5000, maxBytes: 1024 * 1024, caFile: null },
+      clientRegistration: { mode: 'open', initialAccessToken: null, perAddressPerHour: 20, maxClients: 10_000, unusedClientTtl: 86_400 },
+      clientMetadata: { allowedNetworks: [], maxClients: 10_000 },
     });
     expect(Object.isFrozen(config)).toBe(true);
   });
@@ -59,6 +63,8 @@ describe('parseConfig', () => {
       ACCESS_TOKEN_TTL: '3600',
       REFRESH_TOKEN_TTL: '86400',
       AUTH_CODE_TTL: '600',
+      DEVICE_CODE_TTL: '900',
+      DEVICE_POLL_INTERVAL: '10',
       REFRESH_REUSE_GRACE: '0',
       SIGNING_ALG: 'EdDSA',
       LOG_LEVEL: 'warn',
@@ -70,10 +76,14 @@ describe('parseConfig', () => {
       MAIL_FROM: 'Example Auth <auth@example.com>',
       DNS_SERVERS: '10.0.0.53, 127.0.0.1:5353,[::1]:53, 2001:db8::1',
       OUTBOUND_ALLOW_NETWORKS: '10.20.0.0/16, 192.168.1.5',
+      OUTBOUND_CA_FILE: '/etc/orgauth/ca.pem',
+      CLIENT_METADATA_ALLOW_NETWORKS: '192.168.7.0/24',
+      CLIENT_METADATA_MAX_CLIENTS: '500',
     });
     expect(config).toMatchObject({
       dnsServers: ['10.0.0.53', '127.0.0.1:5353', '[::1]:53', '2001:db8::1'],
-      outbound: { allowHttp: false, allowedNetworks: ['10.20.0.0/16', '192.168.1.5'] },
+      outbound: { allowHttp: false, allowedNetworks: ['10.20.0.0/16', '192.168.1.5'], caFile: '/etc/orgauth/ca.pem' },
+      clientMetadata: { allowedNetworks: ['192.168.7.0/24'], maxClients: 500 },
       mail: { smtpUrl: 'smtp://mailer:secret@smtp.example.com:587', from: 'Example Auth <auth@example.com>', devOutbox: false },
       database: { kind: 'postgres', url: 'postgres://u:p@db:5432/orgauth', listenUrl: 'postgres://u:p@db-primary:5432/orgauth', pooler: 'transaction' },
       databasePoolMax: 25,
@@ -85,6 +95,8 @@ describe('parseConfig', () => {
       accessTokenTtl: 3600,
       refreshTokenTtl: 86400,
       authCodeTtl: 600,
+      deviceCodeTtl: 900,
+      devicePollInterval: 10,
       refreshReuseGrace: 0,
       signingAlg: 'EdDSA',
       logLevel: 'warn',
@@ -166,6 +178,8 @@ describe('parseConfig', () => {
     ['REFRESH_TOKEN_TTL', '1.5', 'REFRESH_TOKEN_TTL: must be a whole number of seconds between 1 and 315360000'],
     ['AUTH_CODE_TTL', '601', 'AUTH_CODE_TTL: must be a whole number of seconds between 1 and 600'],
     ['AUTH_CODE_TTL', '0', 'AUTH_CODE_TTL: must be a whole number of seconds between 1 and 600'],
+    ['DEVICE_CODE_TTL', '59', 'DEVICE_CODE_TTL: must be a whole number of seconds between 60 and 3600'],
+    ['DEVICE_POLL_INTERVAL', '61', 'DEVICE_POLL_INTERVAL: must be a whole number of seconds between 1 and 60'],
     ['REFRESH_REUSE_GRACE', 'ten', 'REFRESH_REUSE_GRACE: must be a whole number of seconds between 0 and 3600'],
     ['CLEANUP_INTERVAL', '604801', 'CLEANUP_INTERVAL: must be a whole number of seconds between 0 and 604800 (0 disables the cleanup)'],
     ['SIGNING_ALG', 'HS256', 'SIGNING_ALG: must be one of ES256, RS256, EdDSA'],
@@ -177,6 +191,8 @@ describe('parseConfig', () => {
     ['DNS_SERVERS', 'dns.example.com', 'DNS_SERVERS: must be a comma-separated list of resolvers, each an IP address with an optional port (1.1.1.1, 127.0.0.1:5353, [::1]:53)'],
     ['DNS_SERVERS', '127.0.0.1:99999', 'DNS_SERVERS: must be a comma-separated list of resolvers, each an IP address with an optional port (1.1.1.1, 127.0.0.1:5353, [::1]:53)'],
     ['OUTBOUND_ALLOW_NETWORKS', 'intranet', 'OUTBOUND_ALLOW_NETWORKS: must be a comma-separated list of IP addresses/CIDR ranges'],
+    ['CLIENT_METADATA_ALLOW_NETWORKS', '10.0.0.0/33', 'CLIENT_METADATA_ALLOW_NETWORKS: must be a comma-separated list of IP addresses/CIDR ranges'],
+    ['CLIENT_METADATA_MAX_CLIENTS', '0', 'CLIENT_METADATA_MAX_CLIENTS: must be a whole number between 1 and 10000000'],
   ])('names %s when it is %j', (name, value, line) => {
     expect(problems({ SECRET_KEY: SECRET, [name]: value })).toEqual([line]);
   });

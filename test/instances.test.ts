@@ -290,7 +290,7 @@ describe.skipIf(!TEST_DATABASE_URL)('two server processes on one PostgreSQL data
     );
     const refused = await apiGet(B, token);
     expect(refused.body).toMatchObject({ error: 'invalid_token' });
-    expect(refused.headers.get('www-authenticate')).toBe('Bearer realm="orgauth", error="invalid_token"');
+    expect(refused.headers.get('www-authenticate')).toMatch(/^Bearer realm="orgauth", resource_metadata="[^"]+\/\.well-known\/oauth-protected-resource\/api\/v1", error="invalid_token"$/);
     expect((await introspect(B, app.client_id, app.client_secret, token)).body).toEqual({ active: false });
   });
 

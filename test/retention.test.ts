@@ -61,7 +61,7 @@ beforeAll(async () => {
 });
 afterAll(() => database.close());
 
-const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0 };
+const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0 };
 
 describe(`deleting expired rows on ${BACKEND}`, () => {
   it('deletes what expired, keeps what is live, and keeps codes a week past expiry for replay detection', async () => {
@@ -112,6 +112,11 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
       sso_sign_ins: 1,
       saml_assertion_ids: 1,
       second_step_failures: 1,
+      unused_clients: 0,
+      // Device authorizations: test/oauth/device.test.ts.
+      device_authorizations: 0,
+      // Registration records: test/oauth/registration.test.ts.
+      client_registrations: 0,
     });
     expect((await db.selectFrom('sso_sign_ins').select('handle_hash').execute()).map((r) => r.handle_hash)).toEqual(['sso-live']);
     expect((await db.selectFrom('saml_assertion_ids').select('assertion_id').execute()).map((r) => r.assertion_id)).toEqual(['sso-live']);

@@ -7,7 +7,7 @@ import { isUniqueViolation } from '../db/errors.js';
 import type { BuiltinRole, Organization } from '../db/schema.js';
 import { ConflictError, ForbiddenError, NotFoundError } from '../errors.js';
 import { parseInput } from '../lib/validate.js';
-import { builtinRole, lockRole, mayAssign, roleOf, type RoleRef } from './roles.js';
+import { builtinRole, lockRole, mayAssign, narrowingAllowance, roleOf, type RoleRef } from './roles.js';
 
 export const organizationNameSchema = z
   .string()
@@ -226,7 +226,7 @@ export async function changeMemberRole(
       action: 'member.role_changed',
       details: { user_id: input.userId, from: member.name, to: role.name },
     });
-    return { result, revoked: await narrowGrantsInTransaction(trx, { organizationId: input.organizationId, userId: input.userId }, role.permissions, options.actor) };
+    return { result, revoked: await narrowGrantsInTransaction(trx, { organizationId: input.organizationId, userId: input.userId }, narrowingAllowance(role), options.actor) };
   });
   options.revocations?.noteRevoked(revoked, 'role_changed');
   return result;

@@ -18,8 +18,9 @@ import { type DB, inTransaction } from '../db/connect.js';
 import { isCheckViolation, isForeignKeyViolation, isTransactionConflict, isUniqueViolation } from '../db/errors.js';
 import type { BuiltinRole, CustomRole, Database, RoleKind } from '../db/schema.js';
 import { ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../errors.js';
-import { narrowGrantsInBatches, narrowGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/models/grants.js';
-import { DATA_SCOPES, isKnownScope, KNOWN_SCOPES, type Scope } from '../oauth/helpers/scopes.js';
+import { type GrantAllowance, narrowGrantsInBatches, narrowGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/models/grants.js';
+import { isDeclaredScope } from '../oauth/models/resources.js';
+import { DATA_SCOPES, isKnownScope, KNOWN_SCOPES, KNOWN_SCOPES_SQL, knownScopesOf, type Scope } from '../oauth/helpers/scopes.js';
 import { isWellFormed, parseInput } from '../lib/validate.js';
 
 export type Permission = Scope;
@@ -84,6 +85,35 @@ function mayBeRoleName(name: string): boolean {
 function reservedForms(name: string): string[] {
   const lower = name.toLowerCase();
   return [lower, lower.normalize('NFKD').replace(/\p{M}/gu, '')];
+}
+
+/**
+ * The built-in roles that hold every scope a resource declares (models/resources.ts): owner, admin
+ * and member. A viewer reads contacts and tasks and holds none. (Custom roles list orgauth's own
+ * permissions only, so they hold none either.)
+ */
+export const DECLARED_SCOPE_HOLDERS: ReadonlySet<RoleKind> = new Set<RoleKind>(['owner', 'admin', 'member']);
+
+/**
+ * Whether the membership row's role lets it hold every scope in `scopes` (SQL), for the
+ * statements that decide in the database (code redemption, refresh, the device grant): orgauth's
+ * own scopes within its permissions (membershipPermissionsSql), and any other name (a resource's
+ * declared scope) only for DECLARED_SCOPE_HOLDERS. Which names a resource lists now is the
+ * resource's business, applied when the token is issued.
+ */
+export function memberHoldsScopesSql(scopes: RawBuilder<string[]>, role: Expression<string>, customPermissions: Expression<string[] | null>): RawBuilder<boolean> {
+  const holders = sql.raw([...DECLARED_SCOPE_HOLDERS].map((r) => `'${r}'`).join(','));
+  return sql<boolean>`(${knownScopesOf(scopes)} <@ ${membershipPermissionsSql(role, customPermissions)} and (${role} in (${holders}) or ${scopes} <@ ${KNOWN_SCOPES_SQL}))`;
+}
+
+/** Whether `role` lets its member grant `scope`: orgauth's permissions as listed, a resource's declared scope by DECLARED_SCOPE_HOLDERS. */
+export function roleHoldsScope(role: RoleRef, scope: string): boolean {
+  return isDeclaredScope(scope) ? DECLARED_SCOPE_HOLDERS.has(role.kind) : (role.permissions as readonly string[]).includes(scope);
+}
+
+/** What a member with `role` keeps when their grants are narrowed to it (grants.ts narrowGrants*): its permissions, and every declared scope when it holds them. */
+export function narrowingAllowance(role: RoleRef): GrantAllowance {
+  return { permissions: role.permissions, declared: DECLARED_SCOPE_HOLDERS.has(role.kind) };
 }
 
 export function builtinRole(kind: BuiltinRole): RoleRef {
@@ -367,9 +397,9 @@ export async function updateRole(
 }
 
 /** The permissions of custom role `roleId` now, share-locked for the caller's transaction; undefined when it is gone. */
-async function rolePermissionsNow(trx: DB, organizationId: number, roleId: number): Promise<Permission[] | undefined> {
+async function rolePermissionsNow(trx: DB, organizationId: number, roleId: number): Promise<GrantAllowance | undefined> {
   const row = await trx.selectFrom('roles').select('permissions').where('organization_id', '=', organizationId).where('id', '=', roleId).forShare().executeTakeFirst();
-  return row && canonical(row.permissions);
+  return row && { permissions: canonical(row.permissions), declared: false };
 }
 
 /** Narrows the grants of every member holding custom role `roleId` to its permissions now, in batches (narrowGrantsInBatches). */
@@ -395,7 +425,7 @@ export async function narrowMemberGrants(db: DB, organizationId: number, userId:
         .forShare('memberships')
         .executeTakeFirst();
       // Not a member: removal revoked their grants already.
-      return row && roleOf(row).permissions;
+      return row && narrowingAllowance(roleOf(row));
     },
     options.actor,
     options.revocations,
@@ -471,7 +501,7 @@ export async function deleteRole(db: DB, organizationId: number, name: string, i
     const to = await lockRole(trx, organizationId, target, 'move_to');
     // Widened since the first check: the deleter may no longer give it.
     if (!mayAssign(actingAs, to)) throw new ForbiddenError(`move_to: your role may not give ${to.name}`);
-    const revoked = await narrowGrantsInTransaction(trx, { organizationId, userIds }, to.permissions, options.actor);
+    const revoked = await narrowGrantsInTransaction(trx, { organizationId, userIds }, narrowingAllowance(to), options.actor);
     await trx
       .updateTable('memberships')
       .set({ role: to.kind, role_id: to.id })

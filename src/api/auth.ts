@@ -12,6 +12,7 @@ import type { RevocationList } from '../oauth/models/revocation-list.js';
 import type { ApplicationCache } from '../oauth/models/application-cache.js';
 import { isManagementScope } from '../oauth/helpers/scopes.js';
 import { applicationRole, type RoleRef } from '../accounts/roles.js';
+import { API_RESOURCE_PATH } from '../oauth/models/resources.js';
 
 export interface ApiAuth {
   organizationId: number;
@@ -68,10 +69,24 @@ export function bearerToken(authorization: string | undefined): string | undefin
   return match?.[1];
 }
 
+/** RFC 9728 §5.1: where a client finds what this API is and which server issues its tokens. */
+export const apiResourceMetadataUrl = (config: Pick<Config, 'issuer'>): string => `${config.issuer}/.well-known/oauth-protected-resource${API_RESOURCE_PATH}`;
+
+/** The API's challenge (RFC 6750 §3, RFC 9728 §5.1), with `error` and `scope` when there are. */
+function apiChallenge(config: Pick<Config, 'issuer'> | undefined, fields: { error?: string; scope?: string } = {}): string {
+  return [
+    REALM,
+    ...(config ? [`resource_metadata="${apiResourceMetadataUrl(config)}"`] : []),
+    ...(fields.error ? [`error="${fields.error}"`] : []),
+    ...(fields.scope ? [`scope="${fields.scope}"`] : []),
+  ].join(', ');
+}
+
 export class InsufficientScopeError extends AppError {
-  constructor(scope: string) {
+  /** With `config`, the challenge also names the API's resource metadata, so a client can step up (RFC 9728 §5). */
+  constructor(scope: string, config?: Pick<Config, 'issuer'>) {
     super(403, 'insufficient_scope', `this request needs the ${scope} scope`, {
-      headers: { 'www-authenticate': `${REALM}, error="insufficient_scope", scope="${scope}"` },
+      headers: { 'www-authenticate': apiChallenge(config, { error: 'insufficient_scope', scope }) },
     });
   }
 }
@@ -87,7 +102,7 @@ export function authenticateApiRequest(ctx: { keys: KeyStore; revocations: Revoc
     // RFC 6750 §2: the header only; a token in the query string is ignored.
     const token = bearerToken(req.headers.authorization);
     if (token === undefined) {
-      throw new AppError(401, 'invalid_request', 'an access token is required (Authorization: Bearer <token>)', { headers: { 'www-authenticate': REALM } });
+      throw new AppError(401, 'invalid_request', 'an access token is required (Authorization: Bearer <token>)', { headers: { 'www-authenticate': apiChallenge(ctx.config) } });
     }
     let verified: VerifiedToken;
     try {
@@ -96,7 +111,7 @@ export function authenticateApiRequest(ctx: { keys: KeyStore; revocations: Revoc
       if (!(err instanceof InvalidTokenError)) throw err;
       req.log.info({ reason: err.reason }, 'access token refused');
       throw new AppError(401, 'invalid_token', 'the access token is invalid, expired or revoked', {
-        headers: { 'www-authenticate': `${REALM}, error="invalid_token"` },
+        headers: { 'www-authenticate': apiChallenge(ctx.config, { error: 'invalid_token' }) },
       });
     }
     const { claims, scopes, application } = verified;
@@ -107,12 +122,12 @@ export function authenticateApiRequest(ctx: { keys: KeyStore; revocations: Revoc
     const userId = claims.sub === claims.client_id ? null : Number(claims.sub);
     // BR-2, before the body is even validated: a token without the scope learns nothing else.
     const needed = req.routeOptions.config.scope;
-    if (needed && !scopes.has(needed)) throw new InsufficientScopeError(needed);
+    if (needed && !scopes.has(needed)) throw new InsufficientScopeError(needed, ctx.config);
     // AD-1: management scopes are the organization acting on itself, through a private
     // application of its own; never a user's delegation, nor another organization's application
     // (the token endpoint issues neither; this holds whatever signed the token).
     if (needed && isManagementScope(needed) && (userId !== null || application.type !== 'private' || application.organization_id !== organizationId)) {
-      throw new InsufficientScopeError(needed);
+      throw new InsufficientScopeError(needed, ctx.config);
     }
     req.auth = { organizationId, claims, scopes, userId };
   };

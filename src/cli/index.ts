@@ -17,12 +17,14 @@ import { AppError } from '../errors.js';
 import { describeStartupError, openDatabase } from '../runtime.js';
 import { appCommands } from './apps.js';
 import { cleanupCommands } from './cleanup.js';
+import { clientCommands } from './clients.js';
 import { domainCommands } from './domains.js';
 import { grantCommands } from './grants.js';
 import { keyCommands } from './keys.js';
 import { memberCommands } from './members.js';
 import { migrateCommands } from './migrate.js';
 import { orgCommands } from './orgs.js';
+import { resourceCommands } from './resources.js';
 import { roleCommands } from './roles.js';
 import { seedDemoCommands } from './seed-demo.js';
 import { ssoCommands } from './sso.js';
@@ -40,11 +42,13 @@ const COMMANDS: Record<string, Command> = {
   ...memberCommands,
   ...roleCommands,
   ...appCommands,
+  ...clientCommands,
   ...tokenCommands,
   ...grantCommands,
   ...ssoCommands,
   ...domainCommands,
   ...keyCommands,
+  ...resourceCommands,
   ...cleanupCommands,
   ...seedDemoCommands,
 };

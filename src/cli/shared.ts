@@ -6,6 +6,7 @@ import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
 import { InvalidRequestError, NotFoundError } from '../errors.js';
 import { parseInput } from '../lib/validate.js';
+import { isDeveloperApplication } from '../db/schema.js';
 import { findApplicationByClientId } from '../oauth/models/applications.js';
 
 export type Options = NonNullable<ParseArgsConfig['options']>;
@@ -59,7 +60,7 @@ export function orgId(values: Values): number {
 
 export async function applicationByClientId(db: DB, clientId: string) {
   const application = await findApplicationByClientId(db, clientId);
-  if (!application) throw new NotFoundError(`no application with client_id ${clientId}`);
+  if (!application || !isDeveloperApplication(application)) throw new NotFoundError(`no application with client_id ${clientId}`);
   return application;
 }
 

@@ -114,11 +114,19 @@ export interface RolesTable {
   updated_at: Timestamp;
 }
 
+/** Who registered an application: a developer (it belongs to their organization), RFC 7591 dynamic registration, or a client ID metadata document. */
+export type ApplicationRegistration = 'developer' | 'dynamic' | 'metadata_document';
+export type TokenEndpointAuthMethod = 'client_secret_basic' | 'client_secret_post' | 'none';
+export const DEVICE_CODE_GRANT = 'urn:ietf:params:oauth:grant-type:device_code';
+export type GrantType = 'authorization_code' | 'refresh_token' | 'client_credentials' | typeof DEVICE_CODE_GRANT;
+
 export interface ApplicationsTable {
   id: Generated<number>;
-  organization_id: number;
+  /** The organization a developer's application belongs to; null for clients that registered themselves. */
+  organization_id: ColumnType<number | null, number | null | undefined, number | null>;
   client_id: string;
-  client_secret_hash: string;
+  /** SHA-256 of the secret; null exactly when token_endpoint_auth_method is none. */
+  client_secret_hash: string | null;
   type: ApplicationType;
   name: string;
   redirect_uris: ColumnType<string[], string[] | undefined, string[]>;
@@ -130,6 +138,62 @@ export interface ApplicationsTable {
   secret_rotated_at: NullableTimestamp;
   created_at: Generated<Date>;
   updated_at: Timestamp;
+  registration: ColumnType<ApplicationRegistration, ApplicationRegistration | undefined, ApplicationRegistration>;
+  token_endpoint_auth_method: ColumnType<TokenEndpointAuthMethod, TokenEndpointAuthMethod | undefined, TokenEndpointAuthMethod>;
+  grant_types: ColumnType<GrantType[], GrantType[] | undefined, GrantType[]>;
+  /** RFC 7592: SHA-256 of the registration access token (dynamic registrations). */
+  registration_token_hash: ColumnType<string | null, string | null | undefined, string | null>;
+  registered_ip: ColumnType<string | null, string | null | undefined, string | null>;
+  /** When a self-registered client first obtained a token; those that never do are reaped after a day. */
+  first_used_at: NullableTimestamp;
+  metadata_fetched_at: NullableTimestamp;
+}
+
+/**
+ * One successful dynamic registration (RFC 7591): what the per-address limit counts, kept when
+ * the client is deleted; purged an hour on. ip: the address, or an IPv6 address's /64
+ * (src/lib/client-address.ts addressGroup).
+ */
+export interface ClientRegistrationsTable {
+  id: Generated<number>;
+  ip: string;
+  created_at: Generated<Date>;
+}
+
+/** A resource a token may be for (RFC 8707), registered by the operator; orgauth's own API is not a row. */
+export interface ResourcesTable {
+  id: Generated<number>;
+  /** Canonical form (helpers/resources.ts canonicalResourceUri). */
+  uri: string;
+  name: string;
+  scopes: ColumnType<string[], string[] | undefined, string[]>;
+  access_token_ttl: ColumnType<number, number | undefined, number>;
+  created_at: Generated<Date>;
+  updated_at: ColumnType<Date, Date | undefined, Date>;
+}
+
+export type DeviceAuthorizationStatus = 'pending' | 'approved' | 'denied' | 'consumed';
+
+/** RFC 8628: a device's authorization request, decided by a user on /device. */
+export interface DeviceAuthorizationsTable {
+  id: Generated<number>;
+  device_code_hash: string;
+  user_code: string;
+  application_id: number;
+  resource_id: number | null;
+  scopes: TextArray;
+  identity_scopes: ColumnType<string[], string[] | undefined, string[]>;
+  status: ColumnType<DeviceAuthorizationStatus, DeviceAuthorizationStatus | undefined, DeviceAuthorizationStatus>;
+  user_id: number | null;
+  organization_id: number | null;
+  granted_scopes: string[] | null;
+  auth_time: NullableTimestamp;
+  amr: ColumnType<string[], string[] | undefined, string[]>;
+  grant_id: number | null;
+  interval_s: ColumnType<number, number | undefined, number>;
+  last_polled_at: NullableTimestamp;
+  expires_at: Timestamp;
+  created_at: Generated<Date>;
 }
 
 /** Why a grant (or an access token) was revoked: grants.revoked_reason, the audit log, the metrics. */
@@ -167,6 +231,8 @@ export interface GrantsTable {
   revoked_reason: string | null;
   /** The grant this one replaced when its user's role narrowed it (see narrowGrantsInTransaction). */
   narrowed_from_grant_id: ColumnType<number | null, number | null | undefined, number | null>;
+  /** The resource its tokens are for (RFC 8707); null: orgauth's API. */
+  resource_id: ColumnType<number | null, number | null | undefined, number | null>;
 }
 
 /** An access token revoked by itself (its grant lives on), kept until it expires. */
@@ -199,6 +265,8 @@ export interface AuthorizationCodesTable {
   consumed_at: NullableTimestamp;
   grant_id: number | null;
   created_at: Generated<Date>;
+  /** The resource asked for (RFC 8707); null: orgauth's API. */
+  resource_id: ColumnType<number | null, number | null | undefined, number | null>;
 }
 
 export interface RefreshTokensTable {
@@ -443,8 +511,11 @@ export interface Database {
   memberships: MembershipsTable;
   roles: RolesTable;
   applications: ApplicationsTable;
+  client_registrations: ClientRegistrationsTable;
   grants: GrantsTable;
   authorization_codes: AuthorizationCodesTable;
+  resources: ResourcesTable;
+  device_authorizations: DeviceAuthorizationsTable;
   refresh_tokens: RefreshTokensTable;
   revoked_access_tokens: RevokedAccessTokensTable;
   signing_keys: SigningKeysTable;
@@ -474,6 +545,13 @@ export type NewUser = Insertable<UsersTable>;
 export type Organization = Selectable<OrganizationsTable>;
 export type Membership = Selectable<MembershipsTable>;
 export type Application = Selectable<ApplicationsTable>;
+/** An application a developer registered: it belongs to their organization (management API, dashboard, CLI). */
+export type DeveloperApplication = Application & { organization_id: number };
+
+/** Whether an application belongs to an organization (anything but a self-registered client). */
+export function isDeveloperApplication(application: Application): application is DeveloperApplication {
+  return application.organization_id !== null;
+}
 export type NewApplication = Insertable<ApplicationsTable>;
 export type ApplicationUpdate = Updateable<ApplicationsTable>;
 export type Grant = Selectable<GrantsTable>;

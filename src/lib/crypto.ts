@@ -34,7 +34,9 @@ function digestBytes(hex: string): Buffer {
 }
 
 /** Whether `secret` hashes to `expectedHex`, compared in constant time. */
-export function secretMatches(secret: string, expectedHex: string): boolean {
+export function secretMatches(secret: string, expectedHex: string | null): boolean {
+  // No secret registered (a public client): nothing matches.
+  if (expectedHex === null) return false;
   const actual = hash('sha256', secret, 'buffer');
   const expected = digestBytes(expectedHex);
   return expected.length === actual.length && timingSafeEqual(actual, expected);

@@ -37,7 +37,7 @@ export class UnauthorizedClientError extends AppError {
 
 export class UnsupportedGrantTypeError extends AppError {
   constructor() {
-    super(400, 'unsupported_grant_type', 'grant_type must be authorization_code, refresh_token or client_credentials');
+    super(400, 'unsupported_grant_type', 'grant_type must be authorization_code, refresh_token, client_credentials or urn:ietf:params:oauth:grant-type:device_code');
   }
 }
 
@@ -45,5 +45,36 @@ export class UnsupportedGrantTypeError extends AppError {
 export class TooManyAttemptsError extends AppError {
   constructor(retryAfter: number, description = 'too many failed attempts; retry later') {
     super(429, 'too_many_requests', description, { headers: { 'retry-after': String(retryAfter) } });
+  }
+}
+
+/** RFC 8707 §2: the resource asked for is unknown, or not the one the grant is for. */
+export class InvalidTargetError extends AppError {
+  constructor(description = 'the resource is unknown or not allowed for this request') {
+    super(400, 'invalid_target', description);
+  }
+}
+
+/** RFC 7591 §3.2.2: a registration's redirect URIs are invalid. */
+export class InvalidRedirectUriError extends AppError {
+  constructor(description: string) {
+    super(400, 'invalid_redirect_uri', description);
+  }
+}
+
+/** RFC 7591 §3.2.2: a registration's metadata (other than its redirect URIs) is invalid. */
+export class InvalidClientMetadataError extends AppError {
+  constructor(description: string) {
+    super(400, 'invalid_client_metadata', description);
+  }
+}
+
+/**
+ * RFC 8628 §3.5: why a device's token request gets no token (yet). authorization_pending and
+ * slow_down: poll again (slow_down: 5 seconds slower); access_denied and expired_token: stop.
+ */
+export class DeviceAuthorizationError extends AppError {
+  constructor(code: 'authorization_pending' | 'slow_down' | 'access_denied' | 'expired_token', description: string) {
+    super(400, code, description);
   }
 }

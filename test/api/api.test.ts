@@ -4,7 +4,7 @@ import { addMember, removeMember } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import { createAuthorizationCode } from '../../src/oauth/models/authorization-codes.js';
 import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
-import { buildTestApp, TEST_SECRET_KEY } from '../helpers/app.js';
+import { buildTestApp, RESOURCE_METADATA, TEST_SECRET_KEY } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
 import { basic, clientCredentialsToken, createOrgFixture, form, type OrgFixture, revokeToken } from '../helpers/oauth.js';
 
@@ -63,7 +63,7 @@ describe(`the API hook on ${BACKEND}`, () => {
   it('answers 401 with a Bearer challenge without a token, and ignores one in the query (BR-1, BR-4)', async () => {
     const none = await api('GET', `${A()}/contacts`, { token: null });
     expectError(none, 401, 'invalid_request');
-    expect(none.headers['www-authenticate']).toBe('Bearer realm="orgauth"');
+    expect(none.headers['www-authenticate']).toBe(`Bearer realm="orgauth", ${RESOURCE_METADATA}`);
     const query = await api('GET', `${A()}/contacts?access_token=${tokenA}`, { token: null });
     expect(query.statusCode).toBe(401);
     const basicAuth = await api('GET', `${A()}/contacts`, { token: null, headers: { authorization: 'Basic YTpi' } });
@@ -77,7 +77,7 @@ describe(`the API hook on ${BACKEND}`, () => {
   it('answers 401 invalid_token for a bad, tampered or revoked token (BR-1, BR-5)', async () => {
     const bad = await api('GET', A(), { token: 'not-a-jwt' });
     expectError(bad, 401, 'invalid_token');
-    expect(bad.headers['www-authenticate']).toBe('Bearer realm="orgauth", error="invalid_token"');
+    expect(bad.headers['www-authenticate']).toBe(`Bearer realm="orgauth", ${RESOURCE_METADATA}, error="invalid_token"`);
     const [h, p, s] = tokenA.split('.');
     expect((await api('GET', A(), { token: `${h}.${p}.${s!.slice(0, -4)}AAAA` })).statusCode).toBe(401);
 
@@ -97,7 +97,7 @@ describe(`the API hook on ${BACKEND}`, () => {
     expect((await api('GET', `${A()}/contacts`, { token: readOnly })).statusCode).toBe(200);
     const res = await api('POST', `${A()}/contacts`, { token: readOnly, body: { name: 'X' } });
     expectError(res, 403, 'insufficient_scope');
-    expect(res.headers['www-authenticate']).toBe('Bearer realm="orgauth", error="insufficient_scope", scope="contacts.write"');
+    expect(res.headers['www-authenticate']).toBe(`Bearer realm="orgauth", ${RESOURCE_METADATA}, error="insufficient_scope", scope="contacts.write"`);
     expectError(await api('GET', `${A()}/tasks`, { token: readOnly }), 403, 'insufficient_scope');
   });
 

@@ -14,6 +14,7 @@ import { createGrant } from '../../src/oauth/models/grants.js';
 import { KNOWN_SCOPES, MANAGEMENT_SCOPES } from '../../src/oauth/helpers/scopes.js';
 import { Browser } from '../accounts/browser.js';
 import { signAccessToken } from '../../src/oauth/models/access-tokens.js';
+import { apiResource } from '../../src/oauth/models/resources.js';
 import { KeyStore } from '../../src/oauth/models/key-store.js';
 import { testConfig } from '../helpers/app.js';
 import { BACKEND } from '../helpers/db.js';
@@ -345,7 +346,7 @@ describe(`the management API on ${BACKEND}: an application never hands out more 
 describe(`the management API on ${BACKEND}: tokens the token endpoint never issues`, () => {
   async function signed(input: { subject: string; clientId: string; scopes: string[]; organizationId: number; grantId: number }) {
     const config = testConfig();
-    return (await signAccessToken(await new KeyStore(t.handle.db, config).signingKey(), config, input)).token;
+    return (await signAccessToken(await new KeyStore(t.handle.db, config).signingKey(), config, { ...input, resource: apiResource(config) })).token;
   }
 
   it('a user token with a management scope is refused (403): management is never delegated by a user', async () => {

@@ -13,7 +13,7 @@ import { createApplication } from '../../src/oauth/models/applications.js';
 import { createGrant } from '../../src/oauth/models/grants.js';
 import { KNOWN_SCOPES } from '../../src/oauth/helpers/scopes.js';
 import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
-import { buildTestApp, TEST_SECRET_KEY } from '../helpers/app.js';
+import { buildTestApp, RESOURCE_METADATA, TEST_SECRET_KEY } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
 import { clientCredentialsToken, createOrgFixture, type OrgFixture, revokeToken } from '../helpers/oauth.js';
 
@@ -207,7 +207,7 @@ describe(`the scope matrix on ${BACKEND} (BR-2)`, () => {
         status: allowed ? success(route) : 403,
         body: allowed ? undefined : { error: 'insufficient_scope', error_description: expect.any(String) },
       });
-      if (!allowed) expect(res.headers['www-authenticate']).toBe(`Bearer realm="orgauth", error="insufficient_scope", scope="${route.scope}"`);
+      if (!allowed) expect(res.headers['www-authenticate']).toBe(`Bearer realm="orgauth", ${RESOURCE_METADATA}, error="insufficient_scope", scope="${route.scope}"`);
     }
   });
 });

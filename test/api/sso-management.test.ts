@@ -445,7 +445,7 @@ describe(`the SSO routes' scopes on ${BACKEND} (BR-2)`, () => {
       for (const scope of KNOWN_SCOPES.filter((s) => s !== route.scope)) {
         const res = await api(route.method, route.path, { org: c, token: tokens.get(scope)!, ...(route.body ? { body: route.body } : {}) });
         expect({ route: `${route.method} ${route.path}`, scope, status: res.statusCode, error: res.json().error }).toEqual({ route: `${route.method} ${route.path}`, scope, status: 403, error: 'insufficient_scope' });
-        expect(res.headers['www-authenticate']).toBe(`Bearer realm="orgauth", error="insufficient_scope", scope="${route.scope}"`);
+        expect(res.headers['www-authenticate']).toBe(`Bearer realm="orgauth", resource_metadata="${issuer}/.well-known/oauth-protected-resource/api/v1", error="insufficient_scope", scope="${route.scope}"`);
       }
     }
     // Nothing was made by the refused calls.

@@ -14,12 +14,13 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   applications: [
     'id', 'organization_id', 'client_id', 'client_secret_hash', 'type', 'name', 'redirect_uris', 'scopes',
     'require_pkce', 'disabled', 'secret_rotated_at', 'created_at', 'updated_at', 'post_logout_redirect_uris',
+    'registration', 'token_endpoint_auth_method', 'grant_types', 'registration_token_hash', 'registered_ip', 'first_used_at', 'metadata_fetched_at',
   ],
   grants: ['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'created_at', 'last_used_at', 'revoked_at', 'revoked_reason', 'narrowed_from_grant_id',
-    'identity_scopes', 'auth_time', 'sid', 'amr'],
+    'identity_scopes', 'auth_time', 'sid', 'amr', 'resource_id'],
   authorization_codes: [
     'id', 'code_hash', 'organization_id', 'application_id', 'user_id', 'redirect_uri', 'scopes', 'code_challenge',
-    'code_challenge_method', 'expires_at', 'consumed_at', 'grant_id', 'created_at', 'identity_scopes', 'auth_time', 'sid', 'nonce', 'amr',
+    'code_challenge_method', 'expires_at', 'consumed_at', 'grant_id', 'created_at', 'identity_scopes', 'auth_time', 'sid', 'nonce', 'amr', 'resource_id',
   ],
   refresh_tokens: ['id', 'token_hash', 'organization_id', 'grant_id', 'parent_id', 'scopes', 'expires_at', 'rotated_at', 'revoked_at', 'created_at'],
   revoked_access_tokens: ['jti', 'organization_id', 'grant_id', 'expires_at', 'revoked_at'],
@@ -51,9 +52,16 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   sso_sign_ins: ['id', 'handle_hash', 'connection_id', 'browser_hash', 'return_to', 'oidc_nonce', 'oidc_code_verifier_sealed', 'saml_request_id', 'result', 'created_at', 'expires_at', 'consumed_at'],
   saml_assertion_ids: ['id', 'connection_id', 'assertion_id', 'expires_at'],
   removed_members: ['organization_id', 'user_id', 'removed_at'],
+  resources: ['id', 'uri', 'name', 'scopes', 'access_token_ttl', 'created_at', 'updated_at'],
+  client_registrations: ['id', 'ip', 'created_at'],
+  device_authorizations: [
+    'id', 'device_code_hash', 'user_code', 'application_id', 'resource_id', 'scopes', 'identity_scopes', 'status', 'user_id', 'organization_id',
+    'granted_scopes', 'auth_time', 'amr', 'grant_id', 'interval_s', 'last_polled_at', 'expires_at', 'created_at',
+  ],
 };
 
-const ORG_OWNED = ['memberships', 'roles', 'applications', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations', 'sso_connections', 'sso_domains', 'removed_members'];
+// applications is not here: a client that registered itself (RFC 7591, a metadata document) belongs to no organization.
+const ORG_OWNED = ['memberships', 'roles', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations', 'sso_connections', 'sso_domains', 'removed_members'];
 const HASH = 'a'.repeat(64);
 
 let database: TestDatabase;
@@ -94,6 +102,7 @@ const MIGRATIONS = [
   '20261125_0013_openid_connect',
   '20261126_0014_strong_sign_in',
   '20261126_0015_single_sign_on',
+  '20261126_0016_agents_and_resources',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {

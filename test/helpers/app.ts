@@ -33,3 +33,6 @@ export async function buildTestApp(
   const logger = createLogger(config, options.logStream);
   return buildApp(config, { db, logger, ...(options.listen ? { listen: options.listen } : {}) });
 }
+
+/** The API's RFC 9728 pointer in its challenges, for the default test issuer. */
+export const RESOURCE_METADATA = `resource_metadata="${testConfig().issuer}/.well-known/oauth-protected-resource/api/v1"`;

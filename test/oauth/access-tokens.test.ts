@@ -4,6 +4,7 @@ import { type AccessTokenClaims, AccessTokenVerifier, InvalidTokenError, signAcc
 import type { Application } from '../../src/db/schema.js';
 import type { RevocationList } from '../../src/oauth/models/revocation-list.js';
 import { KeyStore } from '../../src/oauth/models/key-store.js';
+import { apiResource } from '../../src/oauth/models/resources.js';
 import { ensureSigningKey, getActiveSigningKey, importPrivateKey, rotateSigningKey } from '../../src/oauth/models/signing-keys.js';
 import { testConfig, TEST_SECRET_KEY } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
@@ -11,7 +12,7 @@ import { BACKEND, createTestDatabase } from '../helpers/db.js';
 let t: Awaited<ReturnType<typeof createTestDatabase>>;
 let keys: KeyStore;
 const config = testConfig();
-const input = { subject: 'client-1', clientId: 'client-1', scopes: ['contacts.read'], organizationId: 7, grantId: 42 };
+const input = { subject: 'client-1', clientId: 'client-1', scopes: ['contacts.read'], organizationId: 7, grantId: 42, resource: apiResource(config) };
 
 beforeAll(async () => {
   t = await createTestDatabase();
@@ -47,7 +48,7 @@ describe(`access tokens on ${BACKEND}`, () => {
     const header = JSON.parse(Buffer.from(token.split('.')[0]!, 'base64url').toString()) as Record<string, string>;
     expect(header).toEqual({ alg: 'ES256', kid: (await getActiveSigningKey(t.handle.db))!.kid, typ: 'at+jwt' });
     expect(await verifyAccessToken(keys, config, token)).toEqual(claims);
-    expect(claims).toMatchObject({ sub: 'client-1', scope: 'contacts.read', organization_id: 7, grant_id: 42, aud: `${config.issuer}/api` });
+    expect(claims).toMatchObject({ sub: 'client-1', scope: 'contacts.read', organization_id: 7, grant_id: 42, aud: `${config.issuer}/api/v1` });
   });
 
   it.each(['ES256', 'RS256', 'EdDSA'] as const)('signs with node:crypto in a form jose verifies: %s', async (alg) => {

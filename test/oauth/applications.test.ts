@@ -14,6 +14,7 @@ import { connectDatabase } from '../../src/db/connect.js';
 import { InvalidRequestError } from '../../src/errors.js';
 import { ApplicationCache } from '../../src/oauth/models/application-cache.js';
 import { createApplication, findApplicationByClientId, updateApplication } from '../../src/oauth/models/applications.js';
+import type { DeveloperApplication } from '../../src/db/schema.js';
 import { createAuthorizationCode } from '../../src/oauth/models/authorization-codes.js';
 import { createGrant, revokeGrants } from '../../src/oauth/models/grants.js';
 import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
@@ -32,7 +33,7 @@ beforeAll(async () => {
 afterAll(() => t.close());
 
 const db = () => t.handle.db;
-const row = async (clientId: string) => (await findApplicationByClientId(db(), clientId))!;
+const row = async (clientId: string) => (await findApplicationByClientId(db(), clientId)) as DeveloperApplication;
 const live = async (applicationClientId: string) =>
   db()
     .selectFrom('grants')
@@ -222,7 +223,7 @@ describe(`migration 0006 on ${BACKEND}`, () => {
         .values({ organization_id: orgRow.id, client_id: 'b'.repeat(32), client_secret_hash: '0'.repeat(64), type: 'private', name: 'Legacy', scopes: ['contacts.read'], require_pkce: true })
         .execute();
       expect((await migrator.migrateToLatest()).error).toBeUndefined();
-      const legacy = (await findApplicationByClientId(handle.db, 'b'.repeat(32)))!;
+      const legacy = (await findApplicationByClientId(handle.db, 'b'.repeat(32))) as DeveloperApplication;
       expect(legacy.require_pkce).toBe(false);
       expect((await updateApplication(handle.db, legacy, { disabled: true })).disabled).toBe(true);
       await expect(handle.db.updateTable('applications').set({ require_pkce: true }).where('id', '=', legacy.id).execute()).rejects.toMatchObject({ code: '23514' });

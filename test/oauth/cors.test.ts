@@ -29,19 +29,19 @@ const preflight = (url: string, headers = 'authorization, content-type') =>
   app.inject({ method: 'OPTIONS', url, headers: { origin: ORIGIN, 'access-control-request-method': 'POST', 'access-control-request-headers': headers } });
 
 describe(`CORS for browser-based clients on ${BACKEND}`, () => {
-  it.each(['/.well-known/openid-configuration', '/.well-known/oauth-authorization-server', '/.well-known/jwks.json'])('GET %s: any origin, no credentials', async (url) => {
+  it.each(['/.well-known/openid-configuration', '/.well-known/oauth-authorization-server', '/.well-known/jwks.json', '/.well-known/oauth-protected-resource/api/v1'])('GET %s: any origin, no credentials', async (url) => {
     const res = await app.inject({ method: 'GET', url, headers: { origin: ORIGIN } });
     expect(res.statusCode).toBe(200);
     expect(res.headers['access-control-allow-origin']).toBe('*');
     expect(res.headers['access-control-allow-credentials']).toBeUndefined();
   });
 
-  it.each(['/oauth/token', '/oauth/revoke', '/oauth/userinfo'])('a preflight for POST %s with Authorization: 204 with the methods and headers allowed', async (url) => {
+  it.each(['/oauth/token', '/oauth/register', '/oauth/device_authorization', '/oauth/revoke', '/oauth/userinfo'])('a preflight for POST %s with Authorization: 204 with the methods and headers allowed', async (url) => {
     const res = await preflight(url);
     expect(res.statusCode).toBe(204);
     expect(res.headers['access-control-allow-origin']).toBe('*');
     expect(String(res.headers['access-control-allow-methods']).split(/, */)).toEqual(['GET', 'POST']);
-    expect(String(res.headers['access-control-allow-headers']).toLowerCase().split(/, */)).toEqual(['authorization', 'content-type', 'dpop']);
+    expect(String(res.headers['access-control-allow-headers']).toLowerCase().split(/, */)).toEqual(['authorization', 'content-type', 'dpop', 'mcp-protocol-version']);
     expect(res.headers['access-control-max-age']).toBe('600');
     expect(res.headers['access-control-allow-credentials']).toBeUndefined();
   });

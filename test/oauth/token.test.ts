@@ -59,7 +59,7 @@ describe(`POST /oauth/token client_credentials on ${BACKEND}`, () => {
     const claims = await verifyAccessToken(new KeyStore(t.handle.db, config), config, body.access_token);
     expect(claims).toEqual({
       iss: config.issuer,
-      aud: `${config.issuer}/api`,
+      aud: `${config.issuer}/api/v1`,
       sub: org.privateApp.client_id,
       client_id: org.privateApp.client_id,
       scope: body.scope,
@@ -234,7 +234,10 @@ describe('metadata (MD-3) and JWKS', () => {
       token_endpoint: `${config.issuer}/oauth/token`,
       revocation_endpoint: `${config.issuer}/oauth/revoke`,
       introspection_endpoint: `${config.issuer}/oauth/introspect`,
-      grant_types_supported: ['authorization_code', 'refresh_token', 'client_credentials'],
+      registration_endpoint: `${config.issuer}/oauth/register`,
+      device_authorization_endpoint: `${config.issuer}/oauth/device_authorization`,
+      client_id_metadata_document_supported: true,
+      grant_types_supported: ['authorization_code', 'refresh_token', 'client_credentials', 'urn:ietf:params:oauth:grant-type:device_code'],
       jwks_uri: `${config.issuer}/.well-known/jwks.json`,
       scopes_supported: [
         'openid', 'profile', 'email',
@@ -242,10 +245,36 @@ describe('metadata (MD-3) and JWKS', () => {
         'applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read', 'sso.read', 'sso.write',
       ],
       response_types_supported: ['code'],
-      token_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post'],
+      token_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post', 'none'],
       code_challenge_methods_supported: ['S256'],
       authorization_response_iss_parameter_supported: true,
     });
+    // No null values anywhere (RFC 8414 §2: a parameter with no value is omitted).
+    expect(JSON.stringify(res.json())).not.toContain('null');
+  });
+
+  it('describes the API as a protected resource (RFC 9728), which its 401 points to', async () => {
+    const res = await app.inject('/.well-known/oauth-protected-resource/api/v1');
+    expect(res.statusCode).toBe(200);
+    expect(res.json()).toEqual({
+      resource: `${config.issuer}/api/v1`,
+      authorization_servers: [config.issuer],
+      scopes_supported: ['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write'],
+      bearer_methods_supported: ['header'],
+      resource_name: 'orgauth API',
+      resource_documentation: `${config.issuer}/docs`,
+    });
+    const challenge = (await app.inject('/api/v1/1/contacts')).headers['www-authenticate'];
+    expect(challenge).toContain(`resource_metadata="${config.issuer}/.well-known/oauth-protected-resource/api/v1"`);
+  });
+
+  it('leaves registration_endpoint out when registration is off', async () => {
+    const off = await buildTestApp(t.handle.db, { env: { CLIENT_REGISTRATION: 'off' } });
+    try {
+      expect((await off.inject('/.well-known/oauth-authorization-server')).json()).not.toHaveProperty('registration_endpoint');
+    } finally {
+      await off.close();
+    }
   });
 
   it('publishes the public signing keys, never a private part', async () => {

@@ -15,13 +15,14 @@
  */
 import { createHmac, timingSafeEqual } from 'node:crypto';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { clientAddress } from '../../lib/client-address.js';
 import { deriveKey } from '../../lib/crypto.js';
 import { listUserOrganizations, type UserOrganization } from '../../accounts/organizations.js';
 import { loginPath } from '../../web/sign-in.js';
-import type { RoleRef } from '../../accounts/roles.js';
+import { describeScopes, grantableByRole, organizationChoices, preselectedOrganization } from '../../web/organization-choice.js';
 import { csrfToken, csrfTokenMatches, currentUser, sessionSid, type SessionUser, signedInWithTwoFactors } from '../../accounts/sessions.js';
 import { factorSummary, hasSecondFactor } from '../../accounts/second-factors.js';
-import { stepUpPath, twoFactorsPath } from '../../web/second-step.js';
+import { stepUpPath } from '../../web/second-step.js';
 import { asksForTwoFactors } from '../helpers/acr.js';
 import type { Config } from '../../config.js';
 import { type DB, inTransaction } from '../../db/connect.js';
@@ -29,12 +30,14 @@ import type { Application } from '../../db/schema.js';
 import { InvalidRequestError, sanitizeDescription } from '../../errors.js';
 import { ForbiddenError, renderError, renderPage, setUpPages } from '../../web/render.js';
 import { findApplicationByClientId } from '../models/applications.js';
+import type { ClientMetadataDocuments } from '../models/client-metadata.js';
 import { createAuthorizationCode } from '../models/authorization-codes.js';
 import { recordAuditEvent } from '../../audit/events.js';
-import { InvalidScopeError } from '../errors.js';
+import { InvalidScopeError, InvalidTargetError } from '../errors.js';
 import { parseCanonicalId, readParams } from '../helpers/params.js';
-import { redirectLocation } from '../helpers/redirect-uris.js';
-import { grantableScopes, IDENTITY_SCOPE_DESCRIPTIONS, type IdentityScope, isIdentityScope, type Scope, SCOPE_DESCRIPTIONS, splitIdentityScopes } from '../helpers/scopes.js';
+import { redirectLocation, redirectUriMatches } from '../helpers/redirect-uris.js';
+import { type IdentityScope, splitIdentityScopes } from '../helpers/scopes.js';
+import { type ResourceRegistry, resourceScopes, type TokenResource } from '../models/resources.js';
 import type { KeyStore } from '../models/key-store.js';
 import { type IdTokenHint, verifyIdTokenHint } from '../models/id-tokens.js';
 
@@ -42,7 +45,7 @@ export const STATE_MIN_LENGTH = 16;
 /** RFC 7636 §4.2: a code challenge is 43 to 128 unreserved characters. */
 const CODE_CHALLENGE = /^[A-Za-z0-9\-._~]{43,128}$/;
 /** The OAuth parameters the consent form carries back, in hidden fields. */
-const CARRIED_PARAMS = ['client_id', 'redirect_uri', 'response_type', 'scope', 'state', 'code_challenge', 'code_challenge_method', 'nonce', 'acr_values'] as const;
+const CARRIED_PARAMS = ['client_id', 'redirect_uri', 'response_type', 'scope', 'state', 'code_challenge', 'code_challenge_method', 'nonce', 'acr_values', 'resource'] as const;
 /** A user's newest live grants of one application looked at for a remembered consent (one per authorization they approved). */
 const MAX_REMEMBERED_GRANTS = 100;
 const PROMPT_VALUES: ReadonlySet<string> = new Set(['none', 'login', 'consent', 'select_account']);
@@ -83,8 +86,10 @@ interface ClientTarget {
 }
 
 interface AuthorizationRequest extends ClientTarget {
-  /** What the user delegates of the organization's data: bounded by the application's scopes and the user's role. */
-  scopes: Scope[];
+  /** What the token will be for (RFC 8707 `resource`; orgauth's API when none is named). */
+  resource: TokenResource;
+  /** What the user delegates: bounded by the resource, the application's scopes and the user's role. */
+  scopes: string[];
   /** The OpenID scopes asked for (openid, profile, email): not bounded by roles. */
   identityScopes: IdentityScope[];
   nonce: string | null;
@@ -94,7 +99,8 @@ interface AuthorizationRequest extends ClientTarget {
   idTokenHint: string | undefined;
   /** The sign-in this request was sent to (SIGNED_IN_AFTER), in seconds since the epoch. */
   signedInAfter: number | undefined;
-  state: string;
+  /** Required of a developer's application (AZ-4); optional for a client that registered itself, whose PKCE binds the response to it. */
+  state: string | undefined;
   codeChallenge: string | null;
   /** OpenID Connect Core §3.1.2.1 `prompt`, as a set: none, login, consent, select_account. */
   prompt: ReadonlySet<string>;
@@ -116,7 +122,8 @@ interface RedirectError {
     | 'consent_required'
     | 'interaction_required'
     | 'request_not_supported'
-    | 'request_uri_not_supported';
+    | 'request_uri_not_supported'
+    | 'invalid_target';
   description: string;
   /** The state as sent, echoed even when it is what was wrong. */
   state: string | undefined;
@@ -149,21 +156,22 @@ function singleValue(raw: Raw, name: string): string | undefined {
  * AZ-1, AZ-2: the client must exist and be enabled, and redirect_uri must be one of its
  * registered URIs, byte for byte (RFC 9700 §2.1: no case folding, prefix or normalization).
  */
-async function identifyClient(db: DB, raw: Raw): Promise<ClientTarget> {
+async function identifyClient(db: DB, clientMetadata: ClientMetadataDocuments, raw: Raw, ip: string): Promise<ClientTarget> {
   const clientId = singleValue(raw, 'client_id');
   if (clientId === undefined) throw new UntrustedRedirectError('The request does not name an application (client_id is missing).');
-  const application = await findApplicationByClientId(db, clientId);
+  // An https client_id is its metadata document's URL: fetched (or cached), checked and stored; a failure is an error page.
+  const application = clientId.startsWith('https://') ? await clientMetadata.resolve(clientId, { ip }) : await findApplicationByClientId(db, clientId);
   if (!application || application.disabled) throw new UntrustedRedirectError('The application is unknown or has been disabled.');
   const redirectUri = singleValue(raw, 'redirect_uri');
   if (redirectUri === undefined) throw new UntrustedRedirectError('The request has no redirect_uri.');
-  if (!application.redirect_uris.includes(redirectUri)) {
+  if (!application.redirect_uris.some((registered) => redirectUriMatches(registered, redirectUri))) {
     throw new UntrustedRedirectError('The redirect_uri is not registered for this application.');
   }
   return { application, redirectUri };
 }
 
 /** Everything else about the request; problems go back to the client (AZ-3). */
-function validateRequest(config: Pick<Config, 'secretKey'>, target: ClientTarget, raw: Raw): AuthorizationRequest | RedirectError {
+async function validateRequest(config: Pick<Config, 'secretKey'>, resources: ResourceRegistry, target: ClientTarget, raw: Raw): Promise<AuthorizationRequest | RedirectError> {
   const sentState = firstValue(raw, 'state');
   const fail = (error: RedirectError['error'], description: string): RedirectError => ({ error, description, state: sentState });
   let params;
@@ -178,19 +186,34 @@ function validateRequest(config: Pick<Config, 'secretKey'>, target: ClientTarget
   // OIDC Core §6: request objects are not supported, and saying so beats ignoring what they hold.
   if (params.request !== undefined) return fail('request_not_supported', 'request objects are not supported');
   if (params.request_uri !== undefined) return fail('request_uri_not_supported', 'request_uri is not supported');
-  if (state === undefined) return fail('invalid_request', 'state is required');
-  if (state.length < STATE_MIN_LENGTH) return fail('invalid_request', `state must be at least ${STATE_MIN_LENGTH} characters`);
-  if (target.application.type !== 'public') return fail('unauthorized_client', 'this application may not use the authorization code grant');
-  if (scope === undefined) return fail('invalid_scope', 'scope is required');
-  let scopes: Scope[];
+  // The contract's rule for applications (AZ-4). A client that registered itself (MCP clients)
+  // must use PKCE, which already ties the response to its request (RFC 9700 §2.1.1; OAuth 2.1
+  // makes state optional with it): those that send no state, or a short one, still work.
+  const selfRegistered = target.application.registration !== 'developer';
+  if (state === undefined && !selfRegistered) return fail('invalid_request', 'state is required');
+  if (state !== undefined && state.length < STATE_MIN_LENGTH && !selfRegistered) return fail('invalid_request', `state must be at least ${STATE_MIN_LENGTH} characters`);
+  if (target.application.type !== 'public' || !target.application.grant_types.includes('authorization_code')) {
+    return fail('unauthorized_client', 'this application may not use the authorization code grant');
+  }
+  let resource: TokenResource;
+  try {
+    resource = await resources.resolve(params.resource);
+  } catch (err) {
+    if (err instanceof InvalidTargetError) return fail('invalid_target', err.description);
+    throw err;
+  }
+  // orgauth's API has no default scope; another resource's default is every scope it lists.
+  if (scope === undefined && resource.id === null) return fail('invalid_scope', 'scope is required');
+  let scopes: string[];
   let identityScopes: IdentityScope[];
   try {
-    const { identity, rest } = splitIdentityScopes(scope);
+    const { identity, rest } = splitIdentityScopes(scope ?? '');
     identityScopes = identity;
     // AD-1: a management scope is invalid_scope here: only private applications hold them (the
     // database's applications_management_scopes_check), and private ones stop above. Signing in
     // alone (openid and nothing else) delegates no data.
-    scopes = rest === '' && identity.length > 0 ? [] : grantableScopes(rest, target.application.scopes);
+    // orgauth's API: the scope as sent (a blank one is invalid_scope); another resource: none sent means all it lists.
+    scopes = rest === '' && identity.length > 0 ? [] : resourceScopes(rest === '' && (scope === undefined || resource.id !== null) ? undefined : rest, resource, target.application);
   } catch (err) {
     if (err instanceof InvalidScopeError) return fail('invalid_scope', err.description);
     throw err;
@@ -200,7 +223,10 @@ function validateRequest(config: Pick<Config, 'secretKey'>, target: ClientTarget
   const method = params.code_challenge_method;
   if (challenge === undefined) {
     if (method !== undefined) return fail('invalid_request', 'code_challenge_method was sent without code_challenge');
-    if (target.application.require_pkce) return fail('invalid_request', 'this application requires PKCE: code_challenge is required');
+    // A client without a secret proves it is the one that asked only by PKCE.
+    if (target.application.require_pkce || target.application.token_endpoint_auth_method === 'none') {
+      return fail('invalid_request', 'this application requires PKCE: code_challenge is required');
+    }
   } else {
     if (method !== 'S256') return fail('invalid_request', 'code_challenge_method must be S256');
     if (!CODE_CHALLENGE.test(challenge)) return fail('invalid_request', 'code_challenge must be 43 to 128 characters of A-Z a-z 0-9 - . _ ~');
@@ -219,6 +245,7 @@ function validateRequest(config: Pick<Config, 'secretKey'>, target: ClientTarget
   });
   return {
     ...target,
+    resource,
     scopes,
     identityScopes,
     nonce,
@@ -226,7 +253,7 @@ function validateRequest(config: Pick<Config, 'secretKey'>, target: ClientTarget
     loginHint: params.login_hint,
     idTokenHint: params.id_token_hint,
     // prompt=none never comes back from the login page: a mark on it was not made by us for it.
-    signedInAfter: prompt.has('none') ? undefined : readSignInMark(config, params[SIGNED_IN_AFTER], target.application.client_id, state),
+    signedInAfter: prompt.has('none') ? undefined : readSignInMark(config, params[SIGNED_IN_AFTER], target.application.client_id, state ?? ''),
     state,
     codeChallenge: challenge ?? null,
     prompt,
@@ -235,20 +262,13 @@ function validateRequest(config: Pick<Config, 'secretKey'>, target: ClientTarget
   };
 }
 
-/**
- * What the user may grant in an organization: the scopes asked for (already within the
- * application's) that their role there holds, and the ones it does not.
- */
-export function grantableByRole(requested: readonly Scope[], role: RoleRef): { granted: Scope[]; refused: Scope[] } {
-  return { granted: requested.filter((s) => role.permissions.includes(s)), refused: requested.filter((s) => !role.permissions.includes(s)) };
-}
 
 /**
  * Whether an organization where the role lets the user grant `granted` of the request can be
  * chosen: something of the data asked for, or nothing asked for but signing in (OpenID scopes
  * alone), which every member may do.
  */
-function canGrant(request: AuthorizationRequest, granted: readonly Scope[]): boolean {
+function canGrant(request: AuthorizationRequest, granted: readonly string[]): boolean {
   return granted.length > 0 || request.scopes.length === 0;
 }
 
@@ -260,12 +280,14 @@ function canGrant(request: AuthorizationRequest, granted: readonly Scope[]): boo
  * page), since nothing says which one the application means this time. A grant revoked (from
  * Connected apps, by an admin, by a role change) is forgotten consent.
  */
-async function rememberedConsent(db: DB, userId: number, memberships: readonly UserOrganization[], request: AuthorizationRequest): Promise<{ organizationId: number; granted: Scope[] } | undefined> {
+async function rememberedConsent(db: DB, userId: number, memberships: readonly UserOrganization[], request: AuthorizationRequest): Promise<{ organizationId: number; granted: string[] } | undefined> {
   const grants = await db
     .selectFrom('grants')
     .select(['organization_id', 'scopes', 'identity_scopes'])
     .where('user_id', '=', userId)
     .where('application_id', '=', request.application.id)
+    // Consent for one resource is not consent for another.
+    .where('resource_id', request.resource.id === null ? 'is' : '=', request.resource.id)
     .where('revoked_at', 'is', null)
     .orderBy('id', 'desc')
     .limit(MAX_REMEMBERED_GRANTS)
@@ -291,12 +313,12 @@ function afterSignIn(config: Pick<Config, 'secretKey'>, url: string, request: Au
   query.delete(SIGNED_IN_AFTER);
   if (request) {
     const now = Math.floor(Date.now() / 1000);
-    query.set(SIGNED_IN_AFTER, `${now}.${signInMarkMac(config, now, request.application.client_id, request.state)}`);
+    query.set(SIGNED_IN_AFTER, `${now}.${signInMarkMac(config, now, request.application.client_id, request.state ?? '')}`);
   }
   return `${question === -1 ? url : url.slice(0, question)}?${query.toString()}`;
 }
 
-export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys }: { db: DB; config: Config; keys: KeyStore }): Promise<void> {
+export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys, resources, clientMetadata }: { db: DB; config: Config; keys: KeyStore; resources: ResourceRegistry; clientMetadata: ClientMetadataDocuments }): Promise<void> {
   await setUpPages(app, config);
 
   const redirectError = (reply: FastifyReply, redirectUri: string, e: RedirectError) =>
@@ -304,9 +326,6 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
       redirectLocation(redirectUri, { error: e.error, error_description: sanitizeDescription(e.description), state: e.state, iss: config.issuer }),
       303,
     );
-
-  const described = (scopes: readonly (Scope | IdentityScope)[]) =>
-    scopes.map((name) => ({ name, description: isIdentityScope(name) ? IDENTITY_SCOPE_DESCRIPTIONS[name] : SCOPE_DESCRIPTIONS[name] }));
 
   async function renderConsent(reply: FastifyReply, user: SessionUser, memberships: readonly UserOrganization[], request: AuthorizationRequest, returnTo: string) {
     if (memberships.length === 0) {
@@ -318,26 +337,8 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
     // Per organization, what the user's role there lets them grant; an organization where it
     // allows nothing asked for cannot be chosen, and when none can, the request ends here.
     const hasFactor = hasSecondFactor(await factorSummary(db, user.userId));
-    const organizations = memberships.map((o: UserOrganization) => {
-      const { granted, refused } = grantableByRole(request.scopes, o.access);
-      const grantable = canGrant(request, granted);
-      // An organization that requires two factors is shown, with the way to reach it, but not offered to a one-step session.
-      const needsTwoFactors = grantable && o.requireMfa && !signedInWithTwoFactors(user);
-      const choosable = grantable && !needsTwoFactors;
-      // Signing in (the OpenID scopes) goes with any organization that can be chosen.
-      return {
-        id: o.id,
-        name: o.name,
-        role: o.role,
-        granted: described(choosable ? [...request.identityScopes, ...granted] : []),
-        refused: described(refused),
-        choosable,
-        needsTwoFactors,
-        twoFactorsLink: needsTwoFactors ? twoFactorsPath(hasFactor, returnTo) : '',
-      };
-    });
-    const choosable = organizations.filter((o) => o.choosable);
-    if (choosable.length === 0 && !organizations.some((o) => o.needsTwoFactors)) {
+    const organizations = organizationChoices({ memberships, user, scopes: request.scopes, identityScopes: request.identityScopes, resource: request.resource, hasFactor, returnTo });
+    if (!organizations.some((o) => o.choosable || o.needsTwoFactors)) {
       return redirectError(reply, request.redirectUri, {
         error: 'access_denied',
         description: 'the user’s role allows none of the requested scopes in any of their organizations',
@@ -348,12 +349,17 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
       title: `Authorize ${request.application.name}`,
       applicationName: request.application.name,
       userLabel: user.name ? `${user.name} (${user.email})` : user.email,
-      scopes: described([...request.identityScopes, ...request.scopes]),
+      scopes: describeScopes([...request.identityScopes, ...request.scopes], request.resource),
       organizations,
-      // One to choose, or the one whose identity provider signed the user in.
-      preselected: choosable.length === 1 ? choosable[0]!.id : choosable.find((o) => o.id === user.ssoOrganizationId)?.id,
+      preselected: preselectedOrganization(organizations, user),
       hidden: request.carried,
       redirectOrigin: new URL(request.redirectUri).origin,
+      redirectHost: new URL(request.redirectUri).host,
+      // Nobody at this server vouched for a client that registered itself: say so, and who it really is.
+      unverified: request.application.registration !== 'developer',
+      clientId: request.application.client_id,
+      // Another resource than orgauth's API: the user sees what the access is for.
+      resource: request.resource.id === null ? null : { name: request.resource.name, uri: request.resource.uri },
       csrfToken: csrfToken(config, { session: user.sessionId }),
       hasSecondFactor: hasFactor,
     });
@@ -364,7 +370,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
    * consent remembered from before), audited as the user's decision: the grant row itself
    * records the code's redemption, so the token endpoint writes no audit row of its own.
    */
-  async function approve(reply: FastifyReply, req: FastifyRequest, user: SessionUser, request: AuthorizationRequest, organizationId: number, granted: readonly Scope[], remembered: boolean) {
+  async function approve(reply: FastifyReply, req: FastifyRequest, user: SessionUser, request: AuthorizationRequest, organizationId: number, granted: readonly string[], remembered: boolean) {
     const code = await inTransaction(db, async (trx) => {
       const issued = await createAuthorizationCode(trx, {
         organizationId,
@@ -379,6 +385,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
         authTime: user.authTime,
         amr: user.amr,
         sid: sessionSid(user, request.application.client_id),
+        resourceId: request.resource.id,
       });
       await recordAuditEvent(trx, {
         organizationId,
@@ -391,6 +398,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
           ...(request.identityScopes.length > 0 ? { identity_scopes: request.identityScopes.join(' ') } : {}),
           ...(granted.length < request.scopes.length ? { requested_scopes: request.scopes.join(' ') } : {}),
           ...(remembered ? { remembered: true } : {}),
+          ...(request.resource.id !== null ? { resource: request.resource.uri } : {}),
         },
       });
       return issued;
@@ -432,9 +440,9 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
 
   app.get('/oauth/authorize', async (req: FastifyRequest, reply) => {
     const raw = asRaw(req.query);
-    const target = await identifyClient(db, raw);
+    const target = await identifyClient(db, clientMetadata, raw, clientAddress(req));
     const user = await currentUser(db, config, req);
-    const request = validateRequest(config, target, raw);
+    const request = await validateRequest(config, resources, target, raw);
     if (!user) {
       // prompt=none: no page at all, so a signed-out user is login_required (OIDC Core §3.1.2.6).
       // (An invalid request says so only after sign-in, AZ-6, unless it asks for prompt=none alone.)
@@ -486,14 +494,14 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
 
   app.post('/oauth/authorize', async (req, reply) => {
     const raw = asRaw(req.body);
-    const target = await identifyClient(db, raw);
+    const target = await identifyClient(db, clientMetadata, raw, clientAddress(req));
     const user = await currentUser(db, config, req);
     if (!user) throw new ForbiddenError('Your session has ended. Go back to the application and start again.');
     const token = typeof raw.csrf_token === 'string' ? raw.csrf_token : undefined;
     if (!csrfTokenMatches(config, { session: user.sessionId }, token)) {
       throw new ForbiddenError('This form has expired or did not come from this site. Go back to the application and start again.');
     }
-    const request = validateRequest(config, target, raw);
+    const request = await validateRequest(config, resources, target, raw);
     if ('error' in request) return redirectError(reply, target.redirectUri, request);
 
     const decision = raw.decision;

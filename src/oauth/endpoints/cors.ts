@@ -13,7 +13,10 @@ export const CORS_PATHS: ReadonlySet<string> = new Set([
   '/.well-known/oauth-authorization-server',
   '/.well-known/openid-configuration',
   '/.well-known/jwks.json',
+  '/.well-known/oauth-protected-resource/api/v1',
   '/oauth/token',
+  '/oauth/device_authorization',
+  '/oauth/register',
   '/oauth/revoke',
   '/oauth/userinfo',
 ]);
@@ -22,7 +25,8 @@ const OPEN = {
   origin: '*',
   credentials: false,
   methods: ['GET', 'POST'],
-  allowedHeaders: ['Authorization', 'Content-Type', 'DPoP'],
+  // MCP clients send MCP-Protocol-Version with their discovery requests too.
+  allowedHeaders: ['Authorization', 'Content-Type', 'DPoP', 'MCP-Protocol-Version'],
   // A browser client must read why a token was refused (RFC 6750 §3) and, later, DPoP nonces.
   exposedHeaders: ['WWW-Authenticate', 'DPoP-Nonce'],
   maxAge: 600,

@@ -3,12 +3,16 @@
  * anything else is inactive to it.
  */
 import type { FastifyInstance } from 'fastify';
+import { InvalidClientError } from '../errors.js';
 import { clientAndToken } from '../helpers/client-token.js';
 import { type OAuthEndpointOptions, registerFormEndpoint } from '../helpers/form-endpoint.js';
 
 export async function introspectionEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
   await registerFormEndpoint(app, '/oauth/introspect', async (req) => {
-    const { application, found } = await clientAndToken(req, options);
+    const { application, method, found } = await clientAndToken(req, options);
+    // RFC 7662 §2.1: introspection is for authenticated callers (resource servers, confidential
+    // clients); a public client's client_id alone is no authentication (metadata: not offered).
+    if (method === 'none') throw new InvalidClientError({ cause: new Error('introspection needs client authentication') });
     if (!found) return { active: false };
     if (found.kind === 'refresh_token') {
       const t = found.token;

@@ -7,15 +7,20 @@ import type { FastifyInstance } from 'fastify';
 import { ACR_VALUES_SUPPORTED } from '../helpers/acr.js';
 import type { Config } from '../../config.js';
 import type { KeyStore } from '../models/key-store.js';
-import { SCOPES_SUPPORTED } from '../helpers/scopes.js';
+import { DATA_SCOPES, SCOPES_SUPPORTED } from '../helpers/scopes.js';
+import { API_RESOURCE_PATH, apiResource, apiResourceUri } from '../models/resources.js';
+import { DEVICE_CODE_GRANT } from '../../db/schema.js';
 import { CLAIMS_SUPPORTED } from '../models/id-tokens.js';
 
-export function authorizationServerMetadata(config: Pick<Config, 'issuer' | 'signingAlg'>) {
+export function authorizationServerMetadata(config: Pick<Config, 'issuer' | 'signingAlg' | 'clientRegistration'>) {
   const url = (path: string) => `${config.issuer}${path}`;
   return {
     issuer: config.issuer,
     authorization_endpoint: url('/oauth/authorize'),
     token_endpoint: url('/oauth/token'),
+    // RFC 7591: absent (never null) when registration is off.
+    ...(config.clientRegistration.mode !== 'off' ? { registration_endpoint: url('/oauth/register') } : {}),
+    device_authorization_endpoint: url('/oauth/device_authorization'),
     revocation_endpoint: url('/oauth/revoke'),
     introspection_endpoint: url('/oauth/introspect'),
     userinfo_endpoint: url('/oauth/userinfo'),
@@ -33,17 +38,42 @@ export function authorizationServerMetadata(config: Pick<Config, 'issuer' | 'sig
     request_uri_parameter_supported: false,
     claims_parameter_supported: false,
     prompt_values_supported: ['none', 'login', 'consent', 'select_account'],
-    grant_types_supported: ['authorization_code', 'refresh_token', 'client_credentials'],
-    token_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post'],
-    revocation_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post'],
+    grant_types_supported: ['authorization_code', 'refresh_token', 'client_credentials', DEVICE_CODE_GRANT],
+    // none: public clients that registered themselves (PKCE required of them).
+    token_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post', 'none'],
+    revocation_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post', 'none'],
     introspection_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post'],
+    // draft-ietf-oauth-client-id-metadata-document: an https client_id is the URL of its metadata.
+    client_id_metadata_document_supported: true,
     code_challenge_methods_supported: ['S256'],
     authorization_response_iss_parameter_supported: true,
   };
 }
 
+/**
+ * RFC 9728: orgauth's API as a protected resource — its identifier (the audience of its tokens),
+ * who issues them and how they are sent.
+ */
+export function apiResourceMetadata(config: Pick<Config, 'issuer' | 'accessTokenTtl'>) {
+  return {
+    resource: apiResourceUri(config),
+    authorization_servers: [config.issuer],
+    // What a client may ask a user for: the data scopes. The management scopes are the
+    // organization's own private applications' (client_credentials), never delegated (AD-1).
+    scopes_supported: DATA_SCOPES,
+    bearer_methods_supported: ['header'],
+    resource_name: apiResource(config).name,
+    resource_documentation: `${config.issuer}/docs`,
+  };
+}
+
 export async function metadataRoutes(app: FastifyInstance, { config, keys }: { config: Config; keys: KeyStore }): Promise<void> {
   const metadata = authorizationServerMetadata(config);
+  const resourceMetadata = apiResourceMetadata(config);
+  app.get(`/.well-known/oauth-protected-resource${API_RESOURCE_PATH}`, async (_req, reply) => {
+    reply.header('cache-control', 'public, max-age=3600');
+    return resourceMetadata;
+  });
   for (const path of ['/.well-known/oauth-authorization-server', '/.well-known/openid-configuration']) {
     app.get(path, async (_req, reply) => {
       reply.header('cache-control', 'public, max-age=3600');

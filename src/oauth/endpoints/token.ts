@@ -4,24 +4,33 @@
  * grant's handler, by grant_type.
  */
 import type { FastifyInstance } from 'fastify';
-import { UnsupportedGrantTypeError } from '../errors.js';
+import { UnauthorizedClientError, UnsupportedGrantTypeError } from '../errors.js';
+import { markClientUsed } from '../models/registrations.js';
 import { authorizationCode } from '../grants/authorization-code.js';
 import { clientCredentials } from '../grants/client-credentials.js';
+import { deviceCode } from '../grants/device-code.js';
 import { refreshToken } from '../grants/refresh-token.js';
 import type { GrantHandler } from '../grants/types.js';
 import { authenticatedForm, type OAuthEndpointOptions, registerFormEndpoint } from '../helpers/form-endpoint.js';
 import { requireParam } from '../helpers/params.js';
 
-const GRANTS: ReadonlyMap<string, GrantHandler> = new Map([authorizationCode, refreshToken, clientCredentials].map((g) => [g.grantType, g]));
+const GRANTS: ReadonlyMap<string, GrantHandler> = new Map([authorizationCode, refreshToken, clientCredentials, deviceCode].map((g) => [g.grantType, g]));
 
 export async function tokenEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
-  const { db, keys, revocations, config, clientGrants, metrics } = options;
+  const { db, keys, revocations, config, clientGrants, metrics, resources } = options;
   await registerFormEndpoint(app, '/oauth/token', async (req) => {
     const { body, client } = await authenticatedForm(req, options);
     const grant = GRANTS.get(requireParam(body, 'grant_type'));
     if (!grant) throw new UnsupportedGrantTypeError();
-    const issued = await grant.handle({ db, keys, revocations, config, clientGrants, metrics }, client, body);
+    // RFC 7591 §2: a public client uses the grant types it registered (a private one: client_credentials, checked by the grant).
+    const { application } = client;
+    if (application.type === 'public' && !(application.grant_types as readonly string[]).includes(grant.grantType)) {
+      throw new UnauthorizedClientError(`this client did not register the ${grant.grantType} grant type`);
+    }
+    const issued = await grant.handle({ db, keys, revocations, config, clientGrants, metrics, resources }, client, body);
     metrics.tokensIssued.inc({ grant_type: grant.grantType });
+    // A client that registered itself and got a token is in use: the reaper leaves it.
+    await markClientUsed(db, application);
     return issued;
   });
 }

@@ -1,20 +1,23 @@
-import { sql } from 'kysely';
+import { type RawBuilder, sql } from 'kysely';
 import { type DB, prepared } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
 import { generateSecret, sha256Hex } from '../../lib/crypto.js';
-import { UnauthorizedClientError, InvalidGrantError } from '../errors.js';
+import { UnauthorizedClientError, InvalidGrantError, InvalidTargetError } from '../errors.js';
+import { knownScopesOf } from '../helpers/scopes.js';
+import { isDeclaredScope, type TokenResource } from '../models/resources.js';
 import { requireParam } from '../helpers/params.js';
 import { PKCE_VALUE, s256, verifyPkce } from '../helpers/pkce.js';
-import { type GrantIdentity, userTokenResponse, type TokenContext } from './token-response.js';
+import { type GrantIdentity, redeemedTokenResponse, type TokenContext } from './token-response.js';
 import type { GrantHandler } from './types.js';
-import { membershipPermissionsSql, roleOf } from '../../accounts/roles.js';
-import { liveSuccessor } from '../models/grants.js';
+import { memberHoldsScopesSql, roleHoldsScope, roleOf } from '../../accounts/roles.js';
+import { grantWithRefreshTokenSql, liveSuccessor } from '../models/grants.js';
 
 /** The scopes the code's user may still grant: their role's permissions now (share-locked with the membership). */
-const MEMBER_PERMISSIONS = membershipPermissionsSql(sql`m.role`, sql`(select r.permissions from roles r where r.id = m.role_id for share)`);
+const MEMBER_HOLDS = (scopes: RawBuilder<string[]>) => memberHoldsScopesSql(scopes, sql`m.role`, sql`(select r.permissions from roles r where r.id = m.role_id for share)`);
 
 interface Redeemed extends GrantIdentity {
   grant_id: number;
+  resource_id: number | null;
   organization_id: number;
   organization_name: string;
   user_id: number;
@@ -26,6 +29,8 @@ interface Presented {
   code: string;
   redirectUri: string;
   verifier: string | undefined;
+  /** The resource the token request names (RFC 8707): the one the authorization was for, or invalid_target. */
+  resource: TokenResource | undefined;
 }
 
 /**
@@ -49,40 +54,31 @@ function expectedChallenge(verifier: string | undefined): string | null {
 async function redeemCode(db: DB, application: Application, presented: Presented, refreshToken: string, ttlSeconds: number): Promise<Redeemed | undefined> {
   const { rows } = await sql<Redeemed>`${prepared('redeem_code')}
     with found as (
-      select c.id, c.organization_id, c.user_id, c.scopes, c.identity_scopes, c.nonce, c.auth_time, c.sid, c.amr
+      select c.id, c.organization_id, c.user_id, c.scopes, c.identity_scopes, c.nonce, c.auth_time, c.sid, c.amr, c.resource_id
       from authorization_codes c
       where c.code_hash = ${sha256Hex(presented.code)} and c.application_id = ${application.id}
         and c.consumed_at is null and c.expires_at > now() and c.redirect_uri = ${presented.redirectUri}
         and c.code_challenge is not distinct from ${expectedChallenge(presented.verifier)}::text
+        and (${presented.resource === undefined}::boolean or c.resource_id is not distinct from ${presented.resource?.id ?? null}::integer)
         -- The application as it is now, not as cached: disabled or narrowed since, it gains no grant.
-        and exists (select 1 from applications a where a.id = c.application_id and not a.disabled and c.scopes <@ a.scopes)
+        and exists (select 1 from applications a where a.id = c.application_id and not a.disabled and ${knownScopesOf(sql`c.scopes`)} <@ a.scopes)
         -- An organization that requires two-step sign-in (as it is now) takes only codes of a two-factor sign-in.
         and ('mfa' = any(c.amr) or not (select o.require_mfa from organizations o where o.id = c.organization_id))
     ),
     member as (
       select m.organization_id from memberships m join found f on m.organization_id = f.organization_id and m.user_id = f.user_id
       -- The role as it is now: changed since consent (a role change locks the row; we then see the new one), it must still allow every scope.
-      where f.scopes <@ ${MEMBER_PERMISSIONS}
+      where ${MEMBER_HOLDS(sql`f.scopes`)}
       for share of m
     ),
     consumed as (
       update authorization_codes c set consumed_at = now(), grant_id = nextval(pg_get_serial_sequence('grants', 'id'))
       from found, member
       where c.id = found.id and c.consumed_at is null
-      returning c.grant_id, c.organization_id, c.user_id, c.scopes, c.identity_scopes, c.nonce, c.auth_time, c.sid, c.amr
+      returning c.grant_id, c.organization_id, c.user_id, c.scopes, c.identity_scopes, c.nonce, c.auth_time, c.sid, c.amr, c.resource_id
     ),
-    grant_row as (
-      insert into grants (id, organization_id, application_id, user_id, scopes, identity_scopes, auth_time, sid, amr, last_used_at) overriding system value
-      select grant_id, organization_id, ${application.id}, user_id, scopes, identity_scopes, auth_time, sid, amr, now() from consumed
-      returning id
-    ),
-    refresh as (
-      insert into refresh_tokens (token_hash, organization_id, grant_id, scopes, expires_at)
-      select ${sha256Hex(refreshToken)}, c.organization_id, c.grant_id, c.scopes, now() + make_interval(secs => ${ttlSeconds})
-      from consumed c join grant_row g on g.id = c.grant_id
-      returning id
-    )
-    select c.grant_id, c.organization_id, o.name as organization_name, c.user_id, c.scopes,
+    ${grantWithRefreshTokenSql(application.id, refreshToken, ttlSeconds)}
+    select c.grant_id, c.resource_id, c.organization_id, o.name as organization_name, c.user_id, c.scopes,
       c.identity_scopes, c.nonce, c.auth_time, c.sid, c.amr, u.email, u.name, u.email_verified_at is not null as email_verified
     from consumed c join organizations o on o.id = c.organization_id join users u on u.id = c.user_id
     where exists (select 1 from refresh)`.execute(db);
@@ -112,6 +108,7 @@ async function refusal(ctx: TokenContext, application: Application, presented: P
     return new InvalidGrantError('the authorization code was already used');
   }
   if (row.expired) return new InvalidGrantError('the authorization code expired');
+  if (presented.resource !== undefined && row.resource_id !== presented.resource.id) return new InvalidTargetError('resource is not the one the authorization was for');
   if (row.redirect_uri !== presented.redirectUri) return new InvalidGrantError('redirect_uri does not match the authorization request');
   if (row.code_challenge === null) {
     // PK-3: a verifier for a code issued without a challenge is a downgrade attempt.
@@ -124,7 +121,7 @@ async function refusal(ctx: TokenContext, application: Application, presented: P
     if (organization?.require_mfa) return new InvalidGrantError('the organization requires two-step sign-in, and the user signed in with one step; start a new authorization');
   }
   // The user may have left the organization, or the application lost scopes, since consent.
-  if (!row.scopes.every((s) => application.scopes.includes(s))) return new InvalidGrantError('the application may no longer use the scope granted');
+  if (!row.scopes.every((s) => isDeclaredScope(s) || application.scopes.includes(s))) return new InvalidGrantError('the application may no longer use the scope granted');
   const member = await ctx.db
     .selectFrom('memberships')
     .leftJoin('roles', 'roles.id', 'memberships.role_id')
@@ -133,8 +130,8 @@ async function refusal(ctx: TokenContext, application: Application, presented: P
     .where('memberships.user_id', '=', row.user_id)
     .executeTakeFirst();
   if (!member) return new InvalidGrantError('the user is no longer a member of the organization');
-  const allowed = roleOf(member).permissions as readonly string[];
-  if (!row.scopes.every((s) => allowed.includes(s))) return new InvalidGrantError("the user's role in the organization no longer allows the scope granted; start a new authorization");
+  const role = roleOf(member);
+  if (!row.scopes.every((s) => roleHoldsScope(role, s))) return new InvalidGrantError("the user's role in the organization no longer allows the scope granted; start a new authorization");
   return new InvalidGrantError('the authorization code could not be redeemed; start a new authorization');
 }
 
@@ -153,20 +150,15 @@ export const authorizationCode: GrantHandler = {
       // RFC 6749 §4.1.3: required here because /authorize requires it.
       redirectUri: requireParam(params, 'redirect_uri'),
       verifier: params.code_verifier,
+      resource: params.resource === undefined ? undefined : await ctx.resources.resolve(params.resource),
     };
     const signingKey = await ctx.keys.signingKey();
     const refreshToken = generateSecret(32);
     const redeemed = await redeemCode(ctx.db, application, presented, refreshToken, ctx.config.refreshTokenTtl);
     if (!redeemed) throw await refusal(ctx, application, presented);
-    return userTokenResponse(ctx, signingKey, {
-      grantId: redeemed.grant_id,
-      organizationId: redeemed.organization_id,
-      organizationName: redeemed.organization_name,
-      clientId: application.client_id,
-      userId: redeemed.user_id,
-      accessScopes: redeemed.scopes,
-      refreshToken,
-      identity: redeemed,
-    });
+    // Deleted since the code was issued: its grant went with it (on delete cascade).
+    const resource = await ctx.resources.byId(redeemed.resource_id);
+    if (!resource) throw new InvalidGrantError('the resource the authorization was for no longer exists');
+    return redeemedTokenResponse(ctx, signingKey, { clientId: application.client_id, redeemed, resource, refreshToken });
   },
 };

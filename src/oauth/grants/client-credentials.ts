@@ -1,7 +1,7 @@
 import { InvalidRequestError } from '../../errors.js';
 import { UnauthorizedClientError } from '../errors.js';
 import { parseCanonicalId, requireParam } from '../helpers/params.js';
-import { grantableScopes } from '../helpers/scopes.js';
+import { resourceScopes } from '../models/resources.js';
 import { issueClientToken } from './token-response.js';
 import type { GrantHandler } from './types.js';
 
@@ -16,6 +16,9 @@ export const clientCredentials: GrantHandler = {
     const organizationId = parseCanonicalId(requireParam(params, 'organization_id'));
     if (organizationId === undefined) throw new InvalidRequestError('organization_id must be a positive integer');
     if (organizationId !== application.organization_id) throw new InvalidRequestError("organization_id must be the application's organization");
-    return issueClientToken(ctx, application, grantableScopes(params.scope, application.scopes));
+    // RFC 8707: a token for the named resource, with scopes it lists (the organization acting for
+    // itself holds a resource's declared scopes, as its owners and admins do).
+    const resource = await ctx.resources.resolve(params.resource);
+    return issueClientToken(ctx, application, resourceScopes(params.scope, resource, application), resource);
   },
 };

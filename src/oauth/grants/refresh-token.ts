@@ -2,19 +2,22 @@ import { sql } from 'kysely';
 import { type DB, prepared } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
 import { generateSecret, sha256Hex } from '../../lib/crypto.js';
-import { UnauthorizedClientError, InvalidGrantError, InvalidScopeError } from '../errors.js';
+import { UnauthorizedClientError, InvalidGrantError, InvalidScopeError, InvalidTargetError } from '../errors.js';
+import { isDeclaredScope, type TokenResource } from '../models/resources.js';
 import { findRefreshToken } from '../models/refresh-tokens.js';
 import { type Params, requireParam } from '../helpers/params.js';
 import { type GrantIdentity, userTokenResponse, type TokenContext } from './token-response.js';
 import { isIdentityScope } from '../helpers/scopes.js';
 import type { GrantHandler } from './types.js';
-import { membershipPermissionsSql, narrowMemberGrants } from '../../accounts/roles.js';
+import { DECLARED_SCOPE_HOLDERS, memberHoldsScopesSql, membershipPermissionsSql, narrowMemberGrants } from '../../accounts/roles.js';
 
 /** The permissions of membership `m` now; the grant's narrowing locks what it changes, so no lock here. */
-const MEMBER_PERMISSIONS = membershipPermissionsSql(sql`m.role`, sql`(select rr.permissions from roles rr where rr.id = m.role_id)`);
+const CUSTOM_PERMISSIONS = sql<string[] | null>`(select rr.permissions from roles rr where rr.id = m.role_id)`;
+const MEMBER_PERMISSIONS = membershipPermissionsSql(sql`m.role`, CUSTOM_PERMISSIONS);
 
 interface Rotated extends GrantIdentity {
   grant_id: number;
+  resource_id: number | null;
   organization_id: number;
   organization_name: string;
   user_id: number;
@@ -34,20 +37,20 @@ interface Rotated extends GrantIdentity {
  */
 async function rotateRefreshToken(
   db: DB,
-  input: { presented: string; applicationId: number; asked: Asked | null; successor: string; ttlSeconds: number },
+  input: { presented: string; applicationId: number; asked: Asked | null; resource: TokenResource | undefined; successor: string; ttlSeconds: number },
 ): Promise<Rotated | undefined> {
   const asked = input.asked === null ? null : [...input.asked.scopes];
   const askedIdentity = input.asked === null ? null : [...input.asked.identity];
   const { rows } = await sql<Rotated>`${prepared('rotate_refresh_token')}
     with t as (
-      select r.id, r.grant_id, r.organization_id, r.scopes, g.user_id, g.identity_scopes, g.auth_time, g.sid, g.amr
+      select r.id, r.grant_id, r.organization_id, r.scopes, g.user_id, g.identity_scopes, g.auth_time, g.sid, g.amr, g.resource_id
       from refresh_tokens r
       join grants g on g.id = r.grant_id and g.organization_id = r.organization_id
       join memberships m on m.organization_id = r.organization_id and m.user_id = g.user_id
       where r.token_hash = ${sha256Hex(input.presented)}
         -- The user's role allows all of it now (a role that lost a permission is narrowing its
         -- members' grants, and may not have reached this one yet).
-        and r.scopes <@ ${MEMBER_PERMISSIONS}
+        and ${memberHoldsScopesSql(sql`r.scopes`, sql`m.role`, CUSTOM_PERMISSIONS)}
         -- "+ 0": the grant is reached by its key from the token, never by the application's
         -- grants. Planned with its values (unnamed statements, as behind PgBouncer) and stale
         -- statistics (an application whose 200,000 grants came after the last ANALYZE looks
@@ -57,6 +60,8 @@ async function rotateRefreshToken(
         and r.rotated_at is null and r.revoked_at is null and r.expires_at > now() and g.revoked_at is null
         and (${asked}::text[] is null or r.scopes @> ${asked}::text[])
         and (${askedIdentity}::text[] is null or g.identity_scopes @> ${askedIdentity}::text[])
+        -- RFC 8707: a refresh names the grant's resource or none; it keeps the audience.
+        and (${input.resource === undefined}::boolean or g.resource_id is not distinct from ${input.resource?.id ?? null}::integer)
         -- An organization that requires two-step sign-in refreshes only grants of a two-factor sign-in.
         and ('mfa' = any(g.amr) or not (select o.require_mfa from organizations o where o.id = r.organization_id))
     ),
@@ -77,7 +82,7 @@ async function rotateRefreshToken(
       from t join retired on retired.id = t.id
       returning id
     )
-    select t.grant_id, t.organization_id, o.name as organization_name, t.user_id, t.scopes,
+    select t.grant_id, t.resource_id, t.organization_id, o.name as organization_name, t.user_id, t.scopes,
       t.identity_scopes, t.auth_time, t.sid, t.amr, u.email, u.name, u.email_verified_at is not null as email_verified
     from t join organizations o on o.id = t.organization_id join users u on u.id = t.user_id
     where exists (select 1 from successor)`.execute(db);
@@ -93,10 +98,20 @@ async function rotateRefreshToken(
  * members are narrowed in batches, or the narrowing was interrupted): `narrow` names whose
  * grants to narrow first (narrowMemberGrants).
  */
-async function refusal(ctx: TokenContext, application: Application, presented: string, asked: Asked | null): Promise<Error | 'retry' | { narrow: { organizationId: number; userId: number } }> {
+async function refusal(
+  ctx: TokenContext,
+  application: Application,
+  presented: string,
+  asked: Asked | null,
+  resource: TokenResource | undefined,
+): Promise<Error | 'retry' | { narrow: { organizationId: number; userId: number } }> {
   const token = await findRefreshToken(ctx.db, presented);
   // RT-1: another client's refresh token is as good as unknown to this one.
   if (!token || token.application_id !== application.id || token.user_id === null) return new InvalidGrantError();
+  if (resource !== undefined) {
+    const grant = await ctx.db.selectFrom('grants').select('resource_id').where('id', '=', token.grant_id).executeTakeFirst();
+    if (grant && grant.resource_id !== resource.id) return new InvalidTargetError('resource is not the one the refresh token was issued for');
+  }
   if (token.revoked_at !== null || token.grant_revoked_at !== null) return new InvalidGrantError('the refresh token was revoked');
   if (token.expired) return new InvalidGrantError('the refresh token expired');
   if (token.rotated_at !== null) {
@@ -118,13 +133,14 @@ async function refusal(ctx: TokenContext, application: Application, presented: s
   }
   const member = await ctx.db
     .selectFrom('memberships as m')
-    .select(MEMBER_PERMISSIONS.as('permissions'))
+    .select([MEMBER_PERMISSIONS.as('permissions'), 'm.role'])
     .where('m.organization_id', '=', token.organization_id)
     .where('m.user_id', '=', token.user_id)
     .executeTakeFirst();
   // No longer a member: the removal is revoking the grant.
   if (!member) return new InvalidGrantError('the refresh token was revoked');
-  return token.scopes.every((s) => member.permissions.includes(s)) ? 'retry' : { narrow: { organizationId: token.organization_id, userId: token.user_id } };
+  const holds = (s: string) => (isDeclaredScope(s) ? DECLARED_SCOPE_HOLDERS.has(member.role) : member.permissions.includes(s));
+  return token.scopes.every(holds) ? 'retry' : { narrow: { organizationId: token.organization_id, userId: token.user_id } };
 }
 
 /** A refresh request's `scope`: the scopes of data and the OpenID scopes asked for. */
@@ -157,21 +173,27 @@ export const refreshToken: GrantHandler = {
     if (application.type !== 'public') throw new UnauthorizedClientError('this grant type is for public applications');
     const presented = requireParam(params, 'refresh_token');
     const asked = askedScopes(params);
+    const named = params.resource === undefined ? undefined : await ctx.resources.resolve(params.resource);
     const signingKey = await ctx.keys.signingKey();
     const successor = generateSecret(32);
-    const rotate = () => rotateRefreshToken(ctx.db, { presented, applicationId: application.id, asked, successor, ttlSeconds: ctx.config.refreshTokenTtl });
+    const rotate = () => rotateRefreshToken(ctx.db, { presented, applicationId: application.id, asked, resource: named, successor, ttlSeconds: ctx.config.refreshTokenTtl });
     let rotated = await rotate();
     if (!rotated) {
-      const refused = await refusal(ctx, application, presented, asked);
+      const refused = await refusal(ctx, application, presented, asked, named);
       if (refused instanceof Error) throw refused;
       if (refused !== 'retry') await narrowMemberGrants(ctx.db, refused.narrow.organizationId, refused.narrow.userId, { revocations: ctx.revocations });
       rotated = await rotate();
       if (!rotated) {
         // Narrowed to nothing (the role allows none of it), or a concurrent refresh or revocation got there first.
-        const again = await refusal(ctx, application, presented, asked);
+        const again = await refusal(ctx, application, presented, asked, named);
         throw again instanceof Error ? again : new InvalidGrantError('the refresh token was already used');
       }
     }
+    // The grant's resource, as it is now: deleted since, the grant went with it; its scopes narrowed
+    // since, the access token gets only what it still lists.
+    const resource = await ctx.resources.byId(rotated.resource_id);
+    if (!resource) throw new InvalidGrantError('the resource the grant was for no longer exists');
+    const scopes = (asked === null ? rotated.scopes : rotated.scopes.filter((s) => asked.scopes.includes(s))).filter((s) => resource.id === null || resource.scopes.includes(s));
     return userTokenResponse(ctx, signingKey, {
       grantId: rotated.grant_id,
       organizationId: rotated.organization_id,
@@ -179,7 +201,8 @@ export const refreshToken: GrantHandler = {
       clientId: application.client_id,
       userId: rotated.user_id,
       // The new refresh token keeps the old one's scope (RFC 6749 §6); the access token may be narrower.
-      accessScopes: asked === null ? rotated.scopes : rotated.scopes.filter((s) => asked.scopes.includes(s)),
+      accessScopes: scopes,
+      resource,
       refreshToken: successor,
       // OIDC Core §12.2: a new ID token with the same sub and auth_time (and sid), without a nonce.
       identity: { ...rotated, identity_scopes: asked === null ? rotated.identity_scopes : rotated.identity_scopes.filter((s) => asked.identity.includes(s)), nonce: null },

@@ -1,8 +1,10 @@
 import type { Config } from '../../config.js';
 import type { DB } from '../../db/connect.js';
-import type { Application } from '../../db/schema.js';
+import { type Application, isDeveloperApplication } from '../../db/schema.js';
+import { UnauthorizedClientError } from '../errors.js';
 import { signAccessToken } from '../models/access-tokens.js';
 import { signIdToken } from '../models/id-tokens.js';
+import { apiResource, type ResourceRegistry, type TokenResource } from '../models/resources.js';
 import { IDENTITY_SCOPES } from '../helpers/scopes.js';
 import type { ClientGrants } from '../models/client-grants.js';
 import type { KeyStore, SigningKeyMaterial } from '../models/key-store.js';
@@ -48,6 +50,7 @@ export interface SigningContext {
 export interface TokenContext extends SigningContext {
   revocations: RevocationList;
   metrics: Metrics;
+  resources: ResourceRegistry;
   config: Pick<Config, 'issuer' | 'accessTokenTtl' | 'refreshTokenTtl' | 'refreshReuseGrace'>;
 }
 
@@ -66,6 +69,8 @@ export async function userTokenResponse(
     clientId: string;
     userId: number;
     accessScopes: readonly string[];
+    /** What the access token is for (RFC 8707); the refresh token stays with the grant, and so with it. */
+    resource: TokenResource;
     refreshToken: string;
     /** The grant's OpenID side; `nonce` only on the code's redemption. */
     identity: GrantIdentity & { nonce: string | null };
@@ -80,6 +85,7 @@ export async function userTokenResponse(
     scopes,
     organizationId: input.organizationId,
     grantId: input.grantId,
+    resource: input.resource,
   });
   const organization = { id: input.organizationId, name: input.organizationName };
   const idToken = identityScopes.includes('openid')
@@ -97,7 +103,7 @@ export async function userTokenResponse(
     : undefined;
   return {
     token_type: 'Bearer',
-    expires_in: ctx.config.accessTokenTtl,
+    expires_in: input.resource.accessTokenTtl,
     access_token: token,
     refresh_token: input.refreshToken,
     scope: scopes.join(' '),
@@ -107,12 +113,44 @@ export async function userTokenResponse(
   };
 }
 
+/** A grant just made by redeeming a code (an authorization code, an approved device code), as the redeeming statement returns it. */
+export interface RedeemedGrant extends GrantIdentity {
+  grant_id: number;
+  organization_id: number;
+  organization_name: string;
+  user_id: number;
+  scopes: string[];
+  nonce: string | null;
+}
+
+/** The first tokens of a redeemed grant: for its resource, with the scopes the resource lists now (one it dropped since the consent is not issued). */
+export function redeemedTokenResponse(
+  ctx: Pick<TokenContext, 'config'>,
+  signingKey: SigningKeyMaterial,
+  input: { clientId: string; redeemed: RedeemedGrant; resource: TokenResource; refreshToken: string },
+): Promise<TokenResponse> {
+  const { redeemed, resource } = input;
+  return userTokenResponse(ctx, signingKey, {
+    grantId: redeemed.grant_id,
+    organizationId: redeemed.organization_id,
+    organizationName: redeemed.organization_name,
+    clientId: input.clientId,
+    userId: redeemed.user_id,
+    accessScopes: redeemed.scopes.filter((s) => resource.id === null || resource.scopes.includes(s)),
+    resource,
+    refreshToken: input.refreshToken,
+    identity: redeemed,
+  });
+}
+
 /**
  * A private application's token for its own organization: what the client_credentials grant,
  * `orgauth token create` and the dashboard's "Generate Token" all return. No refresh token; the
  * grant is the application's own, shared by all its tokens (see client-grants.ts).
  */
-export async function issueClientToken(ctx: SigningContext, application: Application, scopes: readonly string[]): Promise<TokenResponse> {
+export async function issueClientToken(ctx: SigningContext, application: Application, scopes: readonly string[], resource: TokenResource = apiResource(ctx.config)): Promise<TokenResponse> {
+  // Only an organization's own applications act for it; a self-registered client has none.
+  if (!isDeveloperApplication(application)) throw new UnauthorizedClientError('this client belongs to no organization');
   const grant = await ctx.clientGrants.forApplication(application, scopes);
   const signingKey = await ctx.keys.signingKey();
   const { token } = await signAccessToken(signingKey, ctx.config, {
@@ -121,10 +159,11 @@ export async function issueClientToken(ctx: SigningContext, application: Applica
     scopes,
     organizationId: application.organization_id,
     grantId: grant.id,
+    resource,
   });
   return {
     token_type: 'Bearer',
-    expires_in: ctx.config.accessTokenTtl,
+    expires_in: resource.accessTokenTtl,
     access_token: token,
     scope: scopes.join(' '),
     organization_id: application.organization_id,

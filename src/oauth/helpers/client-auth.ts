@@ -8,13 +8,14 @@ import type { Application } from '../../db/schema.js';
 import { InvalidRequestError } from '../../errors.js';
 import { secretMatches } from '../../lib/crypto.js';
 import type { FindApplication } from '../models/application-cache.js';
-import { CLIENT_ID_PATTERN } from '../models/applications.js';
+import { CLIENT_ID_PATTERN, isClientIdShape } from '../models/applications.js';
 import { FailureThrottle } from '../../lib/throttle.js';
 import { InvalidClientError, TooManyAttemptsError } from '../errors.js';
 import type { Params } from './params.js';
 
 
-export type ClientAuthMethod = 'client_secret_basic' | 'client_secret_post';
+/** How the client authenticated; `none`: a public client without a secret (RFC 7591 §2), identified by client_id alone. */
+export type ClientAuthMethod = 'client_secret_basic' | 'client_secret_post' | 'none';
 
 export interface AuthenticatedClient {
   application: Application;
@@ -65,12 +66,29 @@ export async function authenticateClient(
     clientId = body.client_id;
     secret = body.client_secret;
     method = 'client_secret_post';
+  } else if (body.client_id !== undefined) {
+    // A public client without a secret: only one registered with token_endpoint_auth_method
+    // none, which gets nothing without PKCE (its codes) or its device code.
+    clientId = body.client_id;
+    secret = '';
+    method = 'none';
   } else {
     throw new InvalidClientError({ cause: new Error('no client credentials') });
   }
 
   // Not one of our client ids: no throttle entry, no query (and no unbounded keys in memory).
-  if (!CLIENT_ID_PATTERN.test(clientId)) throw new InvalidClientError({ cause: new Error('malformed client_id') });
+  if (!isClientIdShape(clientId)) throw new InvalidClientError({ cause: new Error('malformed client_id') });
+  // A metadata document's client has no secret, ever: one sent for it is refused before any
+  // lookup, and leaves nothing in the throttle (whose keys would be URLs of 2,000 characters).
+  if (method !== 'none' && !CLIENT_ID_PATTERN.test(clientId)) throw new InvalidClientError({ cause: new Error('a secret for a client that has none') });
+  if (method === 'none') {
+    const application = await findApplication(clientId);
+    if (!application || application.disabled || application.token_endpoint_auth_method !== 'none') {
+      const reason = !application ? 'unknown client_id' : application.disabled ? 'application disabled' : 'no client secret sent';
+      throw new InvalidClientError({ cause: new Error(reason) });
+    }
+    return { application, method };
+  }
   // Keyed by client and address: guessing from one address is slowed, while failures from
   // elsewhere cannot lock the real client out (its client_id is public).
   const throttleKey = `${clientId}:${request.ip}`;

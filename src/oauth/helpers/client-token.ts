@@ -6,6 +6,7 @@ import type { FastifyRequest } from 'fastify';
 import type { Application } from '../../db/schema.js';
 import { type AccessTokenClaims, InvalidTokenError, verifyAccessToken } from '../models/access-tokens.js';
 import { findRefreshToken } from '../models/refresh-tokens.js';
+import type { ClientAuthMethod } from './client-auth.js';
 import { authenticatedForm, type OAuthEndpointOptions } from './form-endpoint.js';
 import { requireParam } from './params.js';
 
@@ -18,7 +19,7 @@ async function findClientToken(options: OAuthEndpointOptions, client: Applicatio
   if (token.length > 4096) return undefined;
   if (token.split('.').length === 3) {
     try {
-      const claims = await verifyAccessToken(options.keys, options.config, token);
+      const claims = await verifyAccessToken(options.keys, options.config, token, 'any');
       return claims.client_id === client.client_id ? { kind: 'access_token', claims } : undefined;
     } catch (err) {
       if (err instanceof InvalidTokenError) return undefined;
@@ -30,8 +31,11 @@ async function findClientToken(options: OAuthEndpointOptions, client: Applicatio
 }
 
 /** Both endpoints: authenticate the client, then find the `token` parameter among its tokens. */
-export async function clientAndToken(req: FastifyRequest, options: OAuthEndpointOptions): Promise<{ application: Application; found: Found | undefined }> {
+export async function clientAndToken(
+  req: FastifyRequest,
+  options: OAuthEndpointOptions,
+): Promise<{ application: Application; method: ClientAuthMethod; found: Found | undefined }> {
   const { body, client } = await authenticatedForm(req, options);
-  return { application: client.application, found: await findClientToken(options, client.application, requireParam(body, 'token')) };
+  return { application: client.application, method: client.method, found: await findClientToken(options, client.application, requireParam(body, 'token')) };
 }
 

@@ -12,6 +12,7 @@ import type { Metrics } from '../../metrics.js';
 import type { ApplicationCache } from '../models/application-cache.js';
 import type { ClientGrants } from '../models/client-grants.js';
 import type { KeyStore } from '../models/key-store.js';
+import type { ResourceRegistry } from '../models/resources.js';
 import type { RevocationList } from '../models/revocation-list.js';
 import { type AuthenticatedClient, authenticateClient } from './client-auth.js';
 import { type Params, readParams } from './params.js';
@@ -27,6 +28,7 @@ export interface OAuthEndpointOptions {
   applications: ApplicationCache;
   clientGrants: ClientGrants;
   metrics: Metrics;
+  resources: ResourceRegistry;
 }
 
 /** RFC 6749 §5.1: token responses (and errors) are never cached. */

@@ -5,7 +5,7 @@ const LOOPBACK_HOSTS = new Set(['localhost', '127.0.0.1', '[::1]']);
 
 /**
  * Why a redirect URI may not be registered, or null when it may (OAuth 2.1 §2.3, RFC 9700 §2.1):
- * absolute, no fragment, no user info, https — or http for loopback hosts only. The string is
+ * absolute, no fragment, no wildcard, no user info, https — or http for loopback hosts only. The string is
  * stored as written and later compared byte for byte, so nothing here normalizes it.
  */
 export function redirectUriProblem(value: string): string | null {
@@ -16,6 +16,8 @@ export function redirectUriProblem(value: string): string | null {
   if (!URL.canParse(value)) return 'must be an absolute URL';
   const url = new URL(value);
   if (value.includes('#')) return 'must not contain a fragment';
+  // Matching is exact, so a `*` would never match as a wildcard; refused so nobody thinks it does.
+  if (value.includes('*')) return 'must not contain a wildcard (*)';
   if (url.username !== '' || url.password !== '' || /^[a-z][a-z0-9+.-]*:\/\/[^/?]*@/i.test(value)) return 'must not contain user info';
   if (url.protocol === 'https:') return null;
   if (url.protocol === 'http:') {
@@ -53,4 +55,20 @@ export function redirectLocation(redirectUri: string, params: Record<string, str
   const base = redirectUri.replace(/[^\x21-\x7e]/gu, (c) => encodeURIComponent(c));
   const added = query.toString();
   return added === '' ? base : `${base}${separator}${added}`;
+}
+
+/**
+ * Whether a request's redirect_uri is the registered one: byte for byte (RFC 9700 §2.1), except
+ * that for an http loopback URI the port is not compared (RFC 8252 §7.3: a native app listens on
+ * whatever port the system gives it). Everything else, the path and query included, must match.
+ */
+export function redirectUriMatches(registered: string, presented: string): boolean {
+  if (registered === presented) return true;
+  if (!registered.startsWith('http://') || !presented.startsWith('http://') || !URL.canParse(registered) || !URL.canParse(presented)) return false;
+  const a = new URL(registered);
+  const b = new URL(presented);
+  if (!LOOPBACK_HOSTS.has(a.hostname) || a.hostname !== b.hostname) return false;
+  // Compared as written apart from the port: the authority is rewritten without it, nothing else is normalized.
+  const withoutPort = (value: string, url: URL) => value.replace(`//${url.host}`, `//${url.hostname}`);
+  return withoutPort(registered, a) === withoutPort(presented, b) && /^http:\/\/(localhost|127\.0\.0\.1|\[::1\])(:[0-9]{1,5})?(\/|\?|$)/.test(presented);
 }

@@ -1,3 +1,4 @@
+import { type RawBuilder, sql } from 'kysely';
 import type { ApplicationType } from '../../db/schema.js';
 import { InvalidRequestError } from '../../errors.js';
 import { InvalidScopeError } from '../errors.js';
@@ -82,30 +83,37 @@ export function scopesForType(type: ApplicationType): readonly Scope[] {
 
 /** Whether an application of this type may hold `scope`. */
 export function mayHold(type: ApplicationType, scope: string): boolean {
-  return HOLDABLE[type].has(scope);
+  // A declared scope (not orgauth's) reaches here only for a private application (applicationScopes).
+  return HOLDABLE[type].has(scope) || (type === 'private' && !isKnownScope(scope));
 }
 
 /**
  * Parses a space-separated scope string (RFC 6749 §3.3) or a list of them into a de-duplicated
  * list in canonical order. Unknown scopes are an InvalidRequestError naming them.
  */
-export function parseScopes(input: string | readonly string[]): Scope[] {
+export function parseScopes(input: string | readonly string[], declared: ReadonlySet<string> = NONE_DECLARED): string[] {
   const words = (typeof input === 'string' ? [input] : input).flatMap((s) => s.split(/[ \t\n\r]+/)).filter((s) => s !== '');
-  const unknown = words.filter((w) => !isKnownScope(w));
+  const unknown = words.filter((w) => !isKnownScope(w) && !declared.has(w));
   if (unknown.length > 0) {
     throw new InvalidRequestError(`unknown scope ${unknown.map((s) => JSON.stringify(s.slice(0, 40))).join(', ')}; known scopes: ${KNOWN_SCOPES.join(' ')}`, {
       details: [{ path: 'scopes', message: `unknown scope ${unknown.map((s) => JSON.stringify(s.slice(0, 40))).join(', ')}` }],
     });
   }
-  return KNOWN_SCOPES.filter((s) => words.includes(s));
+  // orgauth's own in canonical order, then the declared ones in the order given.
+  return [...KNOWN_SCOPES.filter((s) => words.includes(s)), ...[...new Set(words)].filter((w) => declared.has(w) && !isKnownScope(w))];
 }
+
+const NONE_DECLARED: ReadonlySet<string> = new Set();
 
 /**
  * The scopes an application of `type` is registered with: `input` parsed (data scopes when
- * omitted), at least one, and for a public application no management scope (AD-1).
+ * omitted), at least one, and for a public application no management scope (AD-1). A private
+ * application may also list scopes the registered resources declare (`declared`): those bound
+ * what it gets for itself (client_credentials) at a resource. A public application's users
+ * decide that at consent, so it lists none.
  */
-export function applicationScopes(type: ApplicationType, input: string | readonly string[] | undefined): Scope[] {
-  const scopes = input === undefined ? [...DATA_SCOPES] : parseScopes(input);
+export function applicationScopes(type: ApplicationType, input: string | readonly string[] | undefined, declared: ReadonlySet<string> = NONE_DECLARED): string[] {
+  const scopes = input === undefined ? [...DATA_SCOPES] : parseScopes(input, type === 'private' ? declared : NONE_DECLARED);
   if (scopes.length === 0) throw new InvalidRequestError('scopes: at least one scope is required', { details: [{ path: 'scopes', message: 'at least one scope is required' }] });
   const refused = scopes.filter((s) => !mayHold(type, s));
   if (refused.length > 0) {
@@ -143,4 +151,15 @@ export function grantableScopes(requested: string | undefined, allowed: readonly
     );
   }
   return KNOWN_SCOPES.filter((s) => words.includes(s));
+}
+
+/** orgauth's own scope names as a SQL array literal. */
+export const KNOWN_SCOPES_SQL = sql.raw(`array[${KNOWN_SCOPES.map((s) => `'${s}'`).join(',')}]::text[]`);
+
+/**
+ * The names of orgauth's own vocabulary among `scopes` (SQL): what an application's registered
+ * scopes bound. A resource's declared names are bounded by the resource, consent and role instead.
+ */
+export function knownScopesOf(scopes: RawBuilder<string[]>): RawBuilder<string[]> {
+  return sql<string[]>`array(select s from unnest(${scopes}) s where s = any(${KNOWN_SCOPES_SQL}))`;
 }

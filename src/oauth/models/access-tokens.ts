@@ -12,11 +12,13 @@ import { type KeyStore, type SigningKeyMaterial, signJws } from './key-store.js'
 import type { FindApplication } from './application-cache.js';
 import type { Application } from '../../db/schema.js';
 import { isIdentityScope } from '../helpers/scopes.js';
+import { apiResourceUri, LEGACY_API_PATH, type TokenResource } from './resources.js';
 
 export const ACCESS_TOKEN_TYPE = 'at+jwt';
 export const CLOCK_TOLERANCE_S = 60;
 
-export const apiAudience = (config: Pick<Config, 'issuer'>): string => `${config.issuer}/api`;
+/** The audiences orgauth's API accepts: its resource URI, and the one tokens carried before resources (RFC 8707) existed. */
+export const apiAudiences = (config: Pick<Config, 'issuer'>): string[] => [apiResourceUri(config), `${config.issuer}${LEGACY_API_PATH}`];
 
 export interface AccessTokenInput {
   /** The user id, or the client_id when the application acts for itself. */
@@ -25,6 +27,8 @@ export interface AccessTokenInput {
   scopes: readonly string[];
   organizationId: number;
   grantId: number;
+  /** What the token is for: its `aud` and lifetime. */
+  resource: Pick<TokenResource, 'uri' | 'accessTokenTtl'>;
 }
 
 const claimsSchema = z.object({
@@ -62,13 +66,13 @@ export class InvalidTokenError extends AppError {
  */
 export async function signAccessToken(
   signingKey: SigningKeyMaterial,
-  config: Pick<Config, 'issuer' | 'accessTokenTtl'>,
+  config: Pick<Config, 'issuer'>,
   input: AccessTokenInput,
 ): Promise<{ token: string; claims: AccessTokenClaims }> {
   const iat = Math.floor(Date.now() / 1000);
   const claims: AccessTokenClaims = {
     iss: config.issuer,
-    aud: apiAudience(config),
+    aud: input.resource.uri,
     sub: input.subject,
     client_id: input.clientId,
     scope: input.scopes.join(' '),
@@ -76,14 +80,19 @@ export async function signAccessToken(
     grant_id: input.grantId,
     jti: randomUUID(),
     iat,
-    exp: iat + config.accessTokenTtl,
+    exp: iat + input.resource.accessTokenTtl,
   };
   const token = await signJws(signingKey, signingKey.header, claims);
   return { token, claims };
 }
 
-/** Verifies signature, header and claims; throws InvalidTokenError with the reason otherwise. */
-export async function verifyAccessToken(keys: KeyStore, config: Pick<Config, 'issuer'>, token: string): Promise<AccessTokenClaims> {
+/**
+ * Verifies signature, header and claims; throws InvalidTokenError with the reason otherwise.
+ * `audience`: orgauth's API by default (the API refuses a token for any other resource); 'any'
+ * for the revocation and introspection endpoints, which answer for every token this server
+ * signed, whatever resource it is for.
+ */
+export async function verifyAccessToken(keys: KeyStore, config: Pick<Config, 'issuer'>, token: string, audience: string[] | 'any' = apiAudiences(config)): Promise<AccessTokenClaims> {
   let payload: unknown;
   try {
     ({ payload } = await jwtVerify(
@@ -100,7 +109,8 @@ export async function verifyAccessToken(keys: KeyStore, config: Pick<Config, 'is
         algorithms: [...SIGNING_ALGS],
         typ: ACCESS_TOKEN_TYPE,
         issuer: config.issuer,
-        audience: apiAudience(config),
+        // A token for another resource is refused here (RFC 8707, AG-2).
+        ...(audience === 'any' ? {} : { audience }),
         requiredClaims: ['iat', 'exp', 'jti', 'sub'],
         clockTolerance: CLOCK_TOLERANCE_S,
       },

@@ -4,13 +4,14 @@ import { z } from 'zod';
 import { type Actor, recordAuditEvent } from '../../audit/events.js';
 import { type DB, inTransaction } from '../../db/connect.js';
 import { isForeignKeyViolation } from '../../db/errors.js';
-import type { Application, ApplicationType, RevocationReason } from '../../db/schema.js';
+import type { Application, ApplicationType, DeveloperApplication, RevocationReason } from '../../db/schema.js';
 import { NotFoundError } from '../../errors.js';
 import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { isWellFormed, parseInput } from '../../lib/validate.js';
 import { redirectUriListSchema } from '../helpers/redirect-uris.js';
 import { revokeGrants, type RevokedGrantsMemory } from './grants.js';
-import { applicationScopes } from '../helpers/scopes.js';
+import { applicationScopes, knownScopesOf } from '../helpers/scopes.js';
+import { declaredScopeNames } from './resources.js';
 
 // Validated under the names clients send (API bodies, CLI JSON), so that error details name them.
 const nameSchema = z
@@ -82,18 +83,29 @@ export interface ApplicationWithSecret {
   scopes: string[];
 }
 
-/** What every client id looks like (see newClientId): anything else is no client of ours. */
+/** What every client id we issue looks like (see newClientId). */
 export const CLIENT_ID_PATTERN = /^[0-9a-f]{32}$/;
+/** The longest client ID metadata document URL we look at. */
+export const MAX_CLIENT_ID_URL_LENGTH = 2000;
+
+/**
+ * Whether `clientId` could name a client of ours: one we issued, or the https URL of a client ID
+ * metadata document. Anything else is answered without a query (and without a throttle entry).
+ */
+export function isClientIdShape(clientId: string): boolean {
+  return CLIENT_ID_PATTERN.test(clientId) || (clientId.startsWith('https://') && clientId.length <= MAX_CLIENT_ID_URL_LENGTH && !/[\s\x00-\x1f\x7f]/.test(clientId));
+}
 
 /**
  * 128 random bits in hex: public, but unguessable, and safe wherever it goes (a URL, a Basic
  * header, a shell argument: base64url could start with "-" and read as an option).
  */
-function newClientId(): string {
+export function newClientId(): string {
   return randomBytes(16).toString('hex');
 }
 
-function newClientSecret(): { secret: string; hash: string } {
+/** A new client secret and the SHA-256 digest the database keeps of it. */
+export function newClientSecret(): { secret: string; hash: string } {
   const secret = generateSecret(32);
   return { secret, hash: sha256Hex(secret) };
 }
@@ -112,7 +124,7 @@ export async function createApplication(db: DB, input: NewApplicationInput): Pro
     require_pkce: input.requirePkce,
   });
   parseInput(shapeSchema, app);
-  const scopes = applicationScopes(app.type, input.scopes);
+  const scopes = applicationScopes(app.type, input.scopes, app.type === 'private' ? await declaredScopeNames(db) : undefined);
   const { secret, hash } = newClientSecret();
   try {
     return await inTransaction(db, async (trx) => {
@@ -128,9 +140,11 @@ export async function createApplication(db: DB, input: NewApplicationInput): Pro
           post_logout_redirect_uris: app.post_logout_redirect_uris,
           scopes,
           require_pkce: app.require_pkce,
+          grant_types: app.type === 'private' ? ['client_credentials'] : ['authorization_code', 'refresh_token'],
         })
-        .returning(['client_id', 'type', 'organization_id', 'name', 'redirect_uris', 'post_logout_redirect_uris', 'scopes'])
-        .executeTakeFirstOrThrow();
+        .returning(['client_id', 'type', 'name', 'redirect_uris', 'post_logout_redirect_uris', 'scopes'])
+        .executeTakeFirstOrThrow()
+        .then((r) => ({ ...r, organization_id: app.organization_id }));
       await recordAuditEvent(trx, {
         organizationId: row.organization_id,
         action: 'application.created',
@@ -152,7 +166,7 @@ export async function findApplicationByClientId(db: DB, clientId: string): Promi
 /** Replaces an application's secret; the old one stops working as soon as this commits (and at once on this instance). */
 export async function rotateClientSecret(
   db: DB,
-  application: Pick<Application, 'organization_id' | 'client_id'>,
+  application: Pick<DeveloperApplication, 'organization_id' | 'client_id'>,
   options: ChangeOptions = {},
 ): Promise<{ client_id: string; client_secret: string }> {
   const { secret, hash } = newClientSecret();
@@ -162,10 +176,10 @@ export async function rotateClientSecret(
       .set({ client_secret_hash: hash, secret_rotated_at: sql`now()`, updated_at: sql`now()` })
       .where('organization_id', '=', application.organization_id)
       .where('client_id', '=', application.client_id)
-      .returning(['client_id', 'organization_id'])
+      .returning(['client_id'])
       .executeTakeFirst();
     if (!row) throw new NotFoundError(`no application with client_id ${application.client_id}`);
-    await recordAuditEvent(trx, { actor: options.actor, organizationId: row.organization_id, action: 'application.secret_rotated', details: { client_id: row.client_id } });
+    await recordAuditEvent(trx, { actor: options.actor, organizationId: application.organization_id, action: 'application.secret_rotated', details: { client_id: row.client_id } });
     return { client_id: row.client_id, client_secret: secret };
   });
   options.applications?.forget(application.client_id);
@@ -185,36 +199,37 @@ export interface ChangeOptions {
 }
 
 /** An organization's applications in id order, a page at a time (keyset on the (organization_id, id) index). */
-export async function listApplications(db: DB, organizationId: number, page: { afterId: number; limit: number }): Promise<Application[]> {
-  return db
+export async function listApplications(db: DB, organizationId: number, page: { afterId: number; limit: number }): Promise<DeveloperApplication[]> {
+  return (await db
     .selectFrom('applications')
     .selectAll()
     .where('organization_id', '=', organizationId)
     .where('id', '>', page.afterId)
     .orderBy('id')
     .limit(page.limit)
-    .execute();
+    .execute()) as DeveloperApplication[];
 }
 
 /** An application of the organization, or NotFoundError: another organization's is as missing as an unknown one. */
-export async function getApplication(db: DB, organizationId: number, clientId: string | undefined): Promise<Application> {
+export async function getApplication(db: DB, organizationId: number, clientId: string | undefined): Promise<DeveloperApplication> {
   const application =
     clientId === undefined || !CLIENT_ID_PATTERN.test(clientId)
       ? undefined
       : await db.selectFrom('applications').selectAll().where('organization_id', '=', organizationId).where('client_id', '=', clientId).executeTakeFirst();
   if (!application) throw new NotFoundError('no such application in this organization');
-  return application;
+  return application as DeveloperApplication;
 }
 
 /** How many live grants of the application hold a scope outside `scopes` (what narrowing to them revokes). */
-export async function countGrantsBeyond(db: DB, application: Pick<Application, 'id' | 'organization_id'>, scopes: readonly string[]): Promise<number> {
+export async function countGrantsBeyond(db: DB, application: Pick<DeveloperApplication, 'id' | 'organization_id' | 'type'>, scopes: readonly string[]): Promise<number> {
   const row = await db
     .selectFrom('grants')
     .select((eb) => eb.fn.countAll<number>().as('n'))
     .where('organization_id', '=', application.organization_id)
     .where('application_id', '=', application.id)
     .where('revoked_at', 'is', null)
-    .where(sql<boolean>`not (scopes <@ ${[...scopes]}::text[])`)
+    // As the narrowing counts them: a private application's own grants by every scope, a public one's by orgauth's (its users granted a resource's declared scopes).
+    .where(sql<boolean>`not (${application.type === 'private' ? sql<string[]>`scopes` : knownScopesOf(sql`scopes`)} <@ ${[...scopes]}::text[])`)
     .executeTakeFirstOrThrow();
   return Number(row.n);
 }
@@ -249,7 +264,7 @@ const changesSchema = z.object({
  * resulting state whenever `scopes` or `disabled` was sent, so repeating a request that failed
  * halfway through revoking finishes the work. Returns the application as it now is.
  */
-export async function updateApplication(db: DB, application: Application, changes: ApplicationChanges, options: ChangeOptions = {}): Promise<Application> {
+export async function updateApplication(db: DB, application: DeveloperApplication, changes: ApplicationChanges, options: ChangeOptions = {}): Promise<DeveloperApplication> {
   const valid = parseInput(changesSchema, {
     name: changes.name,
     redirect_uris: changes.redirectUris,
@@ -257,7 +272,7 @@ export async function updateApplication(db: DB, application: Application, change
     require_pkce: changes.requirePkce,
     disabled: changes.disabled,
   });
-  const scopes = changes.scopes === undefined ? undefined : applicationScopes(application.type, changes.scopes);
+  const scopes = changes.scopes === undefined ? undefined : applicationScopes(application.type, changes.scopes, application.type === 'private' ? await declaredScopeNames(db) : undefined);
   const updated = await inTransaction(db, async (trx) => {
     const current = await trx
       .selectFrom('applications')
@@ -280,7 +295,7 @@ export async function updateApplication(db: DB, application: Application, change
       (['name', 'redirect_uris', 'post_logout_redirect_uris', 'scopes', 'require_pkce'] as const).filter((k) => JSON.stringify(next[k]) !== JSON.stringify(current[k])).map((k) => [k, next[k]]),
     );
     const toggled = next.disabled !== current.disabled;
-    if (Object.keys(edited).length === 0 && !toggled) return current;
+    if (Object.keys(edited).length === 0 && !toggled) return current as DeveloperApplication;
     const row = await trx
       .updateTable('applications')
       .set({ ...edited, ...(toggled ? { disabled: next.disabled } : {}), updated_at: sql`now()` })
@@ -289,14 +304,16 @@ export async function updateApplication(db: DB, application: Application, change
       .returningAll()
       .executeTakeFirstOrThrow();
     const audit = (action: string, details: Record<string, unknown>) =>
-      recordAuditEvent(trx, { actor: options.actor, organizationId: current.organization_id, action, details: { client_id: current.client_id, ...details } });
+      recordAuditEvent(trx, { actor: options.actor, organizationId: application.organization_id, action, details: { client_id: current.client_id, ...details } });
     if (Object.keys(edited).length > 0) await audit('application.updated', edited);
     if (toggled) await audit(next.disabled ? 'application.disabled' : 'application.enabled', {});
-    return row;
+    return row as DeveloperApplication;
   });
   options.applications?.forget(application.client_id);
   if (updated.disabled && changes.disabled !== undefined) await revokeApplicationGrants(db, updated, {}, 'application_disabled', options);
-  else if (!updated.disabled && changes.scopes !== undefined) await revokeApplicationGrants(db, updated, { beyondScopes: updated.scopes }, 'scopes_narrowed', options);
+  else if (!updated.disabled && changes.scopes !== undefined) {
+    await revokeApplicationGrants(db, updated, { beyondScopes: updated.scopes, declaredBeyond: updated.type === 'private' }, 'scopes_narrowed', options);
+  }
   return updated;
 }
 
@@ -304,7 +321,7 @@ export async function updateApplication(db: DB, application: Application, change
  * Deletes an application: disabled first, so it gets no new grant, then every grant revoked and
  * published (so every instance refuses its tokens), then the row and its grants go.
  */
-export async function deleteApplication(db: DB, application: Application, options: ChangeOptions = {}): Promise<void> {
+export async function deleteApplication(db: DB, application: DeveloperApplication, options: ChangeOptions = {}): Promise<void> {
   await db.updateTable('applications').set({ disabled: true }).where('organization_id', '=', application.organization_id).where('id', '=', application.id).execute();
   options.applications?.forget(application.client_id);
   await revokeApplicationGrants(db, application, {}, 'application_disabled', options);
@@ -324,8 +341,8 @@ export async function deleteApplication(db: DB, application: Application, option
 
 async function revokeApplicationGrants(
   db: DB,
-  application: Application,
-  filter: { beyondScopes?: readonly string[] },
+  application: DeveloperApplication,
+  filter: { beyondScopes?: readonly string[]; declaredBeyond?: boolean },
   reason: RevocationReason,
   options: ChangeOptions,
 ): Promise<void> {

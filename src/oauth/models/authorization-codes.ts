@@ -22,6 +22,8 @@ export interface NewAuthorizationCode {
   /** How the user signed in for this authorization (RFC 8176). */
   amr?: readonly string[];
   sid?: string | null;
+  /** The resource the token will be for (RFC 8707); null or absent: orgauth's API. */
+  resourceId?: number | null;
 }
 
 /** Stores a new code and returns it; the plaintext exists only in the redirect to the client. */
@@ -43,6 +45,7 @@ export async function createAuthorizationCode(db: DB, input: NewAuthorizationCod
       auth_time: input.authTime ?? null,
       amr: [...(input.amr ?? [])],
       sid: input.sid ?? null,
+      resource_id: input.resourceId ?? null,
       expires_at: new Date(Date.now() + input.ttlSeconds * 1000),
     })
     .execute();

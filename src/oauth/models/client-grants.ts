@@ -11,7 +11,7 @@
  */
 import { sql } from 'kysely';
 import type { DB } from '../../db/connect.js';
-import type { Application } from '../../db/schema.js';
+import type { DeveloperApplication } from '../../db/schema.js';
 import { InvalidClientError } from '../errors.js';
 import { createGrant } from './grants.js';
 
@@ -25,7 +25,7 @@ export interface ClientGrant {
 }
 
 /** The newest live grant of the application for itself that covers `scopes`, or a new one. */
-async function liveClientGrant(db: DB, application: Application, scopes: readonly string[]): Promise<ClientGrant> {
+async function liveClientGrant(db: DB, application: DeveloperApplication, scopes: readonly string[]): Promise<ClientGrant> {
   const live = await db
     .updateTable('grants')
     .set({ last_used_at: sql`now()` })
@@ -64,7 +64,7 @@ export class ClientGrants {
     private readonly revocations?: { isRevoked(grantId: number): boolean },
   ) {}
 
-  async forApplication(application: Application, scopes: readonly string[]): Promise<ClientGrant> {
+  async forApplication(application: DeveloperApplication, scopes: readonly string[]): Promise<ClientGrant> {
     if (!this.revocations) return liveClientGrant(this.db, application, scopes);
     const usable = (grant: ClientGrant) => !this.revocations!.isRevoked(grant.id) && scopes.every((s) => grant.scopes.includes(s));
     const entry = this.entries.get(application.id);

@@ -3,10 +3,13 @@
  * application itself. Every token (access or refresh) names its grant; revoking the grant kills
  * them all, on every instance (see revocation-list.ts).
  */
-import { sql, type Transaction } from 'kysely';
+import { type RawBuilder, sql, type Transaction } from 'kysely';
+import { KNOWN_SCOPES_SQL, knownScopesOf } from '../helpers/scopes.js';
+import { isDeclaredScope } from './resources.js';
 import type { DB } from '../../db/connect.js';
 import type { Database, RevocationReason } from '../../db/schema.js';
 import { inTransaction } from '../../db/connect.js';
+import { sha256Hex } from '../../lib/crypto.js';
 import { type Actor, recordAuditEvent } from '../../audit/events.js';
 
 /**
@@ -73,16 +76,19 @@ export async function createGrant(db: DB, grant: NewGrant): Promise<{ id: number
   return row && { id: row.id, organizationName: row.name };
 }
 
-/** Which live grants to revoke: one by id, or those of an organization that match every condition given. */
+/**
+ * Which live grants to revoke: one by id, or those of an organization, or of an application in
+ * every organization (a self-registered client belongs to none), that match every condition given.
+ */
 export type GrantSelection =
   | { grantId: number }
-  | {
-      organizationId: number;
-      applicationId?: number;
+  | ({
       userId?: number;
       /** Only grants holding a scope outside this list (an application's scopes were narrowed). */
       beyondScopes?: readonly string[];
-    };
+      /** Whether a resource's declared scopes count too (a private application's own grants); otherwise only orgauth's (a public application's users granted the declared ones). */
+      declaredBeyond?: boolean;
+    } & ({ organizationId: number; applicationId?: number } | { organizationId?: undefined; applicationId: number }));
 
 /**
  * This instance's memory of revoked grants (RevocationList), told of revocations made here once
@@ -114,10 +120,13 @@ async function revokeBatch(trx: Transaction<Database>, selection: GrantSelection
     .where('id', 'in', (eb) => {
       let live = eb.selectFrom('grants').select('id').where('revoked_at', 'is', null);
       if ('grantId' in selection) return live.where('id', '=', selection.grantId).forUpdate();
-      live = live.where('organization_id', '=', selection.organizationId);
+      if (selection.organizationId !== undefined) live = live.where('organization_id', '=', selection.organizationId);
       if (selection.applicationId !== undefined) live = live.where('application_id', '=', selection.applicationId);
       if (selection.userId !== undefined) live = live.where('user_id', '=', selection.userId);
-      if (selection.beyondScopes !== undefined) live = live.where(sql<boolean>`not (scopes <@ ${[...selection.beyondScopes]}::text[])`);
+      if (selection.beyondScopes !== undefined) {
+        const held = selection.declaredBeyond ? sql<string[]>`scopes` : knownScopesOf(sql`scopes`);
+        live = live.where(sql<boolean>`not (${held} <@ ${[...selection.beyondScopes]}::text[])`);
+      }
       return live.orderBy('id').limit(REVOKE_BATCH).forUpdate();
     })
     .returning(['id', 'organization_id', 'application_id', 'user_id'])
@@ -185,6 +194,15 @@ export async function revokeGrantsInTransaction(trx: Transaction<Database>, sele
   }
 }
 
+/**
+ * What a role lets its members keep when their grants are narrowed: orgauth's permissions it lists,
+ * and, when `declared`, every scope a resource declares (roles.ts DECLARED_SCOPE_HOLDERS).
+ */
+export interface GrantAllowance {
+  permissions: readonly string[];
+  declared: boolean;
+}
+
 /** Whose grants a role change narrows: one member's, some members', or those of every member holding a custom role. */
 export type NarrowSelection = { organizationId: number; userId: number } | { organizationId: number; userIds: readonly number[] } | { organizationId: number; roleId: number };
 
@@ -203,11 +221,14 @@ export type NarrowSelection = { organizationId: number; userId: number } | { org
  * at a million entries; re-issue reuses that path, so the API's hot path gains nothing, and the
  * refresh token (the user's consent) survives with the scope the role now allows.
  */
-async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelection, allowed: readonly string[], actor: Actor, afterId: number): Promise<number[]> {
-  const allowedArray = sql<string[]>`${[...allowed]}::text[]`;
+async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelection, allowance: GrantAllowance, actor: Actor, afterId: number): Promise<number[]> {
+  const allowedArray = sql<string[]>`${[...allowance.permissions]}::text[]`;
+  // Whether scope `s` (SQL) is kept: listed, or a declared scope of a role that holds them.
+  const keeps = (s: RawBuilder<string>) => sql<boolean>`(${s} = any(${allowedArray}) or (${allowance.declared} and not (${s} = any(${KNOWN_SCOPES_SQL}))))`;
+  const kept = (s: string) => allowance.permissions.includes(s) || (allowance.declared && isDeclaredScope(s));
   const old = await trx
     .selectFrom('grants')
-    .select(['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'identity_scopes', 'auth_time', 'sid', 'amr', 'created_at', 'last_used_at'])
+    .select(['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'identity_scopes', 'auth_time', 'sid', 'amr', 'created_at', 'last_used_at', 'resource_id'])
     .where('organization_id', '=', selection.organizationId)
     .where('revoked_at', 'is', null)
     .$if('userId' in selection, (qb) => qb.where('user_id', '=', 'userId' in selection ? selection.userId : 0))
@@ -222,7 +243,7 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
       ),
     )
     .where('user_id', 'is not', null)
-    .where(sql<boolean>`not (scopes <@ ${allowedArray})`)
+    .where(sql<boolean>`exists (select 1 from unnest(scopes) s where not ${keeps(sql`s`)})`)
     // Keyset: the grants already narrowed (revoked, before the cursor) are not read again.
     .where('id', '>', afterId)
     .orderBy('id')
@@ -232,7 +253,7 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
   if (old.length === 0) return [];
   // A grant keeps its OpenID scopes (signing in is every member's): one left with only those
   // lives on for sign-in, and its refresh tokens with it.
-  const narrowed = old.map((g) => ({ ...g, kept: g.scopes.filter((s) => allowed.includes(s)), lives: g.identity_scopes.length > 0 || g.scopes.some((s) => allowed.includes(s)) }));
+  const narrowed = old.map((g) => ({ ...g, kept: g.scopes.filter(kept), lives: g.identity_scopes.length > 0 || g.scopes.some(kept) }));
   const replaced = narrowed.filter((g) => g.lives);
   const successors =
     replaced.length === 0
@@ -253,6 +274,7 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
               created_at: g.created_at,
               last_used_at: g.last_used_at,
               narrowed_from_grant_id: g.id,
+              resource_id: g.resource_id,
             })),
           )
           .returning(['id', 'narrowed_from_grant_id'])
@@ -266,8 +288,8 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
     // revokes the family. By (organization_id, grant_id), the index refresh tokens have. One
     // left with no scope of data lives on only for a grant that signs in (OpenID scopes).
     await sql`update refresh_tokens r set grant_id = m.to_id,
-        scopes = array(select s from unnest(r.scopes) s where s = any(${allowedArray})),
-        revoked_at = case when r.scopes && ${allowedArray} or m.sign_in then r.revoked_at else coalesce(r.revoked_at, now()) end
+        scopes = array(select s from unnest(r.scopes) s where ${keeps(sql`s`)}),
+        revoked_at = case when exists (select 1 from unnest(r.scopes) s where ${keeps(sql`s`)}) or m.sign_in then r.revoked_at else coalesce(r.revoked_at, now()) end
       from ${pairs} where r.organization_id = ${selection.organizationId} and r.grant_id = m.from_id`.execute(trx);
   }
   await trx.updateTable('grants').set({ revoked_at: sql`now()`, revoked_reason: 'role_changed' }).where('id', '=', sql<number>`any(${oldIds}::bigint[])`).execute();
@@ -293,7 +315,7 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
         actor_client_id: actor.actorClientId ?? null,
         details: JSON.stringify(
           g.lives
-            ? { grant_id: successorOf.get(g.id), replaced_grant_id: g.id, application_id: g.application_id, user_id: g.user_id, scopes: g.kept.join(' '), removed_scopes: g.scopes.filter((s) => !allowed.includes(s)).join(' '), reason: 'role_changed' }
+            ? { grant_id: successorOf.get(g.id), replaced_grant_id: g.id, application_id: g.application_id, user_id: g.user_id, scopes: g.kept.join(' '), removed_scopes: g.scopes.filter((s) => !kept(s)).join(' '), reason: 'role_changed' }
             : { grant_id: g.id, application_id: g.application_id, user_id: g.user_id, reason: 'role_changed' },
         ),
       })),
@@ -308,7 +330,7 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
  * the caller's transaction (the role change that causes it). Returns the revoked grant ids, for
  * the caller to tell its memory once the transaction has committed.
  */
-export async function narrowGrantsInTransaction(trx: Transaction<Database>, selection: NarrowSelection, allowed: readonly string[], actor: Actor = {}): Promise<number[]> {
+export async function narrowGrantsInTransaction(trx: Transaction<Database>, selection: NarrowSelection, allowed: GrantAllowance, actor: Actor = {}): Promise<number[]> {
   const revoked: number[] = [];
   for (;;) {
     const ids = await narrowBatch(trx, selection, allowed, actor, revoked.at(-1) ?? 0);
@@ -329,7 +351,7 @@ export async function narrowGrantsInTransaction(trx: Transaction<Database>, sele
 export async function narrowGrantsInBatches(
   db: DB,
   selection: NarrowSelection,
-  allowed: (trx: Transaction<Database>) => Promise<readonly string[] | undefined>,
+  allowed: (trx: Transaction<Database>) => Promise<GrantAllowance | undefined>,
   actor: Actor = {},
   memory?: RevokedGrantsMemory,
 ): Promise<number> {
@@ -416,7 +438,7 @@ export interface LiveGrant {
 function liveGrants(db: DB, organizationId: number) {
   return db
     .selectFrom('grants')
-    .innerJoin('applications', (j) => j.onRef('applications.id', '=', 'grants.application_id').onRef('applications.organization_id', '=', 'grants.organization_id'))
+    .innerJoin('applications', 'applications.id', 'grants.application_id')
     .leftJoin('users', 'users.id', 'grants.user_id')
     .select([
       'grants.id',
@@ -454,4 +476,24 @@ export async function listLiveGrants(
 /** A live grant of the organization, or undefined (revoked, missing, or another organization's). */
 export async function findLiveGrant(db: DB, organizationId: number, grantId: number): Promise<LiveGrant | undefined> {
   return liveGrants(db, organizationId).where('grants.id', '=', grantId).executeTakeFirst();
+}
+
+/**
+ * The end of a statement that redeems a code (an authorization code, an approved device code):
+ * from its `consumed` CTE (grant_id, organization_id, user_id, scopes, identity_scopes,
+ * auth_time, sid, amr, resource_id) the grant and its first refresh token, in the same statement,
+ * so all or nothing (R-5). The caller's final select reads `consumed` where exists `refresh`.
+ */
+export function grantWithRefreshTokenSql(applicationId: number, refreshToken: string, ttlSeconds: number): RawBuilder<unknown> {
+  return sql`grant_row as (
+      insert into grants (id, organization_id, application_id, user_id, scopes, identity_scopes, auth_time, sid, amr, resource_id, last_used_at) overriding system value
+      select grant_id, organization_id, ${applicationId}, user_id, scopes, identity_scopes, auth_time, sid, amr, resource_id, now() from consumed
+      returning id
+    ),
+    refresh as (
+      insert into refresh_tokens (token_hash, organization_id, grant_id, scopes, expires_at)
+      select ${sha256Hex(refreshToken)}, c.organization_id, c.grant_id, c.scopes, now() + make_interval(secs => ${ttlSeconds})
+      from consumed c join grant_row g on g.id = c.grant_id
+      returning id
+    )`;
 }
