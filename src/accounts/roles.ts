@@ -19,7 +19,7 @@ import { isCheckViolation, isForeignKeyViolation, isTransactionConflict, isUniqu
 import type { BuiltinRole, CustomRole, Database, RoleKind } from '../db/schema.js';
 import { ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../errors.js';
 import { type GrantAllowance, narrowGrantsInBatches, narrowGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/models/grants.js';
-import { isDeclaredScope } from '../oauth/models/resources.js';
+import { declaredScopeNames, isDeclaredScope } from '../oauth/models/resources.js';
 import { DATA_SCOPES, isKnownScope, KNOWN_SCOPES, KNOWN_SCOPES_SQL, knownScopesOf, type Scope } from '../oauth/helpers/scopes.js';
 import { isWellFormed, parseInput } from '../lib/validate.js';
 
@@ -89,8 +89,8 @@ function reservedForms(name: string): string[] {
 
 /**
  * The built-in roles that hold every scope a resource declares (models/resources.ts): owner, admin
- * and member. A viewer reads contacts and tasks and holds none. (Custom roles list orgauth's own
- * permissions only, so they hold none either.)
+ * and member. A viewer reads contacts and tasks and holds none. An organization's own roles hold
+ * those they list (permissionsSchema takes the names the registered resources declare).
  */
 export const DECLARED_SCOPE_HOLDERS: ReadonlySet<RoleKind> = new Set<RoleKind>(['owner', 'admin', 'member']);
 
@@ -103,12 +103,13 @@ export const DECLARED_SCOPE_HOLDERS: ReadonlySet<RoleKind> = new Set<RoleKind>([
  */
 export function memberHoldsScopesSql(scopes: RawBuilder<string[]>, role: Expression<string>, customPermissions: Expression<string[] | null>): RawBuilder<boolean> {
   const holders = sql.raw([...DECLARED_SCOPE_HOLDERS].map((r) => `'${r}'`).join(','));
-  return sql<boolean>`(${knownScopesOf(scopes)} <@ ${membershipPermissionsSql(role, customPermissions)} and (${role} in (${holders}) or ${scopes} <@ ${KNOWN_SCOPES_SQL}))`;
+  // Declared names: a holder role holds them all; an organization's own role those it lists.
+  return sql<boolean>`(${knownScopesOf(scopes)} <@ ${membershipPermissionsSql(role, customPermissions)} and (${role} in (${holders}) or ${scopes} <@ (${KNOWN_SCOPES_SQL} || coalesce(${customPermissions}, array[]::text[]))))`;
 }
 
 /** Whether `role` lets its member grant `scope`: orgauth's permissions as listed, a resource's declared scope by DECLARED_SCOPE_HOLDERS. */
 export function roleHoldsScope(role: RoleRef, scope: string): boolean {
-  return isDeclaredScope(scope) ? DECLARED_SCOPE_HOLDERS.has(role.kind) : (role.permissions as readonly string[]).includes(scope);
+  return (isDeclaredScope(scope) && DECLARED_SCOPE_HOLDERS.has(role.kind)) || (role.permissions as readonly string[]).includes(scope);
 }
 
 /** What a member with `role` keeps when their grants are narrowed to it (grants.ts narrowGrants*): its permissions, and every declared scope when it holds them. */
@@ -130,10 +131,17 @@ export function applicationRole(scopes: Iterable<string>): RoleRef {
   return { kind: 'custom', id: null, name: 'application', permissions: canonical([...scopes]) };
 }
 
-/** Stored permissions in canonical order, anything no longer known dropped. */
+/**
+ * Stored permissions in canonical order: orgauth's own in PERMISSIONS order (anything no longer
+ * known dropped), then the resource-declared scope names the role was given (checked against the
+ * registered resources when it was written), in the order stored.
+ */
 function canonical(permissions: readonly string[]): Permission[] {
-  return PERMISSIONS.filter((p) => permissions.includes(p));
+  const declared = [...new Set(permissions)].filter((p) => isDeclaredScope(p) && DECLARED_NAME.test(p));
+  return [...PERMISSIONS.filter((p) => permissions.includes(p)), ...(declared as Permission[])];
 }
+/** What a declared scope name looks like (models/resources.ts checks it on registration). */
+const DECLARED_NAME = /^[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}$/;
 
 /** A membership's (or invitation's) role from its row: `role`, and the custom role's name and permissions when role is 'custom'. */
 export function roleOf(row: { role: RoleKind; role_id: number | null; role_name?: string | null; role_permissions?: string[] | null }): RoleRef {
@@ -159,7 +167,7 @@ export function membershipPermissionsSql(role: Expression<string>, customPermiss
  */
 export function mayAssign(actingAs: RoleRef, role: RoleRef): boolean {
   if (role.kind === 'owner') return actingAs.kind === 'owner';
-  return role.permissions.every((p) => actingAs.permissions.includes(p));
+  return role.permissions.every((p) => roleHoldsScope(actingAs, p));
 }
 
 export function hasPermission(role: RoleRef | undefined, permission: Permission): boolean {
@@ -182,15 +190,27 @@ export const roleDescriptionSchema = z
   .max(500, 'must be at most 500 characters')
   .refine((d) => isWellFormed(d) && !/[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]/.test(d), 'must be text without control characters');
 
-export const permissionsSchema = z
-  .array(z.string().max(100))
-  .max(PERMISSIONS.length * 2, 'too many permissions')
-  .superRefine((list, ctx) => {
-    const unknown = list.filter((p) => !isKnownScope(p));
-    if (unknown.length > 0) ctx.addIssue({ code: 'custom', message: `unknown permission ${unknown.map((p) => JSON.stringify(p.slice(0, 40))).join(', ')}; known: ${PERMISSIONS.join(' ')}` });
-  })
-  // Managing a list means seeing it: a management write brings its read (the pages that manage show the list).
-  .transform((list) => canonical([...list, ...list.flatMap((p) => (IMPLIED_READ[p] ? [IMPLIED_READ[p]] : []))]));
+/**
+ * A role's permissions as written: orgauth's, and the scope names the registered resources
+ * declare now (`declared`, from declaredScopeNames).
+ */
+export function permissionsSchema(declared: ReadonlySet<string> = new Set()) {
+  return (
+    z
+      .array(z.string().max(100))
+      .max((PERMISSIONS.length + declared.size) * 2, 'too many permissions')
+      .superRefine((list, ctx) => {
+        const unknown = list.filter((p) => !isKnownScope(p) && !declared.has(p));
+        if (unknown.length > 0) {
+          const known = [...PERMISSIONS, ...declared].join(' ');
+          ctx.addIssue({ code: 'custom', message: `unknown permission ${unknown.map((p) => JSON.stringify(p.slice(0, 40))).join(', ')}; known: ${known}` });
+        }
+      })
+      // Managing a list means seeing it: a management write brings its read (the pages that manage show the list).
+      .transform((list) => canonical([...list, ...list.flatMap((p) => (IMPLIED_READ[p] ? [IMPLIED_READ[p]] : []))]))
+  );
+}
+
 
 /** One field parsed, its problems reported under the field's name. */
 function parseField<T extends z.ZodType>(schema: T, value: unknown, name: string): z.output<T> {
@@ -290,7 +310,7 @@ export interface RoleChangeOptions {
 const OWNER = builtinRole('owner');
 
 function refuseBeyond(actingAs: RoleRef, permissions: readonly Permission[], what: string): void {
-  const beyond = permissions.filter((p) => !actingAs.permissions.includes(p));
+  const beyond = permissions.filter((p) => !roleHoldsScope(actingAs, p));
   if (beyond.length > 0) throw new ForbiddenError(`${what}: your role does not hold ${beyond.join(' ')}, so you cannot give it`);
 }
 
@@ -310,7 +330,7 @@ export async function createRole(
 ): Promise<RoleView> {
   const name = parseField(roleNameSchema, input.name, 'name');
   const description = parseField(roleDescriptionSchema, input.description ?? '', 'description');
-  const permissions = parseField(permissionsSchema, input.permissions, 'permissions');
+  const permissions = parseField(permissionsSchema(await declaredScopeNames(db)), input.permissions, 'permissions');
   refuseBeyond(options.actingAs ?? OWNER, permissions, 'permissions');
   return inTransaction(db, async (trx) => {
     // Serializes role creation in the organization, so the cap holds under concurrency (NO KEY:
@@ -356,7 +376,7 @@ export async function updateRole(
 ): Promise<RoleView> {
   const newName = input.name === undefined ? undefined : parseField(roleNameSchema, input.name, 'name');
   const description = input.description === undefined ? undefined : parseField(roleDescriptionSchema, input.description, 'description');
-  const permissions = input.permissions === undefined ? undefined : parseField(permissionsSchema, input.permissions, 'permissions');
+  const permissions = input.permissions === undefined ? undefined : parseField(permissionsSchema(await declaredScopeNames(db)), input.permissions, 'permissions');
   const actingAs = options.actingAs ?? OWNER;
   const { view, narrow } = await inTransaction(db, async (trx) => {
     const current = await lockCustomRole(trx, organizationId, name);

@@ -19,7 +19,11 @@ export const roleSchema = z
     name: z.string(),
     builtin: z.boolean().describe('built-in roles exist in every organization and cannot be changed or deleted'),
     description: z.string(),
-    permissions: z.array(z.enum(PERMISSIONS as [string, ...string[]])).describe('scope names: what the role may do and let applications do'),
+    permissions: z
+      .array(z.string())
+      .describe(
+        'scope names: what the role may do and let applications do — orgauth’s permissions, and scopes registered resources declare (owner, admin and member hold all of those without listing them)',
+      ),
     created_at: z.iso.datetime().nullable(),
     updated_at: z.iso.datetime().nullable(),
   })
@@ -37,7 +41,9 @@ export function roleOut(r: RoleView): z.infer<typeof roleSchema> {
 }
 
 const roleParams = orgParams.extend({ role: z.string().max(200) });
-const permissionsField = z.array(z.string()).describe(`any of: ${PERMISSIONS.map((p) => `${p} (${PERMISSION_DESCRIPTIONS[p]})`).join('; ')}`);
+const permissionsField = z
+  .array(z.string())
+  .describe(`any of: ${PERMISSIONS.map((p) => `${p} (${PERMISSION_DESCRIPTIONS[p]})`).join('; ')}; and any scope a registered resource declares (orgauth resource list)`);
 
 export const roleRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: RevocationList }> = async (app, { db, revocations }) => {
   const asApplication = (auth: ApiAuth): RoleChangeOptions => ({ actor: actorOf(auth), actingAs: actingRoleOf(auth), revocations });

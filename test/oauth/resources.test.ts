@@ -10,6 +10,7 @@ import { decodeJwt } from 'jose';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember, changeMemberRole, createOrganization } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
+import { createRole, findRole, updateRole } from '../../src/accounts/roles.js';
 import { sql } from 'kysely';
 import { createApplication, findApplicationByClientId, updateApplication } from '../../src/oauth/models/applications.js';
 import type { DeveloperApplication } from '../../src/db/schema.js';
@@ -241,6 +242,38 @@ describe(`resource indicators (RFC 8707) on ${BACKEND}`, () => {
       expect(decodeJwt(String(refreshed.body.access_token)).aud).toBe(MCP);
     } finally {
       await changeMemberRole(db, { organizationId: orgs.member, userId: user.id, role: 'member' });
+    }
+  });
+
+  it('an organization’s own role holds the declared scopes it lists: chosen for them, narrowed when one is taken away', async () => {
+    const db = world.t.handle.db;
+    await expect(createRole(db, orgs.viewer, { name: 'Bad', permissions: ['contacts.read', 'made.up'] })).rejects.toThrow(/unknown permission/);
+    const agents = await createRole(db, orgs.viewer, { name: 'Agents', permissions: ['contacts.read', 'tools.call'] });
+    expect(agents.permissions).toEqual(['contacts.read', 'tools.call']);
+    await createRole(db, orgs.viewer, { name: 'Readers', permissions: ['contacts.read'] });
+    const choosable = async () => {
+      const { page } = await signInFor(authorizeUrl({ resource: MCP, scope: 'tools.call', code_challenge: pkce().challenge, code_challenge_method: 'S256', prompt: 'consent' }), {
+        issuer: world.issuer,
+        email: user.email,
+        password: PASSWORD,
+      });
+      const html = await page.text();
+      return html.includes(`value="${orgs.viewer}" required`) && !html.includes(`value="${orgs.viewer}" required disabled`);
+    };
+    try {
+      await changeMemberRole(db, { organizationId: orgs.viewer, userId: user.id, role: (await findRole(db, orgs.viewer, 'Readers'))! });
+      expect(await choosable()).toBe(false);
+      await changeMemberRole(db, { organizationId: orgs.viewer, userId: user.id, role: (await findRole(db, orgs.viewer, 'Agents'))! });
+      expect(await choosable()).toBe(true);
+      const { code, verifier } = await authorize({ resource: MCP, scope: 'contacts.read tools.call' }, orgs.viewer);
+      const res = await token({ grant_type: 'authorization_code', code, redirect_uri: REDIRECT, code_verifier: verifier });
+      expect(res.body.scope, JSON.stringify(res.body)).toBe('contacts.read tools.call');
+      await updateRole(db, orgs.viewer, 'Agents', { permissions: ['contacts.read'] });
+      const refreshed = await token({ grant_type: 'refresh_token', refresh_token: String(res.body.refresh_token) });
+      expect(refreshed.body.scope, JSON.stringify(refreshed.body)).toBe('contacts.read');
+      expect(decodeJwt(String(refreshed.body.access_token)).aud).toBe(MCP);
+    } finally {
+      await changeMemberRole(db, { organizationId: orgs.viewer, userId: user.id, role: 'viewer' });
     }
   });
 

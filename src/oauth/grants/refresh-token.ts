@@ -139,7 +139,7 @@ async function refusal(
     .executeTakeFirst();
   // No longer a member: the removal is revoking the grant.
   if (!member) return new InvalidGrantError('the refresh token was revoked');
-  const holds = (s: string) => (isDeclaredScope(s) ? DECLARED_SCOPE_HOLDERS.has(member.role) : member.permissions.includes(s));
+  const holds = (s: string) => (isDeclaredScope(s) && DECLARED_SCOPE_HOLDERS.has(member.role)) || member.permissions.includes(s);
   return token.scopes.every(holds) ? 'retry' : { narrow: { organizationId: token.organization_id, userId: token.user_id } };
 }
 

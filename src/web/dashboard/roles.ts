@@ -4,7 +4,8 @@
  * holds: see src/accounts/roles.ts). Roles are named in URLs by name.
  */
 import type { FastifyInstance, FastifyReply } from 'fastify';
-import { createRole, deleteRole, listRoles, mayAssign, PERMISSION_DESCRIPTIONS, PERMISSIONS, type RoleChangeOptions, updateRole } from '../../accounts/roles.js';
+import { createRole, deleteRole, listRoles, mayAssign, PERMISSION_DESCRIPTIONS, PERMISSIONS, roleHoldsScope, type RoleChangeOptions, updateRole } from '../../accounts/roles.js';
+import { isDeclaredScope, listResources } from '../../oauth/models/resources.js';
 import { AppError, ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../../errors.js';
 import { DATA_SCOPES } from '../../oauth/helpers/scopes.js';
 import { renderPage } from '../render.js';
@@ -23,6 +24,14 @@ const permissionChoices = PERMISSIONS.map((name) => ({ name, description: PERMIS
 export async function roleRoutes(app: FastifyInstance, deps: DashboardDeps): Promise<void> {
   const { db, config, revocations } = deps;
 
+  /** The scopes the registered resources declare: permissions a role may hold too (owner, admin and member hold them all). */
+  async function declaredChoices() {
+    const seen = new Set<string>();
+    return (await listResources(db)).flatMap((r) =>
+      r.scopes.filter((name) => isDeclaredScope(name) && !seen.has(name) && seen.add(name)).map((name) => ({ name, description: `${name} at ${r.name} (${r.uri})`, data: true })),
+    );
+  }
+
   async function render(reply: FastifyReply, ctx: DashboardContext, status = 200, view: { errors?: string[]; form?: RoleForm; editing?: string; message?: string } = {}) {
     requireView(ctx, 'members.read');
     const roles = ctx.organization ? await listRoles(db, ctx.organization.id) : [];
@@ -39,7 +48,7 @@ export async function roleRoutes(app: FastifyInstance, deps: DashboardDeps): Pro
         path: `/dashboard/roles/${encodeURIComponent(r.name)}`,
       })),
       moveTargets: access ? roles.filter((r) => mayAssign(access, r)).map((r) => r.name) : [],
-      choices: permissionChoices.map((c) => ({ ...c, allowed: access?.permissions.includes(c.name) ?? false })),
+      choices: [...permissionChoices, ...(await declaredChoices())].map((c) => ({ ...c, allowed: access !== undefined && roleHoldsScope(access, c.name) })),
       errors: view.errors ?? [],
       form: view.form ?? { name: '', description: '', permissions: [] },
       editing: view.editing,
