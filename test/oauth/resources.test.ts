@@ -195,6 +195,8 @@ describe(`resource indicators (RFC 8707) on ${BACKEND}`, () => {
     expect((await (await post({ resource: OTHER })).json()) as object).toMatchObject({ error: 'invalid_scope' });
     await expect(updateApplication(world.t.handle.db, (await findApplicationByClientId(world.t.handle.db, priv.client_id)) as DeveloperApplication, { scopes: 'contacts.read made.up' })).rejects.toThrow(/unknown scope/);
     await updateApplication(world.t.handle.db, (await findApplicationByClientId(world.t.handle.db, priv.client_id)) as DeveloperApplication, { scopes: 'contacts.read files.read' });
+    // Changed outside the server: its application cache learns by NOTIFY or after 500 ms at most.
+    await new Promise((r) => setTimeout(r, 600));
     const res = await post({ resource: OTHER });
     const body = (await res.json()) as Record<string, string>;
     expect(res.status, JSON.stringify(body)).toBe(200);
@@ -206,6 +208,7 @@ describe(`resource indicators (RFC 8707) on ${BACKEND}`, () => {
     expect((await (await post({ resource: 'https://nope.example.com' })).json()) as object).toMatchObject({ error: 'invalid_target' });
     // Narrowed: its own grant holding the declared scope is revoked, as for any scope it loses.
     await updateApplication(world.t.handle.db, (await findApplicationByClientId(world.t.handle.db, priv.client_id)) as DeveloperApplication, { scopes: 'contacts.read' });
+    await new Promise((r) => setTimeout(r, 600));
     expect((await (await post({ resource: OTHER })).json()) as object).toMatchObject({ error: 'invalid_scope' });
     const grant = await world.t.handle.db.selectFrom('grants').select(['revoked_reason']).where('scopes', '@>', sql<string[]>`array['files.read']`).executeTakeFirstOrThrow();
     expect(grant.revoked_reason).toBe('scopes_narrowed');
