@@ -38,8 +38,11 @@ import { devicePages } from './web/device-pages.js';
 import { registrationEndpoint } from './oauth/endpoints/register.js';
 import { pageAssets } from './web/render.js';
 import { BackgroundTasks } from './lib/background.js';
+import { jobHandlers } from './jobs/handlers.js';
+import { JobRunner } from './jobs/queue.js';
 import { devOutboxPage } from './web/dev-outbox.js';
 import { MailOutbox } from './mail/outbox.js';
+import { WebhookDispatcher } from './webhooks/dispatcher.js';
 import { logTransport, type MailTransport, smtpTransport } from './mail/transport.js';
 
 export interface AppDeps {
@@ -147,6 +150,10 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   const applications = new ApplicationCache(deps.db, { listen: deps.listen, logger: deps.logger });
   await applications.start();
   app.addHook('onClose', () => applications.stop());
+  // Long work (a million grants revoked) that requests queue and any instance finishes.
+  const jobs = new JobRunner(deps.db, { handlers: jobHandlers(revocations), logger: deps.logger, metrics, listen: deps.listen, workers: config.database.kind === 'pglite' ? 1 : 2 });
+  await jobs.start();
+  app.addHook('onClose', () => jobs.stop());
   const clientGrants = new ClientGrants(deps.db, revocations);
   const sweeper = new ExpiredRowSweeper(deps.db, { intervalSeconds: config.cleanupInterval, unusedClientTtl: config.clientRegistration.unusedClientTtl, logger: deps.logger });
   sweeper.start();
@@ -161,10 +168,15 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
     keepBodies: config.mail.devOutbox,
   });
   mail.start();
+  // Signed webhooks: events written by the changes they report, delivered by every instance.
+  const webhooks = new WebhookDispatcher(deps.db, { config, logger: deps.logger, metrics, listen: deps.listen, mail });
+  await webhooks.start();
   const background = new BackgroundTasks(deps.logger);
-  // Work that requests started finishes first, then the outbox sends what it has claimed.
+  // Work that requests started finishes first, then the deliveries in flight (whose failures may
+  // queue an email to the owners), then the outbox sends what it has claimed.
   app.addHook('onClose', async () => {
     await background.drain();
+    await webhooks.stop();
     await mail.stop();
   });
   const resources = new ResourceRegistry(deps.db, config);

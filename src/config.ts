@@ -75,7 +75,25 @@ export interface Config {
   readonly outbound: OutboundConfig;
   readonly clientRegistration: ClientRegistrationConfig;
   readonly clientMetadata: ClientMetadataConfig;
+  readonly webhooks: WebhooksConfig;
 }
+
+/** Signed webhooks (src/webhooks/). */
+export interface WebhooksConfig {
+  /**
+   * WEBHOOK_ALLOW_PRIVATE=1: endpoints may be plain http and on loopback or private addresses
+   * (development and tests only); otherwise https to public addresses only.
+   */
+  readonly allowPrivate: boolean;
+  /**
+   * WEBHOOK_RETRY_DELAYS: seconds before each retry after a failed attempt, comma separated; the
+   * default spreads eleven retries over about three days. Tests shorten it.
+   */
+  readonly retryDelaysSeconds: readonly number[];
+}
+
+/** The default retry schedule: 5 s, 1 min, 5 min, 30 min, 1 h, 2 h, 5 h, 10 h, 14 h, 20 h, 24 h (≈ 3.2 days in all). */
+export const DEFAULT_WEBHOOK_RETRY_DELAYS = [5, 60, 300, 1800, 3600, 7200, 18000, 36000, 50400, 72000, 86400] as const;
 
 /** Client ID metadata documents, fetched for anonymous requests to /oauth/authorize (src/oauth/models/client-metadata.ts). */
 export interface ClientMetadataConfig {
@@ -228,6 +246,10 @@ const envSchema = z
   CLIENT_METADATA_ALLOW_NETWORKS: optional(
     z.string().refine((v) => parseAddressList(v) !== undefined, { message: 'must be a comma-separated list of IP addresses/CIDR ranges' }),
   ),
+  WEBHOOK_ALLOW_PRIVATE: optional(z.enum(['0', '1', 'true', 'false'], { error: 'must be 1 or 0' })),
+  WEBHOOK_RETRY_DELAYS: optional(
+    z.string().refine((v) => parseDelays(v) !== undefined, { message: 'must be a comma-separated list of 1 to 20 whole numbers of seconds, each between 1 and 604800' }),
+  ),
   CLIENT_METADATA_MAX_CLIENTS: optional(wholeNumber(1, 10_000_000, 'must be a whole number between 1 and 10000000')),
   TRUST_PROXY: optional(
     z.string().refine((v) => parseTrustProxy(v) !== undefined, {
@@ -302,6 +324,13 @@ function parseDnsServers(value: string): string[] | undefined {
 }
 
 /** A comma-separated list of IP addresses and CIDR ranges. */
+function parseDelays(value: string): number[] | undefined {
+  const parts = value.split(',').map((p) => p.trim());
+  if (parts.length < 1 || parts.length > 20 || parts.some((p) => !/^[0-9]{1,6}$/.test(p))) return undefined;
+  const delays = parts.map(Number);
+  return delays.every((d) => d >= 1 && d <= 604_800) ? delays : undefined;
+}
+
 function parseAddressList(value: string): string[] | undefined {
   const parts = value.split(',').map((p) => p.trim());
   const valid = parts.every((p) => {
@@ -383,6 +412,10 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
     clientMetadata: {
       allowedNetworks: e.CLIENT_METADATA_ALLOW_NETWORKS === undefined ? [] : (parseAddressList(e.CLIENT_METADATA_ALLOW_NETWORKS) ?? []),
       maxClients: e.CLIENT_METADATA_MAX_CLIENTS ?? 10_000,
+    },
+    webhooks: {
+      allowPrivate: e.WEBHOOK_ALLOW_PRIVATE === '1' || e.WEBHOOK_ALLOW_PRIVATE === 'true',
+      retryDelaysSeconds: e.WEBHOOK_RETRY_DELAYS === undefined ? DEFAULT_WEBHOOK_RETRY_DELAYS : (parseDelays(e.WEBHOOK_RETRY_DELAYS) ?? DEFAULT_WEBHOOK_RETRY_DELAYS),
     },
   } satisfies Config);
 }

@@ -53,6 +53,40 @@ export class Metrics {
     registers: [this.registry],
   });
 
+  readonly webhookDeliveries = new Counter({
+    name: 'orgauth_webhook_deliveries_total',
+    help: 'Webhook delivery attempts, by outcome: succeeded (a 2xx answer), retry (failed, tried again later) or failed (retries exhausted, or the endpoint disabled)',
+    labelNames: ['outcome'] as const,
+    registers: [this.registry],
+  });
+
+  readonly jobs = new Counter({
+    name: 'orgauth_jobs_total',
+    help: 'Background jobs that ended a run on this instance, by kind and outcome: succeeded, retry (failed, tried again after a backoff) or failed (given up)',
+    labelNames: ['kind', 'outcome'] as const,
+    registers: [this.registry],
+  });
+
+  readonly jobItems = new Counter({
+    name: 'orgauth_jobs_items_total',
+    help: 'Items (grants revoked or narrowed, members moved) that background jobs processed on this instance, by kind',
+    labelNames: ['kind'] as const,
+    registers: [this.registry],
+  });
+
+  readonly jobsRunning = new Gauge({
+    name: 'orgauth_jobs_running',
+    help: 'Background jobs this instance is running now',
+    registers: [this.registry],
+  });
+
+  readonly jobsWaiting = new Gauge({
+    name: 'orgauth_jobs_waiting',
+    help: 'Background jobs of every instance not yet finished, by state (queued, running), as this instance last counted them',
+    labelNames: ['state'] as const,
+    registers: [this.registry],
+  });
+
   /**
    * `processMetrics`: also the process's own (CPU, memory, event-loop lag, GC), as a served
    * registry wants; they keep observers running, so apps that are never scraped (tests) skip them.

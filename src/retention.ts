@@ -26,6 +26,8 @@
  *   documents) and never obtained a token go UNUSED_CLIENT_TTL (a day) after they registered
  *   (AG-3): what a flood of registrations leaves behind. One that holds a grant stays, whatever
  *   first_used_at says: deleting it would drop its grants without publishing their revocation.
+ * - Jobs go 30 days after they finished (succeeded or failed); webhook events 30 days after they
+ *   happened, with their deliveries and the log of attempts.
  */
 import { type RawBuilder, sql } from 'kysely';
 import type { Logger } from 'pino';
@@ -52,6 +54,10 @@ const RULES = [
   { table: 'device_authorizations', key: 'id', at: 'expires_at', graceSeconds: 3600 },
   // A registration counts toward its address's limit for an hour (src/oauth/models/registrations.ts).
   { table: 'client_registrations', key: 'id', at: 'created_at', graceSeconds: 3600 },
+  // Finished jobs are kept a month for operators (orgauth job list); unfinished ones never go.
+  { table: 'jobs', key: 'id', at: 'finished_at', graceSeconds: 30 * DAY_S },
+  // The webhook delivery log: events go 30 days on, their deliveries and attempts with them.
+  { table: 'webhook_events', key: 'id', at: 'created_at', graceSeconds: 30 * DAY_S },
 ] as const;
 
 export type Expired = Record<(typeof RULES)[number]['table'] | 'unused_clients', number>;

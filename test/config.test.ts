@@ -45,6 +45,7 @@ describe('parseConfig', () => {
       outbound: { allowHttp: true, allowedNetworks: [], timeoutMs: 5000, maxBytes: 1024 * 1024, caFile: null },
       clientRegistration: { mode: 'open', initialAccessToken: null, perAddressPerHour: 20, maxClients: 10_000, unusedClientTtl: 86_400 },
       clientMetadata: { allowedNetworks: [], maxClients: 10_000 },
+      webhooks: { allowPrivate: false, retryDelaysSeconds: [5, 60, 300, 1800, 3600, 7200, 18000, 36000, 50400, 72000, 86400] },
     });
     expect(Object.isFrozen(config)).toBe(true);
   });

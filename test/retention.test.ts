@@ -61,7 +61,7 @@ beforeAll(async () => {
 });
 afterAll(() => database.close());
 
-const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0 };
+const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0, jobs: 0, webhook_events: 0 };
 
 describe(`deleting expired rows on ${BACKEND}`, () => {
   it('deletes what expired, keeps what is live, and keeps codes a week past expiry for replay detection', async () => {
@@ -99,6 +99,13 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
       await db.insertInto('sso_sign_ins').values({ handle_hash: handle, connection_id: connectionId, browser_hash: null, return_to: '/', expires_at: at(expiresIn) }).execute();
       await db.insertInto('saml_assertion_ids').values({ connection_id: connectionId, assertion_id: handle, expires_at: at(expiresIn) }).execute();
     }
+    // Jobs go a month after they finished, never while unfinished; webhook events (with their deliveries) a month after they happened.
+    for (const [kind, state, finishedAgo] of [['old', 'succeeded', -31 * DAY], ['recent', 'failed', -29 * DAY], ['waiting', 'queued', null]] as const) {
+      await db.insertInto('jobs').values({ kind, state, payload: '{}', cursor: null, finished_at: finishedAgo === null ? null : at(finishedAgo), created_at: at(-40 * DAY) }).execute();
+    }
+    for (const [id, createdAgo] of [['msg_old', -31 * DAY], ['msg_recent', -29 * DAY]] as const) {
+      await db.insertInto('webhook_events').values({ organization_id: fixture.organizationId, type: 'member.added', message_id: id, payload: '{}', created_at: at(createdAgo) }).execute();
+    }
 
     expect(await deleteExpired(db)).toEqual({
       authorization_codes: 1,
@@ -117,7 +124,11 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
       device_authorizations: 0,
       // Registration records: test/oauth/registration.test.ts.
       client_registrations: 0,
+      jobs: 1,
+      webhook_events: 1,
     });
+    expect((await db.selectFrom('jobs').select('kind').orderBy('id').execute()).map((j) => j.kind)).toEqual(['recent', 'waiting']);
+    expect((await db.selectFrom('webhook_events').select('message_id').execute()).map((e) => e.message_id)).toEqual(['msg_recent']);
     expect((await db.selectFrom('sso_sign_ins').select('handle_hash').execute()).map((r) => r.handle_hash)).toEqual(['sso-live']);
     expect((await db.selectFrom('saml_assertion_ids').select('assertion_id').execute()).map((r) => r.assertion_id)).toEqual(['sso-live']);
     expect((await db.selectFrom('pending_sign_ins').select('id_hash').execute()).map((p) => p.id_hash)).toEqual(['pending-live']);

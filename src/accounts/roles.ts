@@ -19,6 +19,7 @@ import { isCheckViolation, isForeignKeyViolation, isTransactionConflict, isUniqu
 import type { BuiltinRole, CustomRole, Database, RoleKind } from '../db/schema.js';
 import { ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../errors.js';
 import { type GrantAllowance, narrowGrantsInBatches, narrowGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/models/grants.js';
+import { enqueueJob, type JobHandler } from '../jobs/queue.js';
 import { declaredScopeNames, isDeclaredScope } from '../oauth/models/resources.js';
 import { DATA_SCOPES, isKnownScope, KNOWN_SCOPES, KNOWN_SCOPES_SQL, knownScopesOf, type Scope } from '../oauth/helpers/scopes.js';
 import { isWellFormed, parseInput } from '../lib/validate.js';
@@ -41,6 +42,8 @@ export const PERMISSION_DESCRIPTIONS: Record<Permission, string> = {
   'audit.read': 'View the audit log',
   'sso.read': 'See the SSO connections and the verified domains',
   'sso.write': 'Manage SSO connections and domains: connect identity providers, verify domains, require SSO',
+  'webhooks.read': 'See the webhook endpoints and their deliveries',
+  'webhooks.write': 'Manage webhook endpoints: create, change, delete, rotate their secrets, ping them, retry deliveries',
 };
 
 export interface BuiltinRoleDefinition {
@@ -174,7 +177,7 @@ export function hasPermission(role: RoleRef | undefined, permission: Permission)
   return role !== undefined && role.permissions.includes(permission);
 }
 
-const IMPLIED_READ: Record<string, Permission> = { 'applications.write': 'applications.read', 'members.write': 'members.read', 'grants.write': 'grants.read', 'sso.write': 'sso.read' };
+const IMPLIED_READ: Record<string, Permission> = { 'applications.write': 'applications.read', 'members.write': 'members.read', 'grants.write': 'grants.read', 'sso.write': 'sso.read', 'webhooks.write': 'webhooks.read' };
 
 export const roleNameSchema = z
   .string()
@@ -362,10 +365,11 @@ async function lockCustomRole(trx: DB, organizationId: number, name: string): Pr
 /**
  * Renames a custom role, changes its description or its permissions. Someone may edit only a
  * role they could assign, and give it only what they hold. A permission taken away narrows
- * every live grant its members gave in the organization (narrowRoleGrants): the change commits
- * first, in a short transaction, so from then on no refresh or code redemption gives a token the
- * permission; then the grants are narrowed in batches of their own, each published to every
- * instance within a second as it commits. Returns once all are narrowed.
+ * every live grant its members gave in the organization: the change commits first, so from then
+ * on no refresh or code redemption gives a token the permission, and with it a job
+ * (roleGrantsJob) that narrows the grants in batches, each published to every instance within a
+ * second as it commits. The request does not wait for the job; an instance that dies midway
+ * leaves it to another, which resumes where it stopped.
  */
 export async function updateRole(
   db: DB,
@@ -378,7 +382,7 @@ export async function updateRole(
   const description = input.description === undefined ? undefined : parseField(roleDescriptionSchema, input.description, 'description');
   const permissions = input.permissions === undefined ? undefined : parseField(permissionsSchema(await declaredScopeNames(db)), input.permissions, 'permissions');
   const actingAs = options.actingAs ?? OWNER;
-  const { view, narrow } = await inTransaction(db, async (trx) => {
+  const view = await inTransaction(db, async (trx) => {
     const current = await lockCustomRole(trx, organizationId, name);
     refuseBeyond(actingAs, canonical(current.permissions), 'this role');
     if (permissions) refuseBeyond(actingAs, permissions, 'permissions');
@@ -408,23 +412,69 @@ export async function updateRole(
       },
     });
     const view = { ...customRef(row), builtin: false, description: row.description, created_at: row.created_at, updated_at: row.updated_at };
-    // Whenever permissions are sent, not only when one is removed: sending them again finishes a
-    // narrowing that was interrupted (a crash, a timeout) after the change committed.
-    return { view, narrow: permissions !== undefined };
+    if (removed.length > 0) {
+      const payload: RoleGrantsPayload = { role_id: row.id, actor: options.actor ?? {} };
+      await enqueueJob(trx, { kind: ROLE_GRANTS_JOB, organizationId, payload: { ...payload } });
+    }
+    return view;
   });
-  if (narrow) await narrowRoleGrants(db, organizationId, view.id!, options);
   return view;
+}
+
+interface RoleGrantsPayload {
+  role_id: number;
+  actor: Actor;
+}
+
+export const ROLE_GRANTS_JOB = 'role.narrow_grants';
+
+/** Members whose grants one step of the role job narrows (all their grants, in the step's transaction). */
+const NARROW_MEMBERS_PER_STEP = 100;
+
+/**
+ * The job that narrows the grants of every member holding a custom role to the role's
+ * permissions: NARROW_MEMBERS_PER_STEP members a step, by keyset on the (organization_id,
+ * role_id, user_id) index, each member's grants narrowed in the step's transaction
+ * (narrowGrantsInTransaction) and published to every instance as it commits. Walking members
+ * rather than grants keeps each step's plan the same however many grants the organization holds
+ * and however many successors earlier steps made. The permissions are read in each step,
+ * share-locked, so a role changed again meanwhile is followed; a role deleted ends the job
+ * (deleting moved its members, and narrowed their grants, itself).
+ */
+export function roleGrantsJob(memory?: RevokedGrantsMemory): JobHandler<RoleGrantsPayload, { after_user_id: number }> {
+  return {
+    kind: ROLE_GRANTS_JOB,
+    async step(trx, job, cursor) {
+      const organizationId = job.organizationId!;
+      const roleId = job.payload.role_id;
+      const allowance = await rolePermissionsNow(trx, organizationId, roleId);
+      if (!allowance) return { cursor, processed: 0, finished: true };
+      const members = await trx
+        .selectFrom('memberships')
+        .select('user_id')
+        .where('organization_id', '=', organizationId)
+        .where('role_id', '=', roleId)
+        .where('user_id', '>', cursor?.after_user_id ?? 0)
+        .orderBy('user_id')
+        .limit(NARROW_MEMBERS_PER_STEP)
+        .execute();
+      if (members.length === 0) return { cursor, processed: 0, finished: true };
+      const userIds = members.map((m) => m.user_id);
+      const ids = await narrowGrantsInTransaction(trx, { organizationId, userIds }, allowance, job.payload.actor);
+      return {
+        cursor: { after_user_id: userIds.at(-1)! },
+        processed: ids.length,
+        finished: false,
+        afterCommit: () => memory?.noteRevoked(ids, 'role_changed'),
+      };
+    },
+  };
 }
 
 /** The permissions of custom role `roleId` now, share-locked for the caller's transaction; undefined when it is gone. */
 async function rolePermissionsNow(trx: DB, organizationId: number, roleId: number): Promise<GrantAllowance | undefined> {
   const row = await trx.selectFrom('roles').select('permissions').where('organization_id', '=', organizationId).where('id', '=', roleId).forShare().executeTakeFirst();
   return row && { permissions: canonical(row.permissions), declared: false };
-}
-
-/** Narrows the grants of every member holding custom role `roleId` to its permissions now, in batches (narrowGrantsInBatches). */
-async function narrowRoleGrants(db: DB, organizationId: number, roleId: number, options: RoleChangeOptions): Promise<number> {
-  return narrowGrantsInBatches(db, { organizationId, roleId }, (trx) => rolePermissionsNow(trx, organizationId, roleId), options.actor, options.revocations);
 }
 
 /**

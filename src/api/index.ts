@@ -27,6 +27,7 @@ import { roleRoutes } from './roles.js';
 import { errorResponses, orgParams, serializerCompiler } from './schemas.js';
 import { ssoConnectionRoutes } from './sso-connections.js';
 import { taskRoutes } from './tasks.js';
+import { webhookRoutes } from './webhooks.js';
 
 export const API_PREFIX = '/api/v1/:organization_id';
 
@@ -101,4 +102,6 @@ export async function apiRoutes(
   // Single sign-on: the organization's identity providers and the email domains routed to them.
   await api.register(ssoConnectionRoutes, { db: options.db, config: options.config });
   await api.register(domainRoutes, { db: options.db, config: options.config });
+  // Signed webhooks: the organization's endpoints and the log of what was sent to them.
+  await api.register(webhookRoutes, { db: options.db, config: options.config });
 }

@@ -14,12 +14,16 @@ import { sendToAdminSocket, type CommandOutcome } from '../admin-socket.js';
 import { ConfigError, loadConfig, type Config } from '../config.js';
 import { DatabaseInUseError } from '../db/lock.js';
 import { AppError } from '../errors.js';
+import type { DB } from '../db/connect.js';
+import { jobHandlers } from '../jobs/handlers.js';
+import { JobRunner } from '../jobs/queue.js';
 import { describeStartupError, openDatabase } from '../runtime.js';
 import { appCommands } from './apps.js';
 import { cleanupCommands } from './cleanup.js';
 import { clientCommands } from './clients.js';
 import { domainCommands } from './domains.js';
 import { grantCommands } from './grants.js';
+import { jobCommands } from './jobs.js';
 import { keyCommands } from './keys.js';
 import { memberCommands } from './members.js';
 import { migrateCommands } from './migrate.js';
@@ -31,6 +35,7 @@ import { ssoCommands } from './sso.js';
 import { UsageError, type Command, type CommandContext, type Options, type Values } from './shared.js';
 import { tokenCommands } from './tokens.js';
 import { userCommands } from './users.js';
+import { webhookCommands } from './webhooks.js';
 
 export type { CommandContext } from './shared.js';
 
@@ -47,8 +52,10 @@ const COMMANDS: Record<string, Command> = {
   ...grantCommands,
   ...ssoCommands,
   ...domainCommands,
+  ...webhookCommands,
   ...keyCommands,
   ...resourceCommands,
+  ...jobCommands,
   ...cleanupCommands,
   ...seedDemoCommands,
 };
@@ -157,6 +164,26 @@ export function withAbsoluteFiles(argv: string[]): string[] {
   return out;
 }
 
+/** The newest job's id; undefined where there is no jobs table (a database migrated down). */
+async function lastJobId(db: DB): Promise<number | undefined> {
+  try {
+    const row = await db.selectFrom('jobs').select((eb) => eb.fn.max('id').as('id')).executeTakeFirst();
+    return Number(row?.id ?? 0);
+  } catch {
+    return undefined;
+  }
+}
+
+async function finishJobsAfter(db: DB, afterId: number | undefined): Promise<void> {
+  if (afterId === undefined) return;
+  const queued = await db.selectFrom('jobs').select('id').where('id', '>', afterId).where('state', 'in', ['queued', 'running']).orderBy('id').execute();
+  if (queued.length === 0) return;
+  const runner = new JobRunner(db, { handlers: jobHandlers(), logger: { info: () => {}, warn: (o: object, m?: string) => console.error(m, o), error: (o: object, m?: string) => console.error(m, o) } as never });
+  // Each is run here if it is due and nobody holds it; one a server beside us took, or one
+  // waiting out a retry's backoff, is left to the servers (`orgauth job show` follows it).
+  for (const { id } of queued) await runner.runToEnd(id, { timeoutMs: 0 });
+}
+
 /** Runs one command; returns the exit code. Never throws. */
 export async function runCli(argv: string[], io: CliIo): Promise<number> {
   const emit = (outcome: CommandOutcome): number => {
@@ -194,7 +221,13 @@ export async function runCli(argv: string[], io: CliIo): Promise<number> {
     }
   }
   try {
-    return emit(await execute(parsed, { db: opened.handle.db, config, applied: opened.applied }));
+    const db = opened.handle.db;
+    const before = await lastJobId(db);
+    const outcome = await execute(parsed, { db, config, applied: opened.applied });
+    // A change that queued a job (an application disabled, a role narrowed) is finished here,
+    // unless a server beside us takes it first (then this waits for it).
+    await finishJobsAfter(db, before);
+    return emit(outcome);
   } finally {
     await opened.handle.close();
   }

@@ -60,7 +60,8 @@ export function orgId(values: Values): number {
 
 export async function applicationByClientId(db: DB, clientId: string) {
   const application = await findApplicationByClientId(db, clientId);
-  if (!application || !isDeveloperApplication(application)) throw new NotFoundError(`no application with client_id ${clientId}`);
+  // A deleted one is a tombstone (its grants' record): as missing as an unknown one.
+  if (!application || !isDeveloperApplication(application) || application.deleted_at !== null) throw new NotFoundError(`no application with client_id ${clientId}`);
   return application;
 }
 

@@ -32,13 +32,12 @@ class TransactionLockAdapter extends PostgresAdapter {
 class MigrationLockDriver extends PostgresDriver {
   override async beginTransaction(connection: DatabaseConnection, settings: TransactionSettings): Promise<void> {
     await super.beginTransaction(connection, settings);
-    // The settings first (a CTE the lock reads from, as Kysely does), then the wait for the lock.
-    await connection.executeQuery(
-      CompiledQuery.raw(
-        `with settings as (select set_config('lock_timeout', '${LOCK_TIMEOUT}', true), set_config('statement_timeout', '0', true))
-         select pg_advisory_xact_lock(${KYSELY_MIGRATION_LOCK_ID}) from settings`,
-      ),
-    );
+    // The settings first, in a statement of their own: a statement's timeout is armed when it
+    // starts, so set_config in the statement that waits would leave that wait under the role's
+    // statement_timeout (behind a pooler, seconds), and a migrator waiting for another one's
+    // longer migrations was cut off (test/pgbouncer.test.ts, once migrations took longer).
+    await connection.executeQuery(CompiledQuery.raw(`select set_config('lock_timeout', '${LOCK_TIMEOUT}', true), set_config('statement_timeout', '0', true)`));
+    await connection.executeQuery(CompiledQuery.raw(`select pg_advisory_xact_lock(${KYSELY_MIGRATION_LOCK_ID})`));
   }
 }
 

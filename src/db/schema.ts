@@ -68,6 +68,89 @@ export interface InvitationsTable {
   revoked_at: NullableTimestamp;
 }
 
+export type JobState = 'queued' | 'running' | 'succeeded' | 'failed';
+
+/** Durable background work (src/jobs/queue.ts). */
+export interface JobsTable {
+  id: Generated<number>;
+  kind: string;
+  organization_id: number | null;
+  payload: ColumnType<Record<string, unknown>, string, string>;
+  cursor: ColumnType<unknown, string | null, string | null>;
+  state: ColumnType<JobState, JobState | undefined, JobState>;
+  progress_done: ColumnType<number, number | undefined, number>;
+  progress_total: number | null;
+  attempts: ColumnType<number, number | undefined, number>;
+  /** Runs that failed (not hand-backs or takeovers). */
+  failures: ColumnType<number, number | undefined, number>;
+  /** When a queued job may start; when a running job's lease runs out. */
+  due_at: ColumnType<Date, Date | undefined, Date>;
+  instance: string | null;
+  last_error: string | null;
+  created_at: Generated<Date>;
+  started_at: NullableTimestamp;
+  updated_at: ColumnType<Date, Date | undefined, Date>;
+  finished_at: NullableTimestamp;
+}
+
+/** An organization's webhook receiver (src/webhooks/). */
+export interface WebhookEndpointsTable {
+  id: Generated<number>;
+  organization_id: number;
+  url: string;
+  description: ColumnType<string, string | undefined, string>;
+  events: string[];
+  enabled: ColumnType<boolean, boolean | undefined, boolean>;
+  disabled_reason: string | null;
+  /** The whsec_ secret, sealed with SECRET_KEY. */
+  secret_sealed: string;
+  previous_secret_sealed: string | null;
+  previous_secret_expires_at: NullableTimestamp;
+  failing_since: NullableTimestamp;
+  created_at: Generated<Date>;
+  updated_at: ColumnType<Date, Date | undefined, Date>;
+}
+
+/** An event for the organization's webhooks, written by a trigger on audit_events (migration 0017). */
+export interface WebhookEventsTable {
+  id: Generated<number>;
+  organization_id: number;
+  type: string;
+  /** The Standard Webhooks webhook-id, the same on every retry. */
+  message_id: string;
+  payload: ColumnType<Record<string, unknown>, string, string>;
+  created_at: Generated<Date>;
+}
+
+export type WebhookDeliveryState = 'pending' | 'succeeded' | 'failed';
+
+export interface WebhookDeliveriesTable {
+  id: Generated<number>;
+  event_id: number;
+  endpoint_id: number;
+  organization_id: number;
+  state: ColumnType<WebhookDeliveryState, WebhookDeliveryState | undefined, WebhookDeliveryState>;
+  attempts: ColumnType<number, number | undefined, number>;
+  next_attempt_at: ColumnType<Date, Date | undefined, Date>;
+  last_status: number | null;
+  last_error: string | null;
+  created_at: Generated<Date>;
+  finished_at: NullableTimestamp;
+}
+
+/** The delivery log: one row per attempt. */
+export interface WebhookAttemptsTable {
+  id: Generated<number>;
+  delivery_id: number;
+  attempt: number;
+  started_at: Generated<Date>;
+  duration_ms: number;
+  status: number | null;
+  /** The first 1 KB of the answer's body. */
+  response_body: string | null;
+  error: string | null;
+}
+
 /** A message waiting to be sent, or sent (body cleared); see src/mail/outbox.ts. */
 export interface MailOutboxTable {
   id: Generated<number>;
@@ -147,6 +230,8 @@ export interface ApplicationsTable {
   /** When a self-registered client first obtained a token; those that never do are reaped after a day. */
   first_used_at: NullableTimestamp;
   metadata_fetched_at: NullableTimestamp;
+  /** Deleted: disabled and invisible while a job revokes its grants, then the row goes. */
+  deleted_at: NullableTimestamp;
 }
 
 /**
@@ -538,6 +623,11 @@ export interface Database {
   sso_sign_ins: SsoSignInsTable;
   saml_assertion_ids: SamlAssertionIdsTable;
   removed_members: RemovedMembersTable;
+  jobs: JobsTable;
+  webhook_endpoints: WebhookEndpointsTable;
+  webhook_events: WebhookEventsTable;
+  webhook_deliveries: WebhookDeliveriesTable;
+  webhook_attempts: WebhookAttemptsTable;
 }
 
 export type User = Selectable<UsersTable>;

@@ -78,3 +78,13 @@ export function securityNoticeMessage(input: { issuer: string; to: string; name:
     forgotLink: `${input.issuer}/forgot-password`,
   });
 }
+
+/** To each owner of an organization whose webhook endpoint was disabled after failing for days (src/webhooks/dispatcher.ts). */
+export function webhookDisabledMessage(input: { issuer: string; to: string; name: string; organizationName: string; url: string; failingSince: Date }): MailMessage {
+  return compose('webhook-disabled', input.to, `A webhook endpoint of ${input.organizationName} was disabled`, {
+    ...input,
+    email: input.to,
+    since: `${input.failingSince.toISOString().slice(0, 16).replace('T', ' ')} UTC`,
+    link: `${input.issuer}/dashboard/webhooks`,
+  });
+}

@@ -82,6 +82,16 @@ describe('GET /openapi.json', () => {
       'POST /api/v1/{organization_id}/domains/{domain}/verify': ['sso.write'],
       'PATCH /api/v1/{organization_id}/domains/{domain}': ['sso.write'],
       'DELETE /api/v1/{organization_id}/domains/{domain}': ['sso.write'],
+      'GET /api/v1/{organization_id}/webhooks': ['webhooks.read'],
+      'POST /api/v1/{organization_id}/webhooks': ['webhooks.write'],
+      'GET /api/v1/{organization_id}/webhooks/{id}': ['webhooks.read'],
+      'PATCH /api/v1/{organization_id}/webhooks/{id}': ['webhooks.write'],
+      'DELETE /api/v1/{organization_id}/webhooks/{id}': ['webhooks.write'],
+      'POST /api/v1/{organization_id}/webhooks/{id}/rotate-secret': ['webhooks.write'],
+      'POST /api/v1/{organization_id}/webhooks/{id}/ping': ['webhooks.write'],
+      'GET /api/v1/{organization_id}/webhooks/{id}/deliveries': ['webhooks.read'],
+      'GET /api/v1/{organization_id}/webhooks/{id}/deliveries/{delivery_id}': ['webhooks.read'],
+      'POST /api/v1/{organization_id}/webhooks/{id}/deliveries/{delivery_id}/retry': ['webhooks.write'],
     });
     expect(doc.components.securitySchemes.oauth2).toMatchObject({ type: 'oauth2' });
   });
@@ -95,6 +105,7 @@ describe('GET /openapi.json', () => {
     expect(Object.keys(flows.clientCredentials!.scopes)).toEqual([
       'contacts.read', 'contacts.write', 'tasks.read', 'tasks.write',
       'applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read', 'sso.read', 'sso.write',
+      'webhooks.read', 'webhooks.write',
     ]);
   });
 });

@@ -29,11 +29,12 @@ export interface World {
 
 let ip = 0;
 
-export async function createWorld(): Promise<World> {
+/** `env`: configuration on top of the tests' (WEBHOOK_ALLOW_PRIVATE=1 for loopback webhook receivers). */
+export async function createWorld(options: { env?: Record<string, string> } = {}): Promise<World> {
   const t = await createTestDatabase();
   const db = t.handle.db;
   await ensureSigningKey(db, { alg: 'ES256', secretKey: TEST_SECRET_KEY });
-  const app = await buildTestApp(db);
+  const app = await buildTestApp(db, options.env ? { env: options.env } : {});
   const signUp = async (role: RoleName) => {
     const user = await createUser(db, { email: `${role}-${process.pid}@example.com`, password: PASSWORD, name: role });
     return { id: user.id, email: user.email };

@@ -14,7 +14,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   applications: [
     'id', 'organization_id', 'client_id', 'client_secret_hash', 'type', 'name', 'redirect_uris', 'scopes',
     'require_pkce', 'disabled', 'secret_rotated_at', 'created_at', 'updated_at', 'post_logout_redirect_uris',
-    'registration', 'token_endpoint_auth_method', 'grant_types', 'registration_token_hash', 'registered_ip', 'first_used_at', 'metadata_fetched_at',
+    'registration', 'token_endpoint_auth_method', 'grant_types', 'registration_token_hash', 'registered_ip', 'first_used_at', 'metadata_fetched_at', 'deleted_at',
   ],
   grants: ['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'created_at', 'last_used_at', 'revoked_at', 'revoked_reason', 'narrowed_from_grant_id',
     'identity_scopes', 'auth_time', 'sid', 'amr', 'resource_id'],
@@ -34,6 +34,17 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
     'id', 'organization_id', 'email', 'role', 'token_hash', 'invited_by_user_id', 'invited_by_client_id', 'created_at', 'sent_at',
     'expires_at', 'accepted_at', 'accepted_by_user_id', 'revoked_at', 'role_id',
   ],
+  jobs: [
+    'id', 'kind', 'organization_id', 'payload', 'cursor', 'state', 'progress_done', 'progress_total', 'attempts', 'failures', 'due_at', 'instance',
+    'last_error', 'created_at', 'started_at', 'updated_at', 'finished_at',
+  ],
+  webhook_endpoints: [
+    'id', 'organization_id', 'url', 'description', 'events', 'enabled', 'disabled_reason', 'secret_sealed', 'previous_secret_sealed',
+    'previous_secret_expires_at', 'failing_since', 'created_at', 'updated_at',
+  ],
+  webhook_events: ['id', 'organization_id', 'type', 'message_id', 'payload', 'created_at'],
+  webhook_deliveries: ['id', 'event_id', 'endpoint_id', 'organization_id', 'state', 'attempts', 'next_attempt_at', 'last_status', 'last_error', 'created_at', 'finished_at'],
+  webhook_attempts: ['id', 'delivery_id', 'attempt', 'started_at', 'duration_ms', 'status', 'response_body', 'error'],
   mail_outbox: [
     'id', 'recipient', 'subject', 'body_encrypted', 'created_at', 'attempts', 'next_attempt_at', 'last_error', 'sent_at', 'failed_at', 'expires_at',
   ],
@@ -61,7 +72,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
 };
 
 // applications is not here: a client that registered itself (RFC 7591, a metadata document) belongs to no organization.
-const ORG_OWNED = ['memberships', 'roles', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations', 'sso_connections', 'sso_domains', 'removed_members'];
+const ORG_OWNED = ['memberships', 'roles', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations', 'sso_connections', 'sso_domains', 'removed_members', 'webhook_endpoints'];
 const HASH = 'a'.repeat(64);
 
 let database: TestDatabase;
@@ -103,6 +114,7 @@ const MIGRATIONS = [
   '20261126_0014_strong_sign_in',
   '20261126_0015_single_sign_on',
   '20261126_0016_agents_and_resources',
+  '20261127_0017_jobs_and_webhooks',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {
@@ -242,7 +254,7 @@ describe(`the migrated schema on ${BACKEND}`, () => {
     const app = (client_id: string, type: 'public' | 'private', scopes: string[]) => ({
       organization_id: orgId, client_id, client_secret_hash: HASH, type, name: 'X', scopes, redirect_uris: type === 'public' ? ['https://a.example/cb'] : [],
     });
-    for (const scope of ['applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read']) {
+    for (const scope of ['applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read', 'sso.read', 'sso.write', 'webhooks.read', 'webhooks.write']) {
       await expect(db().insertInto('applications').values(app(`pub-${scope}`, 'public', ['contacts.read', scope])).execute()).rejects.toMatchObject({ code: '23514' });
       await db().insertInto('applications').values(app(`priv-${scope}`, 'private', ['contacts.read', scope])).execute();
     }

@@ -9,10 +9,13 @@
  * - a name set with setTxt(name, values): NOERROR, one TXT record per value (TXT questions);
  *   NOERROR with no answer for other types (NODATA, node's ENODATA), as a real zone would;
  * - setTxt(name, []): the name exists but has no TXT record, NOERROR and no answer (ENODATA);
+ * - a name set with setAddresses(name, addresses): its A and AAAA records (IPv6 in the full or
+ *   `::` form, not with an embedded dotted quad), for tests of what a name resolves to (webhook
+ *   URLs through DNS_SERVERS); NODATA for the family it has none of;
  * - any other name: NXDOMAIN (node's ENOTFOUND).
  */
 import { once } from 'node:events';
-import type { Socket } from 'node:net';
+import { isIP, type Socket } from 'node:net';
 import dns2, { type DnsHandler } from 'dns2';
 
 const { Packet } = dns2;
@@ -23,6 +26,8 @@ export interface TestDnsServer {
   port: number;
   /** Replaces the TXT records of `name` (case-insensitive, trailing dot optional); each value is one record. */
   setTxt(name: string, values: string[]): void;
+  /** Replaces the A and AAAA records of `name` with `addresses` (IPv4 and IPv6 literals). */
+  setAddresses(name: string, addresses: string[]): void;
   /** Forgets `name`: it answers NXDOMAIN again. */
   clear(name: string): void;
   /** The names asked about so far, in order, lower-cased, whatever the type (TXT, A, ...). */
@@ -62,6 +67,7 @@ function characterStrings(value: string): string[] {
 
 export async function startDnsServer(): Promise<TestDnsServer> {
   const records = new Map<string, string[]>();
+  const addressRecords = new Map<string, string[]>();
   const asked: string[] = [];
 
   const handle: DnsHandler = (request, send) => {
@@ -73,8 +79,16 @@ export async function startDnsServer(): Promise<TestDnsServer> {
       const name = canonical(question.name);
       asked.push(name);
       const values = records.get(name);
-      if (values === undefined) response.header.rcode = RCODE.NXDOMAIN;
-      else if (question.type === Packet.TYPE.TXT || question.type === Packet.TYPE.ANY) {
+      const addresses = addressRecords.get(name);
+      if (addresses !== undefined && (question.type === Packet.TYPE.A || question.type === Packet.TYPE.AAAA)) {
+        const wanted = question.type === Packet.TYPE.A ? 4 : 6;
+        for (const address of addresses.filter((a) => isIP(a) === wanted)) {
+          response.answers.push(Packet.createResourceFromQuestion(question, { type: question.type, class: Packet.CLASS.IN, ttl: 60, address }));
+        }
+      } else if (values === undefined && addresses === undefined) response.header.rcode = RCODE.NXDOMAIN;
+      else if (values === undefined) {
+        // The name has addresses only: NODATA for anything else.
+      } else if (question.type === Packet.TYPE.TXT || question.type === Packet.TYPE.ANY) {
         for (const value of values) {
           response.answers.push(
             Packet.createResourceFromQuestion(question, { type: Packet.TYPE.TXT, class: Packet.CLASS.IN, ttl: 60, data: characterStrings(value) }),
@@ -116,7 +130,11 @@ export async function startDnsServer(): Promise<TestDnsServer> {
       address: `127.0.0.1:${port}`,
       port,
       setTxt: (name, values) => void records.set(canonical(name), [...values]),
-      clear: (name) => void records.delete(canonical(name)),
+      setAddresses: (name, addresses) => void addressRecords.set(canonical(name), [...addresses]),
+      clear: (name) => {
+        records.delete(canonical(name));
+        addressRecords.delete(canonical(name));
+      },
       queries: () => [...asked],
       close: async () => {
         await Promise.all([

@@ -19,6 +19,7 @@ import { createAuthorizationCode } from '../../src/oauth/models/authorization-co
 import { createGrant, revokeGrants } from '../../src/oauth/models/grants.js';
 import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
 import { buildTestApp, TEST_SECRET_KEY } from '../helpers/app.js';
+import { finishJobs } from '../helpers/jobs.js';
 import { BACKEND, createEmptyDatabase, createTestDatabase, TEST_DATABASE_URL } from '../helpers/db.js';
 import { basic, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
 
@@ -63,22 +64,24 @@ describe(`changing an application on ${BACKEND}`, () => {
     expect(mine).toEqual(['application.created', 'application.disabled', 'application.updated', 'application.updated', 'application.updated']);
   });
 
-  it('revokes from the resulting state, so repeating a narrowing finishes what an interruption left', async () => {
+  it('queues the revocation with the change, and the job revokes from the state the application is in at each step', async () => {
     const app = await publicApp('Narrowed');
     const grant = await createGrant(db(), { organizationId: org.organizationId, applicationId: app.id, userId: org.ownerId, scopes: ['contacts.read', 'tasks.read'] });
-    await updateApplication(db(), app, { scopes: 'contacts.read' });
-    expect(await live(app.client_id)).toEqual([]);
-    // A grant left holding the removed scope, as if the revocation had been cut off halfway.
-    await db().insertInto('grants').values({ organization_id: org.organizationId, application_id: app.id, user_id: org.ownerId, scopes: ['contacts.read', 'tasks.read'] }).execute();
-    expect(await live(app.client_id)).toHaveLength(1);
-    await updateApplication(db(), await row(app.client_id), { scopes: 'contacts.read' });
-    expect(await live(app.client_id)).toEqual([]);
     expect(grant).toBeDefined();
-    // The same for disabling: sent again, it revokes whatever is still live.
-    await db().insertInto('grants').values({ organization_id: org.organizationId, application_id: app.id, user_id: org.ownerId, scopes: ['contacts.read'] }).execute();
+    await updateApplication(db(), app, { scopes: 'contacts.read' });
+    // The change committed with its job; the grant goes when the job runs.
+    const queued = await db().selectFrom('jobs').select(['kind', 'state', 'organization_id']).orderBy('id', 'desc').executeTakeFirstOrThrow();
+    expect(queued).toEqual({ kind: 'application.revoke_grants', state: 'queued', organization_id: org.organizationId });
+    await finishJobs(db());
+    expect(await live(app.client_id)).toEqual([]);
+    // Disabled, then enabled again before the job ran: the job finds it enabled and revokes nothing.
+    const kept = await db().insertInto('grants').values({ organization_id: org.organizationId, application_id: app.id, user_id: org.ownerId, scopes: ['contacts.read'] }).returning('id').executeTakeFirstOrThrow();
     await updateApplication(db(), await row(app.client_id), { disabled: true });
-    await db().insertInto('grants').values({ organization_id: org.organizationId, application_id: app.id, user_id: org.ownerId, scopes: ['contacts.read'] }).execute();
+    await updateApplication(db(), await row(app.client_id), { disabled: false });
+    await finishJobs(db());
+    expect((await live(app.client_id)).map((g) => g.id)).toEqual([kept.id]);
     await updateApplication(db(), await row(app.client_id), { disabled: true });
+    await finishJobs(db());
     expect(await live(app.client_id)).toEqual([]);
   });
 

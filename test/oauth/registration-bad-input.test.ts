@@ -133,7 +133,7 @@ const BAD_METADATA: [string, unknown][] = [
   ['client_name with a lone surrogate', { ...GOOD, client_name: 'a\udc00' }],
   ['a management scope', { ...GOOD, scope: 'members.write' }],
   ['a management scope beside data scopes', { ...GOOD, scope: 'contacts.read applications.read' }],
-  ['every management scope', { ...GOOD, scope: 'applications.read applications.write members.read members.write grants.read grants.write audit.read sso.read sso.write' }],
+  ['every management scope', { ...GOOD, scope: 'applications.read applications.write members.read members.write grants.read grants.write audit.read sso.read sso.write webhooks.read webhooks.write' }],
   ['an unknown scope', { ...GOOD, scope: 'contacts.read admin' }],
   ['a scope named __proto__', { ...GOOD, scope: '__proto__' }],
   ['scope a list', { ...GOOD, scope: ['contacts.read'] }],

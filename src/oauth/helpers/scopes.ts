@@ -18,6 +18,8 @@ export const SCOPE_DESCRIPTIONS = {
   'audit.read': 'Read the audit log',
   'sso.read': 'Read the organization’s SSO connections and domains',
   'sso.write': 'Manage the organization’s SSO connections and domains',
+  'webhooks.read': 'Read the organization’s webhook endpoints and their deliveries',
+  'webhooks.write': 'Manage the organization’s webhook endpoints: create, change, delete, rotate secrets, ping, retry deliveries',
 } as const;
 
 export type Scope = keyof typeof SCOPE_DESCRIPTIONS;
@@ -38,6 +40,8 @@ export const MANAGEMENT_SCOPES = [
   'audit.read',
   'sso.read',
   'sso.write',
+  'webhooks.read',
+  'webhooks.write',
 ] as const satisfies readonly Scope[];
 
 /** Canonical order: scope lists are always written in this order. */

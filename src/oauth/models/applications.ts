@@ -9,7 +9,8 @@ import { NotFoundError } from '../../errors.js';
 import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { isWellFormed, parseInput } from '../../lib/validate.js';
 import { redirectUriListSchema } from '../helpers/redirect-uris.js';
-import { revokeGrants, type RevokedGrantsMemory } from './grants.js';
+import { revokeBatch, type RevokedGrantsMemory } from './grants.js';
+import { enqueueJob, type JobHandler } from '../../jobs/queue.js';
 import { applicationScopes, knownScopesOf } from '../helpers/scopes.js';
 import { declaredScopeNames } from './resources.js';
 
@@ -204,6 +205,7 @@ export async function listApplications(db: DB, organizationId: number, page: { a
     .selectFrom('applications')
     .selectAll()
     .where('organization_id', '=', organizationId)
+    .where('deleted_at', 'is', null)
     .where('id', '>', page.afterId)
     .orderBy('id')
     .limit(page.limit)
@@ -215,7 +217,13 @@ export async function getApplication(db: DB, organizationId: number, clientId: s
   const application =
     clientId === undefined || !CLIENT_ID_PATTERN.test(clientId)
       ? undefined
-      : await db.selectFrom('applications').selectAll().where('organization_id', '=', organizationId).where('client_id', '=', clientId).executeTakeFirst();
+      : await db
+          .selectFrom('applications')
+          .selectAll()
+          .where('organization_id', '=', organizationId)
+          .where('client_id', '=', clientId)
+          .where('deleted_at', 'is', null)
+          .executeTakeFirst();
   if (!application) throw new NotFoundError('no such application in this organization');
   return application as DeveloperApplication;
 }
@@ -254,15 +262,16 @@ const changesSchema = z.object({
 });
 
 /**
- * Changes an application of its organization, audited, and then revokes what it may no longer
- * have: when disabled, every live grant (`application_disabled`); otherwise those holding a
- * scope it no longer has (`scopes_narrowed`). The row is locked and the change computed from it
- * as it is, so a concurrent change is not undone. The change commits first, so no new grant can
- * get what was taken away (createGrant and code redemption check the application as it is);
- * meanwhile every instance already refuses such tokens, because the API checks each token's
- * scopes against its cached application (access-tokens.ts). The revocation follows the
- * resulting state whenever `scopes` or `disabled` was sent, so repeating a request that failed
- * halfway through revoking finishes the work. Returns the application as it now is.
+ * Changes an application of its organization, audited, and queues the revocation of what it may
+ * no longer have: when disabled, every live grant (`application_disabled`); when its scopes
+ * were narrowed, those holding a scope it no longer has (`scopes_narrowed`). The row is locked
+ * and the change computed from it as it is, so a concurrent change is not undone. The change
+ * takes effect at once: no new grant gets what was taken away (createGrant and code redemption
+ * check the application as it is), and every instance refuses such tokens within the
+ * application cache's 500 ms, because the API checks each token against its application
+ * (access-tokens.ts). The revocations themselves, which may be a million, are a job
+ * (applicationGrantsJob) queued in the same transaction: the request does not wait for them,
+ * and an instance that dies midway leaves them to another. Returns the application as it now is.
  */
 export async function updateApplication(db: DB, application: DeveloperApplication, changes: ApplicationChanges, options: ChangeOptions = {}): Promise<DeveloperApplication> {
   const valid = parseInput(changesSchema, {
@@ -279,6 +288,7 @@ export async function updateApplication(db: DB, application: DeveloperApplicatio
       .selectAll()
       .where('organization_id', '=', application.organization_id)
       .where('id', '=', application.id)
+      .where('deleted_at', 'is', null)
       .forUpdate()
       .executeTakeFirst();
     if (!current) throw new NotFoundError('no such application in this organization');
@@ -296,38 +306,44 @@ export async function updateApplication(db: DB, application: DeveloperApplicatio
     );
     const toggled = next.disabled !== current.disabled;
     if (Object.keys(edited).length === 0 && !toggled) return current as DeveloperApplication;
-    const row = await trx
+    const row = (await trx
       .updateTable('applications')
       .set({ ...edited, ...(toggled ? { disabled: next.disabled } : {}), updated_at: sql`now()` })
       .where('organization_id', '=', current.organization_id)
       .where('id', '=', current.id)
       .returningAll()
-      .executeTakeFirstOrThrow();
+      .executeTakeFirstOrThrow()) as DeveloperApplication;
     const audit = (action: string, details: Record<string, unknown>) =>
       recordAuditEvent(trx, { actor: options.actor, organizationId: application.organization_id, action, details: { client_id: current.client_id, ...details } });
     if (Object.keys(edited).length > 0) await audit('application.updated', edited);
     if (toggled) await audit(next.disabled ? 'application.disabled' : 'application.enabled', {});
-    return row as DeveloperApplication;
+    const narrowed = edited.scopes !== undefined && current.scopes.some((s) => !next.scopes.includes(s));
+    const mode = row.disabled && toggled ? 'disabled' : !row.disabled && narrowed ? 'narrowed' : undefined;
+    if (mode) await queueGrantRevocation(trx, row, mode, options.actor);
+    return row;
   });
   options.applications?.forget(application.client_id);
-  if (updated.disabled && changes.disabled !== undefined) await revokeApplicationGrants(db, updated, {}, 'application_disabled', options);
-  else if (!updated.disabled && changes.scopes !== undefined) {
-    await revokeApplicationGrants(db, updated, { beyondScopes: updated.scopes, declaredBeyond: updated.type === 'private' }, 'scopes_narrowed', options);
-  }
   return updated;
 }
 
 /**
- * Deletes an application: disabled first, so it gets no new grant, then every grant revoked and
- * published (so every instance refuses its tokens), then the row and its grants go.
+ * Deletes an application: at once it is disabled and gone from every list and lookup of its
+ * organization (audited as deleted), so it gets no new grant and every instance refuses its
+ * tokens within the application cache's 500 ms; a job then revokes and publishes its grants. The
+ * row stays behind as a tombstone holding those revoked grants (the audit trail of what it was
+ * given, as for every revoked grant), and its client_id is never issued again.
  */
 export async function deleteApplication(db: DB, application: DeveloperApplication, options: ChangeOptions = {}): Promise<void> {
-  await db.updateTable('applications').set({ disabled: true }).where('organization_id', '=', application.organization_id).where('id', '=', application.id).execute();
-  options.applications?.forget(application.client_id);
-  await revokeApplicationGrants(db, application, {}, 'application_disabled', options);
   await inTransaction(db, async (trx) => {
     // Of two deletions at once, one deletes and audits; the other finds nothing (404).
-    const deleted = await trx.deleteFrom('applications').where('organization_id', '=', application.organization_id).where('id', '=', application.id).returning('id').executeTakeFirst();
+    const deleted = await trx
+      .updateTable('applications')
+      .set({ disabled: true, deleted_at: sql`now()`, updated_at: sql`now()` })
+      .where('organization_id', '=', application.organization_id)
+      .where('id', '=', application.id)
+      .where('deleted_at', 'is', null)
+      .returningAll()
+      .executeTakeFirst();
     if (!deleted) throw new NotFoundError('no such application in this organization');
     await recordAuditEvent(trx, {
       actor: options.actor,
@@ -335,16 +351,63 @@ export async function deleteApplication(db: DB, application: DeveloperApplicatio
       action: 'application.deleted',
       details: { client_id: application.client_id, name: application.name },
     });
+    await queueGrantRevocation(trx, deleted as DeveloperApplication, 'deleted', options.actor);
   });
   options.applications?.forget(application.client_id);
 }
 
-async function revokeApplicationGrants(
-  db: DB,
-  application: DeveloperApplication,
-  filter: { beyondScopes?: readonly string[]; declaredBeyond?: boolean },
-  reason: RevocationReason,
-  options: ChangeOptions,
-): Promise<void> {
-  await revokeGrants(db, { organizationId: application.organization_id, applicationId: application.id, ...filter }, reason, options.actor, options.revocations);
+/** Why an application's grants are being revoked: it was disabled, deleted, or lost scopes. */
+type RevocationMode = 'disabled' | 'deleted' | 'narrowed';
+
+interface ApplicationGrantsPayload {
+  application_id: number;
+  client_id: string;
+  mode: RevocationMode;
+  actor: Actor;
+}
+
+export const APPLICATION_GRANTS_JOB = 'application.revoke_grants';
+
+async function queueGrantRevocation(trx: DB, application: DeveloperApplication, mode: RevocationMode, actor: Actor | undefined): Promise<void> {
+  const payload: ApplicationGrantsPayload = { application_id: application.id, client_id: application.client_id, mode, actor: actor ?? {} };
+  await enqueueJob(trx, { kind: APPLICATION_GRANTS_JOB, organizationId: application.organization_id, payload: { ...payload } });
+}
+
+/**
+ * The job that revokes an application's grants, REVOKE_BATCH (300) a step, each published to
+ * every instance as it commits (revokeBatch). Each step reads the application as it is now
+ * (share-locked): one enabled again stops a `disabled` job, and a `narrowed` job revokes what
+ * holds a scope beyond the scopes it has now, so a later change is followed, not undone.
+ */
+export function applicationGrantsJob(memory?: RevokedGrantsMemory): JobHandler<ApplicationGrantsPayload, { after: number }> {
+  return {
+    kind: APPLICATION_GRANTS_JOB,
+    async step(trx, job, cursor) {
+      const { application_id: id, mode } = job.payload;
+      const app = await trx.selectFrom('applications').select(['organization_id', 'type', 'scopes', 'disabled', 'deleted_at']).where('id', '=', id).forShare().executeTakeFirst();
+      const stillWanted = app !== undefined && (mode === 'narrowed' ? !app.disabled : mode === 'deleted' || app.disabled);
+      if (!app || app.organization_id === null || !stillWanted) return { cursor, processed: 0, finished: true };
+      const filter = mode === 'narrowed' ? { beyondScopes: app.scopes, declaredBeyond: app.type === 'private' } : {};
+      const selection = { organizationId: app.organization_id, applicationId: id, ...filter };
+      // Progress: how many it has to revoke, counted once (by the partial index of live grants).
+      const total =
+        cursor === null && mode !== 'narrowed'
+          ? Number(
+              (
+                await trx
+                  .selectFrom('grants')
+                  .select((eb) => eb.fn.countAll<number>().as('n'))
+                  .where('application_id', '=', id)
+                  .where('revoked_at', 'is', null)
+                  .executeTakeFirstOrThrow()
+              ).n,
+            )
+          : undefined;
+      const reason = mode === 'narrowed' ? 'scopes_narrowed' : 'application_disabled';
+      const ids = await revokeBatch(trx, selection, reason, job.payload.actor, cursor?.after ?? 0);
+      if (ids.length === 0) return { cursor, processed: 0, finished: true, total };
+      // RETURNING does not keep the lock order: the cursor is the largest id revoked.
+      return { cursor: { after: Math.max(...ids) }, processed: ids.length, finished: false, total, afterCommit: () => memory?.noteRevoked(ids, reason) };
+    },
+  };
 }

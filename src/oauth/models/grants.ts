@@ -112,7 +112,7 @@ const REVOKE_BATCH = 300;
  * transaction is revoking is waited for, then skipped, and the batch fills up with the next
  * live ones, so a batch is empty only when no selected grant is left.
  */
-async function revokeBatch(trx: Transaction<Database>, selection: GrantSelection, reason: RevocationReason, actor: Actor): Promise<number[]> {
+export async function revokeBatch(trx: Transaction<Database>, selection: GrantSelection, reason: RevocationReason, actor: Actor, afterId = 0): Promise<number[]> {
   const grants = await trx
     .updateTable('grants')
     .set({ revoked_at: sql`now()`, revoked_reason: reason })
@@ -127,6 +127,8 @@ async function revokeBatch(trx: Transaction<Database>, selection: GrantSelection
         const held = selection.declaredBeyond ? sql<string[]>`scopes` : knownScopesOf(sql`scopes`);
         live = live.where(sql<boolean>`not (${held} <@ ${[...selection.beyondScopes]}::text[])`);
       }
+      // Keyset (a job resuming from its cursor): grants already revoked are not walked again.
+      if (afterId > 0) live = live.where('id', '>', afterId);
       return live.orderBy('id').limit(REVOKE_BATCH).forUpdate();
     })
     .returning(['id', 'organization_id', 'application_id', 'user_id'])

@@ -22,6 +22,7 @@ import { CSRF_FAILED, loadContext, setDashboardContext } from './context.js';
 import { organizationRoutes } from './organization.js';
 import { roleRoutes } from './roles.js';
 import { ssoRoutes } from './sso.js';
+import { webhookRoutes } from './webhooks.js';
 
 export type { DashboardDeps } from './applications.js';
 
@@ -47,6 +48,7 @@ export async function dashboardPages(app: FastifyInstance, deps: DashboardDeps):
   await organizationRoutes(app, deps);
   await roleRoutes(app, deps);
   await ssoRoutes(app, deps);
+  await webhookRoutes(app, deps);
   await accountRoutes(app, deps);
   const factorGuard = new FactorChangeGuard(deps.db);
   await twoStepRoutes(app, { ...deps, factorGuard });
