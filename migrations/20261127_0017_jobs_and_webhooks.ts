@@ -138,7 +138,14 @@ export async function up(db: Kysely<any>): Promise<void> {
             'timestamp', to_char(n.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
             'data', n.details || jsonb_build_object(
               'organization_id', n.organization_id,
-              'actor', jsonb_build_object('user_id', n.actor_user_id, 'client_id', n.actor_client_id))),
+              'actor', jsonb_build_object('user_id', n.actor_user_id, 'client_id', n.actor_client_id))
+              -- The resource's version where it has one (its updated_at after this change): ordering
+              -- is not guaranteed, so a receiver keeps the newest version it saw.
+              || jsonb_strip_nulls(jsonb_build_object('version', to_char((case
+                when n.action like 'application.%' then (select a.updated_at from applications a where a.client_id = n.details->>'client_id')
+                when n.action like 'role.%' then (select r.updated_at from roles r where r.organization_id = n.organization_id and r.id::text = n.details->>'role_id')
+                when n.action = 'organization.updated' then (select o.updated_at from organizations o where o.id = n.organization_id)
+              end) at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))),
           n.created_at
         from new_rows n
         where exists (select 1 from webhook_endpoints e where e.organization_id = n.organization_id and e.enabled and n.action = any (e.events))

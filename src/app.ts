@@ -39,6 +39,7 @@ import { registrationEndpoint } from './oauth/endpoints/register.js';
 import { pageAssets } from './web/render.js';
 import { BackgroundTasks } from './lib/background.js';
 import { jobHandlers } from './jobs/handlers.js';
+import { RoleScopes } from './accounts/role-scopes.js';
 import { JobRunner } from './jobs/queue.js';
 import { devOutboxPage } from './web/dev-outbox.js';
 import { MailOutbox } from './mail/outbox.js';
@@ -180,7 +181,8 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
     await mail.stop();
   });
   const resources = new ResourceRegistry(deps.db, config);
-  const oauth = { db: deps.db, keys, revocations, config, clientThrottle: clientAuthThrottle(), applications, clientGrants, metrics, resources };
+  const roles = new RoleScopes(deps.db);
+  const oauth = { db: deps.db, keys, revocations, config, clientThrottle: clientAuthThrottle(), applications, clientGrants, metrics, resources, roles };
   await corsForClients(app);
   await app.register(metadataRoutes, oauth);
   await app.register(tokenEndpoint, oauth);

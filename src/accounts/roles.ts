@@ -177,7 +177,32 @@ export function hasPermission(role: RoleRef | undefined, permission: Permission)
   return role !== undefined && role.permissions.includes(permission);
 }
 
-const IMPLIED_READ: Record<string, Permission> = { 'applications.write': 'applications.read', 'members.write': 'members.read', 'grants.write': 'grants.read', 'sso.write': 'sso.read', 'webhooks.write': 'webhooks.read' };
+const IMPLIED_READ: Record<string, Permission> = {
+  'applications.write': 'applications.read',
+  'members.write': 'members.read',
+  'grants.write': 'grants.read',
+  'sso.write': 'sso.read',
+  'webhooks.write': 'webhooks.read',
+  // A webhook event is an audit entry (its payload is the entry's details), so who sees
+  // deliveries, or subscribes an endpoint to them, reads the audit log.
+  'webhooks.read': 'audit.read',
+};
+
+/** `list` with everything its permissions imply, to the end of the chain (webhooks.write → webhooks.read → audit.read). */
+function withImplied(list: readonly string[]): string[] {
+  const all = new Set(list);
+  for (let grew = true; grew; ) {
+    grew = false;
+    for (const p of all) {
+      const implied = IMPLIED_READ[p];
+      if (implied && !all.has(implied)) {
+        all.add(implied);
+        grew = true;
+      }
+    }
+  }
+  return [...all];
+}
 
 export const roleNameSchema = z
   .string()
@@ -210,7 +235,7 @@ export function permissionsSchema(declared: ReadonlySet<string> = new Set()) {
         }
       })
       // Managing a list means seeing it: a management write brings its read (the pages that manage show the list).
-      .transform((list) => canonical([...list, ...list.flatMap((p) => (IMPLIED_READ[p] ? [IMPLIED_READ[p]] : []))]))
+      .transform((list) => canonical(withImplied(list)))
   );
 }
 

@@ -13,6 +13,7 @@ import type { ApplicationCache } from '../oauth/models/application-cache.js';
 import { isManagementScope } from '../oauth/helpers/scopes.js';
 import { applicationRole, type RoleRef } from '../accounts/roles.js';
 import { API_RESOURCE_PATH } from '../oauth/models/resources.js';
+import type { RoleScopes } from '../accounts/role-scopes.js';
 
 export interface ApiAuth {
   organizationId: number;
@@ -91,7 +92,7 @@ export class InsufficientScopeError extends AppError {
   }
 }
 
-export function authenticateApiRequest(ctx: { keys: KeyStore; revocations: RevocationList; applications: ApplicationCache; config: Config }) {
+export function authenticateApiRequest(ctx: { keys: KeyStore; revocations: RevocationList; applications: ApplicationCache; config: Config; roles?: RoleScopes | undefined }) {
   const verifier = new AccessTokenVerifier(ctx);
   return async (req: FastifyRequest): Promise<void> => {
     const params = req.params as { organization_id?: unknown };

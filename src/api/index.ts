@@ -28,6 +28,7 @@ import { errorResponses, orgParams, serializerCompiler } from './schemas.js';
 import { ssoConnectionRoutes } from './sso-connections.js';
 import { taskRoutes } from './tasks.js';
 import { webhookRoutes } from './webhooks.js';
+import type { RoleScopes } from '../accounts/role-scopes.js';
 
 export const API_PREFIX = '/api/v1/:organization_id';
 
@@ -44,7 +45,7 @@ const organizationOut = (org: Organization) => ({ id: org.id, name: org.name, re
 
 export async function apiRoutes(
   app: FastifyInstance,
-  options: { db: DB; keys: KeyStore; revocations: RevocationList; applications: ApplicationCache; config: Config; mail: MailOutbox },
+  options: { db: DB; keys: KeyStore; revocations: RevocationList; applications: ApplicationCache; config: Config; mail: MailOutbox; roles: RoleScopes },
 ): Promise<void> {
   app.setValidatorCompiler(validatorCompiler);
   app.setSerializerCompiler(serializerCompiler);

@@ -279,6 +279,10 @@ describe(`webhook endpoints in the management API on ${BACKEND}`, () => {
     expect(deliveries[0]).toMatchObject({ endpoint_id: wants.id, event_type: 'role.created' });
     const detail = (await api('GET', `/webhooks/${wants.id}/deliveries/${deliveries[0].id}`, { org })).json();
     expect(detail.payload).toMatchObject({ type: 'role.created', data: { organization_id: org.organizationId, actor: { user_id: null, client_id: org.privateApp.client_id }, name: 'Webhook watchers' } });
+    // The resource's version (its updated_at after the change), for receivers to order by: ordering is not guaranteed.
+    expect(detail.payload.data.version).toMatch(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$/);
+    expect(new Date(detail.payload.data.version).getTime()).toBe(new Date(role.json().updated_at).getTime());
+    expect(detail.payload.timestamp).toMatch(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$/);
     for (const endpoint of [disabled, elsewhere]) expect((await api('GET', `/webhooks/${endpoint.id}/deliveries`, { org })).json().data).toEqual([]);
   });
 
@@ -393,12 +397,12 @@ describe(`the webhook routes' scopes on ${BACKEND} (BR-2)`, () => {
     expect((await api('DELETE', `/webhooks/${made.json().id}`, { org: c, token: write })).statusCode).toBe(204);
   });
 
-  it('gives the permissions to owners and admins, not to members or viewers; a role that writes also reads', async () => {
+  it('gives the permissions to owners and admins, not to members or viewers; a role that writes also reads, and reads the audit log its events come from', async () => {
     for (const role of ['owner', 'admin'] as const) expect(BUILTIN_ROLES[role].permissions).toEqual(expect.arrayContaining(['webhooks.read', 'webhooks.write']));
     for (const role of ['member', 'viewer'] as const) expect(BUILTIN_ROLES[role].permissions.filter((p) => p.startsWith('webhooks.'))).toEqual([]);
     const res = await api('POST', '/roles', { body: { name: 'Webhook admin', permissions: ['webhooks.write'] } });
     expect(res.statusCode, res.body).toBe(201);
-    expect(res.json().permissions).toEqual(['webhooks.read', 'webhooks.write']);
+    expect(res.json().permissions).toEqual(['audit.read', 'webhooks.read', 'webhooks.write']);
   });
 
   it('keeps the management scopes off public applications, in the database too', async () => {

@@ -325,6 +325,31 @@ describe(`issue 15's must-shows on ${BACKEND}`, () => {
 });
 
 describe(`role changes at volume and under concurrency on ${BACKEND}`, () => {
+  it('a role losing a permission refuses its members’ tokens holding it on both instances within a second, before any narrowing reaches their grants', async () => {
+    const role = await createRole(t.handle.db, org.organizationId, { name: `Held to ${++n}`, permissions: ['contacts.read', 'contacts.write'] });
+    const member = await memberWith(role);
+    const application = await publicApp(DATA_SCOPES);
+    const wide = await authorize(member.browser, application, 'contacts.read contacts.write');
+    const narrow = await authorize(member.browser, application, 'contacts.read');
+    if ('error' in wide || 'error' in narrow) throw new Error('not authorized');
+    // The token names the member's custom role, so the API can hold it to the role as it is now.
+    expect(JSON.parse(Buffer.from(wide.access_token.split('.')[1]!, 'base64url').toString())).toMatchObject({ role_id: role.id, scope: 'contacts.read contacts.write' });
+    expect((await writeContact(second, wide.access_token)).statusCode).toBe(201);
+    // The role's change, and nothing else: no job, no grant narrowed (what the first instants of a
+    // million-member narrowing look like to the members it has not reached).
+    await t.handle.db.updateTable('roles').set({ permissions: ['contacts.read'] }).where('id', '=', role.id!).execute();
+    const since = performance.now();
+    for (const instance of [app, second]) await expect.poll(async () => (await readContacts(instance, wide.access_token)).statusCode, { timeout: 1000, interval: 20 }).toBe(401);
+    expect(performance.now() - since).toBeLessThan(1000);
+    // A token within what the role still allows goes on working; the grants are untouched.
+    for (const instance of [app, second]) expect((await readContacts(instance, narrow.access_token)).statusCode).toBe(200);
+    const live = await t.handle.db.selectFrom('grants').select('scopes').where('user_id', '=', member.id).where('revoked_at', 'is', null).orderBy('id').execute();
+    expect(live.map((g) => g.scopes)).toEqual([['contacts.read', 'contacts.write'], ['contacts.read']]);
+    // The permission given back: the token is good again (the role, not a revocation, refused it).
+    await t.handle.db.updateTable('roles').set({ permissions: ['contacts.read', 'contacts.write'] }).where('id', '=', role.id!).execute();
+    await expect.poll(async () => (await readContacts(second, wide.access_token)).statusCode, { timeout: 1000, interval: 20 }).toBe(200);
+  });
+
   it('a refresh whose grant no narrowing has reached yet (a role-wide narrowing still running, or interrupted) returns the narrower scope and ends the old access token', async () => {
     const role = await createRole(t.handle.db, org.organizationId, { name: `Unreached ${++n}`, permissions: ['contacts.read', 'contacts.write'] });
     const member = await memberWith(role);

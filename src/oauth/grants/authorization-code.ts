@@ -17,6 +17,8 @@ const MEMBER_HOLDS = (scopes: RawBuilder<string[]>) => memberHoldsScopesSql(scop
 
 interface Redeemed extends GrantIdentity {
   grant_id: number;
+  /** The member's custom role, if any: the access token names it (role_id). */
+  role_id: number | null;
   resource_id: number | null;
   organization_id: number;
   organization_name: string;
@@ -66,7 +68,7 @@ async function redeemCode(db: DB, application: Application, presented: Presented
         and ('mfa' = any(c.amr) or not (select o.require_mfa from organizations o where o.id = c.organization_id))
     ),
     member as (
-      select m.organization_id from memberships m join found f on m.organization_id = f.organization_id and m.user_id = f.user_id
+      select m.organization_id, m.role_id from memberships m join found f on m.organization_id = f.organization_id and m.user_id = f.user_id
       -- The role as it is now: changed since consent (a role change locks the row; we then see the new one), it must still allow every scope.
       where ${MEMBER_HOLDS(sql`f.scopes`)}
       for share of m
@@ -78,7 +80,7 @@ async function redeemCode(db: DB, application: Application, presented: Presented
       returning c.grant_id, c.organization_id, c.user_id, c.scopes, c.identity_scopes, c.nonce, c.auth_time, c.sid, c.amr, c.resource_id
     ),
     ${grantWithRefreshTokenSql(application.id, refreshToken, ttlSeconds)}
-    select c.grant_id, c.resource_id, c.organization_id, o.name as organization_name, c.user_id, c.scopes,
+    select c.grant_id, c.resource_id, c.organization_id, o.name as organization_name, c.user_id, c.scopes, (select role_id from member) as role_id,
       c.identity_scopes, c.nonce, c.auth_time, c.sid, c.amr, u.email, u.name, u.email_verified_at is not null as email_verified
     from consumed c join organizations o on o.id = c.organization_id join users u on u.id = c.user_id
     where exists (select 1 from refresh)`.execute(db);

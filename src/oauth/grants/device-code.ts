@@ -50,6 +50,7 @@ async function recordPoll(db: DB, application: Application, deviceCode: string):
 
 interface Redeemed extends GrantIdentity {
   grant_id: number;
+  role_id: number | null;
   organization_id: number;
   organization_name: string;
   user_id: number;
@@ -80,7 +81,7 @@ async function redeemApproved(db: DB, application: Application, id: number, reso
         and ('mfa' = any(d.amr) or not (select o.require_mfa from organizations o where o.id = d.organization_id))
     ),
     member as (
-      select m.organization_id from memberships m join found f on m.organization_id = f.organization_id and m.user_id = f.user_id
+      select m.organization_id, m.role_id from memberships m join found f on m.organization_id = f.organization_id and m.user_id = f.user_id
       -- The role as it is now: changed since the approval (a role change locks the row; we then see the new one), it must still allow every scope.
       where ${MEMBER_HOLDS(sql`f.scopes`)}
       for share of m
@@ -93,7 +94,7 @@ async function redeemApproved(db: DB, application: Application, id: number, reso
       returning d.grant_id, d.organization_id, d.user_id, d.granted_scopes as scopes, d.identity_scopes, d.auth_time, null::text as sid, d.amr, d.resource_id
     ),
     ${grantWithRefreshTokenSql(application.id, refreshToken, ttlSeconds)}
-    select c.grant_id, c.organization_id, o.name as organization_name, c.user_id, c.scopes,
+    select c.grant_id, c.organization_id, o.name as organization_name, c.user_id, c.scopes, (select role_id from member) as role_id,
       c.identity_scopes, c.auth_time, c.sid, c.amr, u.email, u.name, u.email_verified_at is not null as email_verified
     from consumed c join organizations o on o.id = c.organization_id join users u on u.id = c.user_id
     where exists (select 1 from refresh)`.execute(db);

@@ -17,6 +17,7 @@ const MEMBER_PERMISSIONS = membershipPermissionsSql(sql`m.role`, CUSTOM_PERMISSI
 
 interface Rotated extends GrantIdentity {
   grant_id: number;
+  role_id: number | null;
   resource_id: number | null;
   organization_id: number;
   organization_name: string;
@@ -43,7 +44,7 @@ async function rotateRefreshToken(
   const askedIdentity = input.asked === null ? null : [...input.asked.identity];
   const { rows } = await sql<Rotated>`${prepared('rotate_refresh_token')}
     with t as (
-      select r.id, r.grant_id, r.organization_id, r.scopes, g.user_id, g.identity_scopes, g.auth_time, g.sid, g.amr, g.resource_id
+      select r.id, r.grant_id, r.organization_id, r.scopes, g.user_id, g.identity_scopes, g.auth_time, g.sid, g.amr, g.resource_id, m.role_id
       from refresh_tokens r
       join grants g on g.id = r.grant_id and g.organization_id = r.organization_id
       join memberships m on m.organization_id = r.organization_id and m.user_id = g.user_id
@@ -82,7 +83,7 @@ async function rotateRefreshToken(
       from t join retired on retired.id = t.id
       returning id
     )
-    select t.grant_id, t.resource_id, t.organization_id, o.name as organization_name, t.user_id, t.scopes,
+    select t.grant_id, t.resource_id, t.organization_id, o.name as organization_name, t.user_id, t.scopes, t.role_id,
       t.identity_scopes, t.auth_time, t.sid, t.amr, u.email, u.name, u.email_verified_at is not null as email_verified
     from t join organizations o on o.id = t.organization_id join users u on u.id = t.user_id
     where exists (select 1 from successor)`.execute(db);
@@ -200,6 +201,7 @@ export const refreshToken: GrantHandler = {
       organizationName: rotated.organization_name,
       clientId: application.client_id,
       userId: rotated.user_id,
+      roleId: rotated.role_id,
       // The new refresh token keeps the old one's scope (RFC 6749 §6); the access token may be narrower.
       accessScopes: scopes,
       resource,

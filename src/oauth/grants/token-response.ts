@@ -68,6 +68,8 @@ export async function userTokenResponse(
     organizationName: string;
     clientId: string;
     userId: number;
+    /** The member's custom role (null: a built-in one), named in the access token so the API can hold it to the role as it is now. */
+    roleId: number | null;
     accessScopes: readonly string[];
     /** What the access token is for (RFC 8707); the refresh token stays with the grant, and so with it. */
     resource: TokenResource;
@@ -86,6 +88,7 @@ export async function userTokenResponse(
     organizationId: input.organizationId,
     grantId: input.grantId,
     resource: input.resource,
+    roleId: input.roleId,
   });
   const organization = { id: input.organizationId, name: input.organizationName };
   const idToken = identityScopes.includes('openid')
@@ -116,6 +119,7 @@ export async function userTokenResponse(
 /** A grant just made by redeeming a code (an authorization code, an approved device code), as the redeeming statement returns it. */
 export interface RedeemedGrant extends GrantIdentity {
   grant_id: number;
+  role_id: number | null;
   organization_id: number;
   organization_name: string;
   user_id: number;
@@ -136,6 +140,7 @@ export function redeemedTokenResponse(
     organizationName: redeemed.organization_name,
     clientId: input.clientId,
     userId: redeemed.user_id,
+    roleId: redeemed.role_id,
     accessScopes: redeemed.scopes.filter((s) => resource.id === null || resource.scopes.includes(s)),
     resource,
     refreshToken: input.refreshToken,

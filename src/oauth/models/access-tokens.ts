@@ -11,7 +11,7 @@ import { AppError } from '../../errors.js';
 import { type KeyStore, type SigningKeyMaterial, signJws } from './key-store.js';
 import type { FindApplication } from './application-cache.js';
 import type { Application } from '../../db/schema.js';
-import { isIdentityScope } from '../helpers/scopes.js';
+import { isIdentityScope, isKnownScope } from '../helpers/scopes.js';
 import { apiResourceUri, LEGACY_API_PATH, type TokenResource } from './resources.js';
 
 export const ACCESS_TOKEN_TYPE = 'at+jwt';
@@ -29,6 +29,8 @@ export interface AccessTokenInput {
   grantId: number;
   /** What the token is for: its `aud` and lifetime. */
   resource: Pick<TokenResource, 'uri' | 'accessTokenTtl'>;
+  /** The member's custom role: the API holds the token to that role's permissions as they are now (RoleScopes). */
+  roleId?: number | null | undefined;
 }
 
 const claimsSchema = z.object({
@@ -39,6 +41,8 @@ const claimsSchema = z.object({
   scope: z.string(),
   organization_id: z.number().int().positive(),
   grant_id: z.number().int().positive(),
+  /** The user's custom role in the organization when the token was issued (absent: a built-in role, or the application itself). */
+  role_id: z.number().int().positive().optional(),
   jti: z.string().min(1),
   iat: z.number().int(),
   exp: z.number().int(),
@@ -78,6 +82,7 @@ export async function signAccessToken(
     scope: input.scopes.join(' '),
     organization_id: input.organizationId,
     grant_id: input.grantId,
+    ...(input.roleId != null ? { role_id: input.roleId } : {}),
     jti: randomUUID(),
     iat,
     exp: iat + input.resource.accessTokenTtl,
@@ -153,7 +158,14 @@ export class AccessTokenVerifier {
   private readonly verified = new Map<string, CheckedToken>();
 
   constructor(
-    private readonly ctx: { keys: KeyStore; revocations: RevokedTokens; applications: { find: FindApplication }; config: Pick<Config, 'issuer'> },
+    private readonly ctx: {
+      keys: KeyStore;
+      revocations: RevokedTokens;
+      applications: { find: FindApplication };
+      config: Pick<Config, 'issuer'>;
+      /** Custom roles as they are now (src/accounts/role-scopes.ts); without it, tokens are not held to their role. */
+      roles?: { find(roleId: number, notBefore?: number): Promise<{ organizationId: number; permissions: ReadonlySet<string> } | null> } | undefined;
+    },
     private readonly maxEntries = 10_000,
   ) {}
 
@@ -179,6 +191,17 @@ export class AccessTokenVerifier {
     // instance at once, while those revocations are still being written.
     // The OpenID scopes are not registered by applications (any public one may ask for them).
     for (const scope of scopes) if (!application.scopes.includes(scope) && !isIdentityScope(scope)) throw new InvalidTokenError('scope beyond the application’s');
+    // Nor one its user's custom role no longer allows: a role losing a permission refuses its
+    // members' tokens with it at once, while the job narrowing their grants is on its way.
+    if (claims.role_id !== undefined && this.ctx.roles) {
+      const roles = this.ctx.roles;
+      const roleId = claims.role_id;
+      const beyond = (role: { organizationId: number; permissions: ReadonlySet<string> } | null) =>
+        role !== null && role.organizationId === claims.organization_id && [...scopes].some((s) => isKnownScope(s) && !role.permissions.has(s));
+      // Refused only by a reading of the role made after the token was issued (iat is whole
+      // seconds: after the end of that second), so a role widened just before it is seen widened.
+      if (beyond(await roles.find(roleId)) && beyond(await roles.find(roleId, (claims.iat + 1) * 1000))) throw new InvalidTokenError('scope beyond the member’s role');
+    }
     return { ...verified, application };
   }
 }
