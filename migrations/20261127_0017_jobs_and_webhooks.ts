@@ -12,6 +12,8 @@ import { type Kysely, sql } from 'kysely';
  *   the same transaction as the step's work, so a crash never repeats or skips a step).
  *   progress_done / progress_total: what operators see. organization_id: whose change it is
  *   (null: the instance's).
+ * - roles.deleting: the role was deleted; a job moves its members to the role chosen, then
+ *   deletes the row. Until then it is in no list or lookup, and nobody is given it.
  * - applications.deleted_at: the application was deleted: disabled and invisible at once, its
  *   grants revoked by a job; the row stays as a tombstone holding those revoked grants.
  * - webhook_endpoints: an organization's receivers. secret_sealed holds the whsec_ secret
@@ -63,6 +65,7 @@ export async function up(db: Kysely<any>): Promise<void> {
   await sql`create index jobs_organization_id_id_idx on jobs (organization_id, id) where organization_id is not null`.execute(db);
 
   await sql`alter table applications add column deleted_at timestamptz`.execute(db);
+  await sql`alter table roles add column deleting boolean not null default false`.execute(db);
   // What the application jobs walk: an application's live grants in id order.
   await sql`create index grants_live_application_id_id_idx on grants (application_id, id) where revoked_at is null`.execute(db);
 
@@ -175,6 +178,7 @@ export async function down(db: Kysely<any>): Promise<void> {
   await sql`drop table webhook_events`.execute(db);
   await sql`drop table webhook_endpoints`.execute(db);
   await sql`drop index grants_live_application_id_id_idx`.execute(db);
+  await sql`alter table roles drop column deleting`.execute(db);
   await sql`alter table applications drop column deleted_at`.execute(db);
   await sql`drop table jobs`.execute(db);
   await checkManagementScopes(db, MANAGEMENT_SCOPES_BEFORE);

@@ -15,7 +15,7 @@ import { type Expression, type RawBuilder, sql, type Transaction } from 'kysely'
 import { z } from 'zod';
 import { type Actor, recordAuditEvent } from '../audit/events.js';
 import { type DB, inTransaction } from '../db/connect.js';
-import { isCheckViolation, isForeignKeyViolation, isTransactionConflict, isUniqueViolation } from '../db/errors.js';
+import { isCheckViolation, isUniqueViolation } from '../db/errors.js';
 import type { BuiltinRole, CustomRole, Database, RoleKind } from '../db/schema.js';
 import { ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../errors.js';
 import { type GrantAllowance, narrowGrantsInBatches, narrowGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/models/grants.js';
@@ -262,6 +262,7 @@ export async function findRole(db: DB, organizationId: number, name: string, opt
     .select(['id', 'name', 'permissions'])
     .where('organization_id', '=', organizationId)
     .where(sql<string>`lower(name)`, '=', sql<string>`lower(${name})`)
+    .where('deleting', '=', false)
     .$if(options.forShare === true, (qb) => qb.forShare())
     .executeTakeFirst();
   return row && customRef(row);
@@ -279,6 +280,7 @@ export async function lockRole(trx: DB, organizationId: number, role: RoleRef, f
     .select(['id', 'name', 'permissions'])
     .where('organization_id', '=', organizationId)
     .where('id', '=', role.id ?? 0)
+    .where('deleting', '=', false)
     .forShare()
     .executeTakeFirst();
   if (!row) throw new InvalidRequestError(`${field}: the role ${JSON.stringify(role.name)} no longer exists in this organization`, { details: [{ path: field, message: 'no such role in this organization' }] });
@@ -305,6 +307,7 @@ export async function listRoles(db: DB, organizationId: number): Promise<RoleVie
     .selectFrom('roles')
     .selectAll()
     .where('organization_id', '=', organizationId)
+    .where('deleting', '=', false)
     .orderBy(sql`lower(name)`)
     .orderBy('id')
     .limit(MAX_CUSTOM_ROLES)
@@ -324,7 +327,13 @@ export async function getRole(db: DB, organizationId: number, name: string): Pro
 async function listRolesNamed(db: DB, organizationId: number, name: string): Promise<RoleView[]> {
   if (isBuiltinRole(name)) return [{ ...builtinRole(name), builtin: true, description: BUILTIN_ROLES[name].description, created_at: null, updated_at: null }];
   if (!mayBeRoleName(name)) return [];
-  const row = await db.selectFrom('roles').selectAll().where('organization_id', '=', organizationId).where(sql<string>`lower(name)`, '=', sql<string>`lower(${name})`).executeTakeFirst();
+  const row = await db
+    .selectFrom('roles')
+    .selectAll()
+    .where('organization_id', '=', organizationId)
+    .where(sql<string>`lower(name)`, '=', sql<string>`lower(${name})`)
+    .where('deleting', '=', false)
+    .executeTakeFirst();
   return row ? [{ ...customRef(row), builtin: false, description: row.description, created_at: row.created_at, updated_at: row.updated_at }] : [];
 }
 
@@ -365,7 +374,13 @@ export async function createRole(
     // members joining, which key-share the row, go on meanwhile).
     const organization = await trx.selectFrom('organizations').select('id').where('id', '=', organizationId).forNoKeyUpdate().executeTakeFirst();
     if (!organization) throw new NotFoundError(`organization ${organizationId} not found`);
-    const { count } = await trx.selectFrom('roles').select((eb) => eb.fn.countAll<number>().as('count')).where('organization_id', '=', organizationId).executeTakeFirstOrThrow();
+    // A role being deleted is not counted: deleting one makes room at once.
+    const { count } = await trx
+      .selectFrom('roles')
+      .select((eb) => eb.fn.countAll<number>().as('count'))
+      .where('organization_id', '=', organizationId)
+      .where('deleting', '=', false)
+      .executeTakeFirstOrThrow();
     if (Number(count) >= MAX_CUSTOM_ROLES) throw new ConflictError(`an organization has at most ${MAX_CUSTOM_ROLES} custom roles`);
     let row: CustomRole;
     try {
@@ -382,7 +397,14 @@ export async function createRole(
 async function lockCustomRole(trx: DB, organizationId: number, name: string): Promise<CustomRole> {
   if (isBuiltinRole(name)) throw new ForbiddenError(`${name} is a built-in role: it cannot be changed or deleted`);
   if (!mayBeRoleName(name)) throw new NotFoundError('no such role in this organization');
-  const row = await trx.selectFrom('roles').selectAll().where('organization_id', '=', organizationId).where(sql<string>`lower(name)`, '=', sql<string>`lower(${name})`).forUpdate().executeTakeFirst();
+  const row = await trx
+    .selectFrom('roles')
+    .selectAll()
+    .where('organization_id', '=', organizationId)
+    .where(sql<string>`lower(name)`, '=', sql<string>`lower(${name})`)
+    .where('deleting', '=', false)
+    .forUpdate()
+    .executeTakeFirst();
   if (!row) throw new NotFoundError('no such role in this organization');
   return row;
 }
@@ -527,45 +549,54 @@ export async function narrowMemberGrants(db: DB, organizationId: number, userId:
   );
 }
 
-/** Members moved per transaction when a role is deleted (their grants narrowed with them). */
+/** Members moved per step of the deletion job (their grants narrowed with them). */
 const MOVE_BATCH = 500;
 
+interface RoleDeletionPayload {
+  role_id: number;
+  /** Where the members go: a built-in role's kind, or a custom role's id; null when nobody held it. */
+  move_to: { kind: RoleKind; id: number | null; name: string } | null;
+  actor: Actor;
+}
+
+export const ROLE_DELETION_JOB = 'role.delete';
+
 /**
- * Deletes a custom role. Members who hold it (and invitations to it) move to `moveTo` first,
- * which the deleter must be allowed to assign; a role in use without `moveTo` is a
- * ConflictError saying how many hold it. Moving narrows the moved members' grants.
+ * Deletes a custom role. Members who hold it (and invitations to it) move to `moveTo`, which the
+ * deleter must be allowed to assign; a role in use without `moveTo` is a ConflictError saying
+ * how many hold it. Moving narrows the moved members' grants.
  *
- * A role may be held by a million members, so they move MOVE_BATCH at a time, each batch in a
- * transaction of its own (each member's grants narrowed with them), and a last transaction moves
- * whoever joined meanwhile, the invitations, and deletes the role. That one locks the
- * organization row first (FOR NO KEY UPDATE: deletions queue there, so two moving members in
- * opposite directions cannot deadlock), then the role going (FOR NO KEY UPDATE: a code
- * redemption, which share-locks the role before the membership, waits; an invitation being
- * accepted, which only key-shares it, does not) and the one members move to, then the
- * memberships and invitations. A conflict the database still reports (a deadlock, or a member
- * inserted by an accepted invitation just before the delete) runs that transaction again. Who
- * may delete and move is checked again under those locks. Interrupted, it leaves the role with
- * fewer members, each moved member consistent; deleting again finishes it.
+ * A role may be held by a million members, so the request only decides, in one transaction:
+ * the role is marked `deleting` (gone from every list and lookup: nobody is given it any more)
+ * and its permissions become what both it and the role its members go to allow, so at once no
+ * refresh or code redemption gives more, and every instance refuses tokens holding more (the
+ * tokens name the role: role-scopes.ts); the deletion is audited (role.deleted, with how many
+ * members move) and a job queued (roleDeletionJob) that moves the members MOVE_BATCH a step,
+ * narrowing their grants, then the invitations, and deletes the row. An instance that dies
+ * midway leaves the job to another. Returns how many members are moving.
  */
 export async function deleteRole(db: DB, organizationId: number, name: string, input: { moveTo?: string | undefined }, options: RoleChangeOptions = {}): Promise<{ moved: number }> {
   const actingAs = options.actingAs ?? OWNER;
-  // Checked in a transaction that changes nothing: who may, where to, and whether anyone holds it.
-  const { current, target } = await inTransaction(db, async (trx) => {
-    if (isBuiltinRole(name)) throw new ForbiddenError(`${name} is a built-in role: it cannot be changed or deleted`);
-    const current = await findRole(trx, organizationId, name, { forShare: true });
-    if (!current) throw new NotFoundError('no such role in this organization');
-    refuseBeyond(actingAs, current.permissions, 'this role');
+  return inTransaction(db, async (trx) => {
+    // Deletions in an organization queue here (NO KEY: members joining, which key-share the row,
+    // go on): two roles deleted at once, each moving its members to the other, cannot deadlock;
+    // the second finds the first gone.
+    await trx.selectFrom('organizations').select('id').where('id', '=', organizationId).forNoKeyUpdate().execute();
+    // Locked (FOR UPDATE): a member being given it meanwhile (share lock) is waited for, and then counted.
+    const current = await lockCustomRole(trx, organizationId, name);
+    refuseBeyond(actingAs, canonical(current.permissions), 'this role');
     const target = input.moveTo === undefined ? undefined : await requireRole(trx, organizationId, input.moveTo, 'move_to');
     if (target && target.kind === 'custom' && target.id === current.id) throw new InvalidRequestError('move_to: choose another role than the one being deleted', { details: [{ path: 'move_to', message: 'must be another role' }] });
     if (target && !mayAssign(actingAs, target)) throw new ForbiddenError(`move_to: your role may not give ${target.name}`);
-    if (!target) {
-      const holders = await trx
-        .selectFrom('memberships')
-        .select((eb) => eb.fn.countAll<number>().as('count'))
-        .where('organization_id', '=', organizationId)
-        .where('role_id', '=', current.id)
-        .executeTakeFirstOrThrow();
-      const members = Number(holders.count);
+    const to = target && (await lockRole(trx, organizationId, target, 'move_to'));
+    const holders = await trx
+      .selectFrom('memberships')
+      .select((eb) => eb.fn.countAll<number>().as('count'))
+      .where('organization_id', '=', organizationId)
+      .where('role_id', '=', current.id)
+      .executeTakeFirstOrThrow();
+    const members = Number(holders.count);
+    if (!to) {
       const invited = await trx.selectFrom('invitations').select('id').where('organization_id', '=', organizationId).where('role_id', '=', current.id).limit(1).executeTakeFirst();
       if (members > 0 || invited) {
         throw new ConflictError(
@@ -573,89 +604,64 @@ export async function deleteRole(db: DB, organizationId: number, name: string, i
         );
       }
     }
-    return { current: current as RoleRef & { id: number }, target };
+    // What its members keep until they are moved: what both roles allow.
+    const permissions = to ? canonical(current.permissions).filter((p) => roleHoldsScope(to, p)) : canonical(current.permissions);
+    await trx.updateTable('roles').set({ deleting: true, permissions, updated_at: sql`now()` }).where('id', '=', current.id).execute();
+    await recordAuditEvent(trx, {
+      organizationId,
+      action: 'role.deleted',
+      actor: options.actor,
+      details: { role_id: current.id, name: current.name, ...(to ? { members_moved_to: to.name, members_moved: members } : {}) },
+    });
+    const payload: RoleDeletionPayload = { role_id: current.id, move_to: to ? { kind: to.kind, id: to.id, name: to.name } : null, actor: options.actor ?? {} };
+    await enqueueJob(trx, { kind: ROLE_DELETION_JOB, organizationId, payload: { ...payload } });
+    return { moved: members };
   });
+}
 
-  /** Moves up to `limit` of the role's members (locked first) to the target, narrowing their grants; the roles as they are now. */
-  const moveMembers = async (trx: Transaction<Database>, limit: number | undefined, afterUserId = 0): Promise<{ userIds: number[]; revoked: number[] }> => {
-    if (!target) return { userIds: [], revoked: [] };
-    const userIds = (
-      await trx
+/**
+ * The job that finishes a role's deletion (deleteRole): MOVE_BATCH members a step, by keyset on
+ * the (organization_id, role_id, user_id) index, each moved to the role chosen with their grants
+ * narrowed to it (in the step's transaction, published as it commits); then the invitations
+ * naming it, and the row. The role they go to is read (share-locked) in each step: a custom role
+ * deleted meanwhile fails the step, and the job is retried, then given up and logged.
+ */
+export function roleDeletionJob(memory?: RevokedGrantsMemory): JobHandler<RoleDeletionPayload, { after_user_id: number }> {
+  return {
+    kind: ROLE_DELETION_JOB,
+    async step(trx, job, cursor) {
+      const organizationId = job.organizationId!;
+      const { role_id: roleId, move_to: moveTo, actor } = job.payload;
+      const going = await trx.selectFrom('roles').select('id').where('id', '=', roleId).where('deleting', '=', true).forNoKeyUpdate().executeTakeFirst();
+      if (!going) return { cursor, processed: 0, finished: true };
+      const members = await trx
         .selectFrom('memberships')
         .select('user_id')
         .where('organization_id', '=', organizationId)
-        .where('role_id', '=', current.id)
-        // Keyset: the index entries of members already moved are dead until a vacuum, and are not walked again.
-        .where('user_id', '>', afterUserId)
+        .where('role_id', '=', roleId)
+        .where('user_id', '>', cursor?.after_user_id ?? 0)
         .orderBy('user_id')
-        .$if(limit !== undefined, (qb) => qb.limit(limit ?? 0))
+        .limit(MOVE_BATCH)
         .forUpdate()
-        .execute()
-    ).map((m) => m.user_id);
-    if (userIds.length === 0) return { userIds, revoked: [] };
-    const to = await lockRole(trx, organizationId, target, 'move_to');
-    // Widened since the first check: the deleter may no longer give it.
-    if (!mayAssign(actingAs, to)) throw new ForbiddenError(`move_to: your role may not give ${to.name}`);
-    const revoked = await narrowGrantsInTransaction(trx, { organizationId, userIds }, narrowingAllowance(to), options.actor);
-    await trx
-      .updateTable('memberships')
-      .set({ role: to.kind, role_id: to.id })
-      .where('organization_id', '=', organizationId)
-      .where('user_id', '=', sql<number>`any(${userIds}::bigint[])`)
-      .where('role_id', '=', current.id)
-      .execute();
-    return { userIds, revoked };
+        .execute();
+      // A custom role as it is now (share-locked); a built-in one as it always is.
+      const to = !moveTo ? undefined : moveTo.kind === 'custom' ? await lockRole(trx, organizationId, { kind: 'custom', id: moveTo.id, name: moveTo.name, permissions: [] }, 'move_to') : builtinRole(moveTo.kind);
+      if (members.length > 0) {
+        if (!to) throw new Error(`role ${roleId} is held by members but has nowhere to move them`);
+        const userIds = members.map((m) => m.user_id);
+        const revoked = await narrowGrantsInTransaction(trx, { organizationId, userIds }, narrowingAllowance(to), actor);
+        await trx
+          .updateTable('memberships')
+          .set({ role: to.kind, role_id: to.id })
+          .where('organization_id', '=', organizationId)
+          .where('user_id', '=', sql<number>`any(${userIds}::bigint[])`)
+          .where('role_id', '=', roleId)
+          .execute();
+        return { cursor: { after_user_id: userIds.at(-1)! }, processed: userIds.length, finished: false, afterCommit: () => memory?.noteRevoked(revoked, 'role_changed') };
+      }
+      if (to) await trx.updateTable('invitations').set({ role: to.kind, role_id: to.id }).where('organization_id', '=', organizationId).where('role_id', '=', roleId).execute();
+      await trx.deleteFrom('roles').where('id', '=', roleId).execute();
+      return { cursor, processed: 0, finished: true };
+    },
   };
-
-  let moved = 0;
-  let cursor = 0;
-  for (;;) {
-    const batch = await inTransaction(db, (trx) => moveMembers(trx, MOVE_BATCH, cursor));
-    options.revocations?.noteRevoked(batch.revoked, 'role_changed');
-    moved += batch.userIds.length;
-    if (batch.userIds.length < MOVE_BATCH) break;
-    cursor = batch.userIds.at(-1)!;
-  }
-
-  const finish = () =>
-    inTransaction(db, async (trx) => {
-      await trx.selectFrom('organizations').select('id').where('id', '=', organizationId).forNoKeyUpdate().execute();
-      const going = await trx.selectFrom('roles').select('permissions').where('organization_id', '=', organizationId).where('id', '=', current.id).forNoKeyUpdate().executeTakeFirst();
-      if (!going) throw new NotFoundError('no such role in this organization');
-      refuseBeyond(actingAs, canonical(going.permissions), 'this role');
-      if (target?.id != null) {
-        const stays = await trx.selectFrom('roles').select('id').where('organization_id', '=', organizationId).where('id', '=', target.id).forShare().executeTakeFirst();
-        if (!stays) throw new InvalidRequestError(`move_to: the role ${JSON.stringify(target.name)} no longer exists in this organization`, { details: [{ path: 'move_to', message: 'no such role in this organization' }] });
-      }
-      // Everyone holding it now (joined since the batches), and the invitations naming it.
-      const late = await moveMembers(trx, undefined);
-      const set = target ? { role: target.kind, role_id: target.id } : undefined;
-      if (set) await trx.updateTable('invitations').set(set).where('organization_id', '=', organizationId).where('role_id', '=', current.id).execute();
-      if (!target) {
-        const left = await trx.selectFrom('memberships').select('user_id').where('organization_id', '=', organizationId).where('role_id', '=', current.id).limit(1).executeTakeFirst();
-        const invited = await trx.selectFrom('invitations').select('id').where('organization_id', '=', organizationId).where('role_id', '=', current.id).limit(1).executeTakeFirst();
-        if (left || invited) throw new ConflictError(`the role ${current.name} was given to someone while it was being deleted; choose a role to move them to (move_to)`);
-      }
-      await trx.deleteFrom('roles').where('id', '=', current.id).execute();
-      await recordAuditEvent(trx, {
-        organizationId,
-        action: 'role.deleted',
-        actor: options.actor,
-        details: { role_id: current.id, name: current.name, ...(target ? { members_moved_to: target.name, members_moved: moved + late.userIds.length } : {}) },
-      });
-      return late;
-    });
-  let late: Awaited<ReturnType<typeof finish>>;
-  for (let attempt = 1; ; attempt++) {
-    try {
-      late = await finish();
-      break;
-    } catch (err) {
-      if (attempt >= 3 || !(isTransactionConflict(err) || isForeignKeyViolation(err))) throw err;
-    }
-  }
-  moved += late.userIds.length;
-  const revoked = late.revoked;
-  options.revocations?.noteRevoked(revoked, 'role_changed');
-  return { moved };
 }

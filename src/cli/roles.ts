@@ -42,7 +42,7 @@ export const roleCommands: Record<string, Command> = {
 
   'role delete': {
     usage: 'orgauth role delete --org ID --role NAME [--move-to ROLE]',
-    summary: 'delete a custom role; its members move to --move-to',
+    summary: 'delete a custom role; its members move to --move-to (a job, which the command runs unless a server takes it)',
     options: { org: { type: 'string' }, role: { type: 'string' }, 'move-to': { type: 'string' } },
     run: async ({ db }, v) => {
       const name = required(v, 'role');

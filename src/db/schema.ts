@@ -195,6 +195,8 @@ export interface RolesTable {
   permissions: TextArray;
   created_at: Generated<Date>;
   updated_at: Timestamp;
+  /** Deleted: a job is moving its members to another role, then deletes the row (roles.ts deleteRole). */
+  deleting: ColumnType<boolean, boolean | undefined, boolean>;
 }
 
 /** Who registered an application: a developer (it belongs to their organization), RFC 7591 dynamic registration, or a client ID metadata document. */

@@ -10,7 +10,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   users: ['id', 'email', 'password_hash', 'name', 'created_at', 'updated_at', 'email_verified_at', 'second_step_locked_until'],
   organizations: ['id', 'name', 'created_at', 'updated_at', 'require_mfa'],
   memberships: ['organization_id', 'user_id', 'role', 'created_at', 'role_id'],
-  roles: ['id', 'organization_id', 'name', 'description', 'permissions', 'created_at', 'updated_at'],
+  roles: ['id', 'organization_id', 'name', 'description', 'permissions', 'created_at', 'updated_at', 'deleting'],
   applications: [
     'id', 'organization_id', 'client_id', 'client_secret_hash', 'type', 'name', 'redirect_uris', 'scopes',
     'require_pkce', 'disabled', 'secret_rotated_at', 'created_at', 'updated_at', 'post_logout_redirect_uris',

@@ -98,7 +98,7 @@ export async function roleRoutes(app: FastifyInstance, deps: DashboardDeps): Pro
     const ctx = requireAction(config, req, params, { permission: 'members.write' });
     return attempt(reply, ctx, undefined, undefined, async () => {
       const { moved } = await deleteRole(db, ctx.organization.id, req.params.name, { moveTo: params.move_to || undefined }, options(ctx));
-      return `Role ${req.params.name} deleted${moved > 0 ? `; ${moved} member(s) now have the role ${params.move_to}` : ''}.`;
+      return `Role ${req.params.name} deleted${moved > 0 ? `; its ${moved} member(s) move to the role ${params.move_to}` : ''}.`;
     });
   });
 }
