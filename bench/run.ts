@@ -278,11 +278,13 @@ async function seedDisable(db: DB, port: number): Promise<DisableFixture> {
   const org = Number(rows[0]!.small_org);
   const bulk = await db.selectFrom('applications').selectAll().where('name', '=', 'Bulk Web').where('organization_id', '=', org).executeTakeFirstOrThrow();
   const grant = await db.selectFrom('grants').select(['id', 'user_id']).where('application_id', '=', bulk.id).where('revoked_at', 'is', null).limit(1).executeTakeFirstOrThrow();
-  const admin = await createApplication(db, { organizationId: org, type: 'private', name: 'Bench Administrator', scopes: 'applications.read applications.write' });
+  // It may change only an application whose scopes its token holds (management API rule).
+  const adminScopes = ['applications.read', 'applications.write', 'contacts.read', 'contacts.write', 'tasks.read', 'tasks.write'];
+  const admin = await createApplication(db, { organizationId: org, type: 'private', name: 'Bench Administrator', scopes: adminScopes.join(' ') });
   const adminRow = await db.selectFrom('applications').selectAll().where('client_id', '=', admin.client_id).executeTakeFirstOrThrow();
   const keys = new KeyStore(db, { secretKey: SECRET_KEY, accessTokenTtl: 3600 });
   const ctx = { db, keys, config: { issuer: `http://127.0.0.1:${port}`, accessTokenTtl: 3600 }, clientGrants: new ClientGrants(db) };
-  const managementToken = (await issueClientToken(ctx, adminRow, ['applications.write'])).access_token;
+  const managementToken = (await issueClientToken(ctx, adminRow, adminScopes)).access_token;
   const issuer = { issuer: ctx.config.issuer };
   const { token: bulkAccessToken } = await signAccessToken(await keys.signingKey(), issuer, {
     subject: String(grant.user_id),
