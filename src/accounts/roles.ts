@@ -475,6 +475,25 @@ interface RoleGrantsPayload {
 
 export const ROLE_GRANTS_JOB = 'role.narrow_grants';
 
+/**
+ * The next `limit` members holding custom role `roleId` after `afterUserId`, by keyset on the
+ * (organization_id, role_id, user_id) index (the entries of members already moved are dead until
+ * a vacuum, and are not walked again); `lock`: their membership rows locked for the transaction.
+ */
+async function nextHolders(trx: DB, organizationId: number, roleId: number, afterUserId: number, limit: number, options: { lock?: boolean } = {}): Promise<number[]> {
+  const rows = await trx
+    .selectFrom('memberships')
+    .select('user_id')
+    .where('organization_id', '=', organizationId)
+    .where('role_id', '=', roleId)
+    .where('user_id', '>', afterUserId)
+    .orderBy('user_id')
+    .limit(limit)
+    .$if(options.lock === true, (qb) => qb.forUpdate())
+    .execute();
+  return rows.map((r) => r.user_id);
+}
+
 /** Members whose grants one step of the role job narrows (all their grants, in the step's transaction). */
 const NARROW_MEMBERS_PER_STEP = 100;
 
@@ -496,17 +515,8 @@ export function roleGrantsJob(memory?: RevokedGrantsMemory): JobHandler<RoleGran
       const roleId = job.payload.role_id;
       const allowance = await rolePermissionsNow(trx, organizationId, roleId);
       if (!allowance) return { cursor, processed: 0, finished: true };
-      const members = await trx
-        .selectFrom('memberships')
-        .select('user_id')
-        .where('organization_id', '=', organizationId)
-        .where('role_id', '=', roleId)
-        .where('user_id', '>', cursor?.after_user_id ?? 0)
-        .orderBy('user_id')
-        .limit(NARROW_MEMBERS_PER_STEP)
-        .execute();
-      if (members.length === 0) return { cursor, processed: 0, finished: true };
-      const userIds = members.map((m) => m.user_id);
+      const userIds = await nextHolders(trx, organizationId, roleId, cursor?.after_user_id ?? 0, NARROW_MEMBERS_PER_STEP);
+      if (userIds.length === 0) return { cursor, processed: 0, finished: true };
       const ids = await narrowGrantsInTransaction(trx, { organizationId, userIds }, allowance, job.payload.actor);
       return {
         cursor: { after_user_id: userIds.at(-1)! },
@@ -634,21 +644,11 @@ export function roleDeletionJob(memory?: RevokedGrantsMemory): JobHandler<RoleDe
       const { role_id: roleId, move_to: moveTo, actor } = job.payload;
       const going = await trx.selectFrom('roles').select('id').where('id', '=', roleId).where('deleting', '=', true).forNoKeyUpdate().executeTakeFirst();
       if (!going) return { cursor, processed: 0, finished: true };
-      const members = await trx
-        .selectFrom('memberships')
-        .select('user_id')
-        .where('organization_id', '=', organizationId)
-        .where('role_id', '=', roleId)
-        .where('user_id', '>', cursor?.after_user_id ?? 0)
-        .orderBy('user_id')
-        .limit(MOVE_BATCH)
-        .forUpdate()
-        .execute();
+      const userIds = await nextHolders(trx, organizationId, roleId, cursor?.after_user_id ?? 0, MOVE_BATCH, { lock: true });
       // A custom role as it is now (share-locked); a built-in one as it always is.
       const to = !moveTo ? undefined : moveTo.kind === 'custom' ? await lockRole(trx, organizationId, { kind: 'custom', id: moveTo.id, name: moveTo.name, permissions: [] }, 'move_to') : builtinRole(moveTo.kind);
-      if (members.length > 0) {
+      if (userIds.length > 0) {
         if (!to) throw new Error(`role ${roleId} is held by members but has nowhere to move them`);
-        const userIds = members.map((m) => m.user_id);
         const revoked = await narrowGrantsInTransaction(trx, { organizationId, userIds }, narrowingAllowance(to), actor);
         await trx
           .updateTable('memberships')

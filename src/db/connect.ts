@@ -218,13 +218,26 @@ async function listenPostgres(
     }, 500);
     retry.unref();
   };
-  await connect();
+  // The first connection is tried a few times: on a busy server a connect may miss its 2 s once
+  // (seen in CI with four channels connecting at start), and a start should not fail for that.
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await connect();
+      break;
+    } catch (err) {
+      if (attempt >= LISTEN_CONNECT_ATTEMPTS) throw err;
+      await new Promise((resolve) => setTimeout(resolve, 250));
+    }
+  }
   return async () => {
     stopped = true;
     clearTimeout(retry);
     await client?.end().catch(() => {});
   };
 }
+
+/** Tries at a LISTEN connection before a start gives up (each within 2 s). */
+const LISTEN_CONNECT_ATTEMPTS = 3;
 
 async function connectPglite(dataDir: string | null): Promise<DatabaseHandle> {
   let release = (): void => {};
