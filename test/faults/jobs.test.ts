@@ -5,11 +5,14 @@
  * and a new server finishes it, nobody asking again. Then, in the database: every grant revoked
  * (or narrowed) exactly once, none left out.
  *
- * Jobs are watched through the CLI (`orgauth job list --json`), which on the embedded database
- * goes through the running server's admin socket: the one process that may open it.
+ * Jobs are watched through the CLI (`orgauth job list --json`). PostgreSQL only: on the embedded
+ * database the CLI looks through the server's admin socket, a second or more a look, and a job of
+ * a size that outlasts two looks took longer to seed than a hook may; there the takeover of a
+ * dead instance's job is shown in process (test/jobs/queue.test.ts, "resumes a job whose
+ * instance died from its cursor once the lease runs out").
  */
 import { sql } from 'kysely';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, onTestFinished } from 'vitest';
 import { createRole } from '../../src/accounts/roles.js';
 import { connectDatabase, type DB } from '../../src/db/connect.js';
 import { createApplication } from '../../src/oauth/models/applications.js';
@@ -18,11 +21,11 @@ import { CLI, freePort, run, type Running, SERVER, start } from '../helpers/proc
 import { killIfRunning, request, useServerDatabase, waitUntilServing } from './harness.js';
 
 const REDIRECT = 'https://client.example.com/cb';
-/** Enough that a job takes seconds on either back-end, so the kill lands midway. */
-const GRANTS = BACKEND === 'pglite' ? 20_000 : 60_000;
-const MEMBERS = BACKEND === 'pglite' ? 6_000 : 20_000;
+/** Enough that a job takes seconds, so the kill lands midway. */
+const GRANTS = 60_000;
+const MEMBERS = 20_000;
 
-describe(`SIGKILL while a job runs, then another instance finishes it, on ${BACKEND}`, () => {
+describe.skipIf(BACKEND !== 'postgres')(`SIGKILL while a job runs, then another instance finishes it, on ${BACKEND}`, () => {
   let manager: { client_id: string; client_secret: string };
   let crowdAppId: number;
   const setup = useServerDatabase(1, REDIRECT, async (db, fixture) => {
@@ -115,6 +118,7 @@ describe(`SIGKILL while a job runs, then another instance finishes it, on ${BACK
   it(`an application holding ${GRANTS.toLocaleString('en')} grants disabled: answered at once, and every grant revoked once although the server died midway`, async () => {
     const { fixture } = setup;
     const first = await startServer();
+    onTestFinished(() => killIfRunning(first.server));
     const token = await managementToken(first.baseUrl);
     const res = await request(first.baseUrl, { method: 'PATCH', path: `/api/v1/${fixture.organizationId}/applications/${fixture.publicApp.client_id}`,
       headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
@@ -125,8 +129,9 @@ describe(`SIGKILL while a job runs, then another instance finishes it, on ${BACK
     expect(killed.progress.done).toBeLessThan(GRANTS);
 
     const second = await startServer();
+    onTestFinished(() => killIfRunning(second.server));
     // The dead server's lease runs out (15 s), then the new one resumes from the cursor.
-    const done = await waitForSuccess('application.revoke_grants', 90_000);
+    const done = await waitForSuccess('application.revoke_grants', 150_000);
     expect(done).toMatchObject({ state: 'succeeded', progress: { done: GRANTS, total: GRANTS } });
     expect(done.attempts).toBeGreaterThanOrEqual(2);
     await killIfRunning(second.server);
@@ -141,11 +146,12 @@ describe(`SIGKILL while a job runs, then another instance finishes it, on ${BACK
       // Each grant revoked exactly once: one audit event each, none twice.
       expect(rows.map((r) => [Number(r.n), Number(r.grants)])).toEqual([[GRANTS, GRANTS]]);
     });
-  }, 180_000);
+  }, 300_000);
 
   it(`a role held by ${MEMBERS.toLocaleString('en')} members losing a permission: after the server died midway, a new one narrows every grant, nobody PATCHing again`, async () => {
     const { fixture } = setup;
     const first = await startServer();
+    onTestFinished(() => killIfRunning(first.server));
     const token = await managementToken(first.baseUrl);
     const res = await request(first.baseUrl, { method: 'PATCH', path: `/api/v1/${fixture.organizationId}/roles/Crowd`,
       headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
@@ -156,7 +162,8 @@ describe(`SIGKILL while a job runs, then another instance finishes it, on ${BACK
     expect(killed.progress.done).toBeLessThan(MEMBERS);
 
     const second = await startServer();
-    const done = await waitForSuccess('role.narrow_grants', 120_000);
+    onTestFinished(() => killIfRunning(second.server));
+    const done = await waitForSuccess('role.narrow_grants', 180_000);
     expect(done.progress.done).toBe(MEMBERS);
     await killIfRunning(second.server);
 
@@ -174,7 +181,7 @@ describe(`SIGKILL while a job runs, then another instance finishes it, on ${BACK
         where action = 'grant.narrowed' and (details->>'application_id')::bigint = ${crowdAppId}`.execute(db);
       expect(rows.map((r) => [Number(r.n), Number(r.grants)])).toEqual([[MEMBERS, MEMBERS]]);
     });
-  }, 240_000);
+  }, 360_000);
 });
 
 async function appId(db: DB, clientId: string): Promise<number> {
