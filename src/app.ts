@@ -151,10 +151,13 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   const applications = new ApplicationCache(deps.db, { listen: deps.listen, logger: deps.logger });
   await applications.start();
   app.addHook('onClose', () => applications.stop());
-  // Long work (a million grants revoked) that requests queue and any instance finishes.
-  const jobs = new JobRunner(deps.db, { handlers: jobHandlers(revocations), logger: deps.logger, metrics, listen: deps.listen, workers: config.database.kind === 'pglite' ? 1 : 2 });
-  await jobs.start();
-  app.addHook('onClose', () => jobs.stop());
+  // Long work (a million grants revoked) that requests queue and any instance finishes; none
+  // here with JOB_WORKERS=0 (others run them).
+  if (config.jobWorkers > 0) {
+    const jobs = new JobRunner(deps.db, { handlers: jobHandlers(revocations), logger: deps.logger, metrics, listen: deps.listen, workers: config.jobWorkers });
+    await jobs.start();
+    app.addHook('onClose', () => jobs.stop());
+  }
   const clientGrants = new ClientGrants(deps.db, revocations);
   const sweeper = new ExpiredRowSweeper(deps.db, { intervalSeconds: config.cleanupInterval, unusedClientTtl: config.clientRegistration.unusedClientTtl, logger: deps.logger });
   sweeper.start();

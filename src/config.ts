@@ -42,6 +42,12 @@ export type DatabaseTarget =
 export interface Config {
   readonly database: DatabaseTarget;
   readonly databasePoolMax: number;
+  /**
+   * JOB_WORKERS: background jobs (src/jobs/) this instance runs at once; 0: none (an instance
+   * that only answers requests, beside others that run the jobs). Default: 2 on PostgreSQL, 1 on
+   * the embedded database (its one connection runs them one at a time anyway).
+   */
+  readonly jobWorkers: number;
   readonly dataDir: string;
   readonly host: string;
   readonly port: number;
@@ -187,6 +193,7 @@ const envSchema = z
     }),
   ),
   DATABASE_POOL_MAX: optional(wholeNumber(1, 1000, 'must be a whole number between 1 and 1000')),
+  JOB_WORKERS: optional(wholeNumber(0, 32, 'must be a whole number between 0 and 32')),
   DATABASE_LISTEN_URL: optional(
     z.string().refine((v) => /^postgres(ql)?:\/\//.test(v) && URL.canParse(v), {
       message: 'must be a postgres:// or postgresql:// connection URL',
@@ -371,6 +378,7 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
         }
       : { kind: 'pglite', dataDir: path.join(dataDir, 'pgdata') },
     databasePoolMax: e.DATABASE_POOL_MAX ?? 10,
+    jobWorkers: e.JOB_WORKERS ?? (e.DATABASE_URL ? 2 : 1),
     dataDir,
     host: e.HOST ?? '127.0.0.1',
     port,

@@ -22,6 +22,7 @@ describe('parseConfig', () => {
     expect(config).toEqual({
       database: { kind: 'pglite', dataDir: path.resolve('data/pgdata') },
       databasePoolMax: 10,
+      jobWorkers: 1,
       dataDir: path.resolve('data'),
       host: '127.0.0.1',
       port: 3000,
@@ -54,6 +55,7 @@ describe('parseConfig', () => {
     const config = parseConfig({
       DATABASE_URL: 'postgres://u:p@db:5432/orgauth',
       DATABASE_POOL_MAX: '25',
+      JOB_WORKERS: '0',
       DATABASE_LISTEN_URL: 'postgres://u:p@db-primary:5432/orgauth',
       DATABASE_POOLER: 'transaction',
       DATA_DIR: '/var/lib/orgauth',
@@ -88,6 +90,7 @@ describe('parseConfig', () => {
       mail: { smtpUrl: 'smtp://mailer:secret@smtp.example.com:587', from: 'Example Auth <auth@example.com>', devOutbox: false },
       database: { kind: 'postgres', url: 'postgres://u:p@db:5432/orgauth', listenUrl: 'postgres://u:p@db-primary:5432/orgauth', pooler: 'transaction' },
       databasePoolMax: 25,
+      jobWorkers: 0,
       dataDir: '/var/lib/orgauth',
       host: '0.0.0.0',
       port: 8080,

@@ -1,7 +1,8 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
 import { type Actor, recordAuditEvent } from '../audit/events.js';
-import { narrowGrantsInTransaction, revokeGrantsInTransaction, type RevokedGrantsMemory } from '../oauth/models/grants.js';
+import { memberRemovalPayload, narrowGrantsInTransaction, REVOCATION_CHANNEL, revokeBatch, type RevokedGrantsMemory } from '../oauth/models/grants.js';
+import { enqueueJob, type JobHandler } from '../jobs/queue.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import { isUniqueViolation } from '../db/errors.js';
 import type { BuiltinRole, Organization } from '../db/schema.js';
@@ -104,8 +105,13 @@ export interface MembershipResult {
 export interface MemberChangeOptions {
   actor?: Actor | undefined;
   actingAs?: RoleRef | BuiltinRole | undefined;
-  /** This instance's revoked set, told of the grants a removal revokes or a role change narrows once it has committed. */
-  revocations?: RevokedGrantsMemory | undefined;
+  /** This instance's revoked set, told of the grants a role change narrows, or of a removal, once it has committed. */
+  revocations?: (RevokedGrantsMemory & Partial<RemovedMembersMemory>) | undefined;
+}
+
+/** This instance's memory of removed members (RevocationList), told of a removal made here once it has committed. */
+export interface RemovedMembersMemory {
+  noteMemberRemoved(organizationId: number, userId: number, removedAtS: number): void;
 }
 
 /** A role given as a built-in's name, or as found (findRole). */
@@ -233,41 +239,105 @@ export async function changeMemberRole(
 }
 
 /**
- * Removes a user from an organization and, in the same transaction, revokes every grant that
- * user gave there, so their tokens stop working on every instance (the API never has to
- * re-check membership). The last owner cannot be removed (RO-3).
+ * Removes a user from an organization. The last owner cannot be removed (RO-3). The removal
+ * takes effect at once: every instance refuses the access tokens the user had in the
+ * organization within a second (the revoked set holds the removal: RevocationList), their
+ * refresh tokens stop (a refresh needs the membership, and a grant from before a removal is
+ * never refreshed again), and a job queued in the same transaction (memberGrantsJob) revokes
+ * their grants there, however many, with an audit entry each. The request does not wait for it.
  */
 export async function removeMember(db: DB, input: { organizationId: number; userId: number }, options: MemberChangeOptions = {}): Promise<void> {
-  const revoked = await inTransaction(db, async (trx) => {
+  const removedAtS = await inTransaction(db, async (trx) => {
     const { member, isLastOwner } = await lockMemberships(trx, input.organizationId, input.userId);
     refuseUnlessAllowed(options, member);
     if (isLastOwner) throw new ConflictError('the last owner of an organization cannot be removed');
     await trx.deleteFrom('memberships').where('organization_id', '=', input.organizationId).where('user_id', '=', input.userId).execute();
-    // Remembered, so that automation (SSO's just-in-time provisioning) never adds them back.
-    await trx
+    // Remembered: automation (SSO's just-in-time provisioning) never adds them back, and their
+    // tokens and grants from before now are ended.
+    const removal = await trx
       .insertInto('removed_members')
       .values({ organization_id: input.organizationId, user_id: input.userId })
-      .onConflict((oc) => oc.columns(['organization_id', 'user_id']).doUpdateSet({ removed_at: sql<Date>`now()` }))
-      .execute();
+      .onConflict((oc) => oc.columns(['organization_id', 'user_id']).doUpdateSet({ removed_at: sql<Date>`now()`, restored_at: null }))
+      .returning(sql<number>`extract(epoch from removed_at)::float8`.as('removed_at_s'))
+      .executeTakeFirstOrThrow();
+    await sql`select pg_notify(${REVOCATION_CHANNEL}, ${memberRemovalPayload(input.organizationId, input.userId, removal.removed_at_s)})`.execute(trx);
     await recordAuditEvent(trx, {
       actor: options.actor,
       organizationId: input.organizationId,
       action: 'member.removed',
       details: { user_id: input.userId, role: member.name },
     });
-    return revokeGrantsInTransaction(trx, { organizationId: input.organizationId, userId: input.userId }, 'member_removed', options.actor);
+    const payload: MemberGrantsPayload = { user_id: input.userId, actor: options.actor ?? {} };
+    await enqueueJob(trx, { kind: MEMBER_GRANTS_JOB, organizationId: input.organizationId, payload: { ...payload } });
+    return removal.removed_at_s;
   });
-  options.revocations?.noteRevoked(revoked, 'member_removed');
+  options.revocations?.noteMemberRemoved?.(input.organizationId, input.userId, removedAtS);
 }
 
-/** A person added again by hand (an admin, an invitation) is no longer one the organization removed. */
+interface MemberGrantsPayload {
+  user_id: number;
+  actor: Actor;
+}
+
+export const MEMBER_GRANTS_JOB = 'member.revoke_grants';
+
+/**
+ * The job that revokes a removed member's grants in the organization, REVOKE_BATCH (300) a
+ * step by keyset on their live grants in id order (grants_live_member_id_idx), each published
+ * to every instance as it commits (revokeBatch). Only grants made before their latest removal:
+ * if someone added them back meanwhile, what they were granted since is theirs.
+ */
+export function memberGrantsJob(memory?: RevokedGrantsMemory): JobHandler<MemberGrantsPayload, { after: number }> {
+  return {
+    kind: MEMBER_GRANTS_JOB,
+    async step(trx, job, cursor) {
+      const selection = { organizationId: job.organizationId!, userId: job.payload.user_id, beforeRemoval: true };
+      // Progress: how many there are, counted once off the same index.
+      const total =
+        cursor === null
+          ? Number(
+              (
+                await trx
+                  .selectFrom('grants')
+                  .select((eb) => eb.fn.countAll<number>().as('n'))
+                  .where('organization_id', '=', selection.organizationId)
+                  .where('user_id', '=', selection.userId)
+                  .where('revoked_at', 'is', null)
+                  .executeTakeFirstOrThrow()
+              ).n,
+            )
+          : undefined;
+      const ids = await revokeBatch(trx, selection, 'member_removed', job.payload.actor, cursor?.after ?? 0);
+      if (ids.length === 0) return { cursor, processed: 0, finished: true, total };
+      return { cursor: { after: Math.max(...ids) }, processed: ids.length, finished: false, total, afterCommit: () => memory?.noteRevoked(ids, 'member_removed') };
+    },
+  };
+}
+
+/**
+ * A person added again by hand (an admin, an invitation) is no longer one the organization
+ * removed. The row stays, restored: its removed_at still ends their tokens and grants from
+ * before the removal (the job revoking those may not have finished).
+ */
 export async function forgetRemoval(trx: DB, organizationId: number, userId: number): Promise<void> {
-  await trx.deleteFrom('removed_members').where('organization_id', '=', organizationId).where('user_id', '=', userId).execute();
+  await trx
+    .updateTable('removed_members')
+    .set({ restored_at: sql<Date>`now()` })
+    .where('organization_id', '=', organizationId)
+    .where('user_id', '=', userId)
+    .where('restored_at', 'is', null)
+    .execute();
 }
 
 /** Whether the organization removed this person (and nobody added them back by hand since). */
 export async function wasRemoved(db: DB, organizationId: number, userId: number): Promise<boolean> {
-  const row = await db.selectFrom('removed_members').select('user_id').where('organization_id', '=', organizationId).where('user_id', '=', userId).executeTakeFirst();
+  const row = await db
+    .selectFrom('removed_members')
+    .select('user_id')
+    .where('organization_id', '=', organizationId)
+    .where('user_id', '=', userId)
+    .where('restored_at', 'is', null)
+    .executeTakeFirst();
   return row !== undefined;
 }
 

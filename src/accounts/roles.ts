@@ -551,7 +551,7 @@ export async function narrowMemberGrants(db: DB, organizationId: number, userId:
         .where('memberships.user_id', '=', userId)
         .forShare('memberships')
         .executeTakeFirst();
-      // Not a member: removal revoked their grants already.
+      // Not a member: the removal ended their tokens, and its job revokes their grants.
       return row && narrowingAllowance(roleOf(row));
     },
     options.actor,

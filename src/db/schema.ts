@@ -581,7 +581,10 @@ export interface SsoSignInsTable {
 export interface RemovedMembersTable {
   organization_id: number;
   user_id: number;
+  /** The latest removal: tokens and grants from before it are ended (a job revokes the grants). */
   removed_at: Generated<Date>;
+  /** When an admin or an invitation added them back since; null: still removed. */
+  restored_at: NullableTimestamp;
 }
 
 /** SAML replay store: an assertion ID seen, kept until its NotOnOrAfter. */

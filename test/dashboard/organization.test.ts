@@ -5,6 +5,7 @@ import { recordAuditEvent } from '../../src/audit/events.js';
 import { sha256Hex } from '../../src/lib/crypto.js';
 import { Browser, expectPageSecurityHeaders } from '../accounts/browser.js';
 import { BACKEND } from '../helpers/db.js';
+import { finishJobs } from '../helpers/jobs.js';
 import {
   accessTokenIn,
   createWorld,
@@ -246,6 +247,8 @@ describe(`dashboard members on ${BACKEND}`, () => {
     const res = await submit(w.browsers.admin, `/dashboard/members/${w.users.member.id}/remove`);
     expect(res.statusCode).toBe(303);
     expect(await role(org.id, w.users.member.id)).toBeUndefined();
+    // Revoked by the job the removal queued.
+    await finishJobs(w.db);
     expect(await grantRow(w, grant)).toMatchObject({ revoked_reason: 'member_removed' });
   });
 

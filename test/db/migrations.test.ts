@@ -62,7 +62,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   sso_identities: ['id', 'connection_id', 'user_id', 'issuer', 'subject_format', 'subject', 'email', 'created_at', 'last_used_at'],
   sso_sign_ins: ['id', 'handle_hash', 'connection_id', 'browser_hash', 'return_to', 'oidc_nonce', 'oidc_code_verifier_sealed', 'saml_request_id', 'result', 'created_at', 'expires_at', 'consumed_at'],
   saml_assertion_ids: ['id', 'connection_id', 'assertion_id', 'expires_at'],
-  removed_members: ['organization_id', 'user_id', 'removed_at'],
+  removed_members: ['organization_id', 'user_id', 'removed_at', 'restored_at'],
   resources: ['id', 'uri', 'name', 'scopes', 'access_token_ttl', 'created_at', 'updated_at'],
   client_registrations: ['id', 'ip', 'created_at'],
   device_authorizations: [
@@ -115,6 +115,7 @@ const MIGRATIONS = [
   '20261126_0015_single_sign_on',
   '20261126_0016_agents_and_resources',
   '20261127_0017_jobs_and_webhooks',
+  '20261127_0018_member_removal_job',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {

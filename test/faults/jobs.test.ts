@@ -1,7 +1,8 @@
 /**
  * Issue 27: long work survives the instance that runs it. The server runs as a real process;
  * a change queues a job (an application disabled: its grants revoked; a role losing a
- * permission: its members' grants narrowed), the server is SIGKILLed while the job is midway,
+ * permission: its members' grants narrowed; a member removed: their grants revoked), the server
+ * is SIGKILLed while the job is midway,
  * and a new server finishes it, nobody asking again. Then, in the database: every grant revoked
  * (or narrowed) exactly once, none left out.
  *
@@ -18,16 +19,19 @@ import { connectDatabase, type DB } from '../../src/db/connect.js';
 import { createApplication } from '../../src/oauth/models/applications.js';
 import { BACKEND } from '../helpers/db.js';
 import { CLI, freePort, run, type Running, SERVER, start } from '../helpers/process.js';
-import { killIfRunning, request, useServerDatabase, waitUntilServing } from './harness.js';
+import { killIfRunning, type Outcome, request, useServerDatabase, waitUntilServing } from './harness.js';
 
 const REDIRECT = 'https://client.example.com/cb';
 /** Enough that a job takes seconds, so the kill lands midway. */
 const GRANTS = 60_000;
 const MEMBERS = 20_000;
+const MEMBER_GRANTS = 20_000;
 
 describe.skipIf(BACKEND !== 'postgres')(`SIGKILL while a job runs, then another instance finishes it, on ${BACKEND}`, () => {
   let manager: { client_id: string; client_secret: string };
   let crowdAppId: number;
+  let hoarderId: number;
+  let automationAppId: number;
   const setup = useServerDatabase(1, REDIRECT, async (db, fixture) => {
     manager = await createApplication(db, {
       organizationId: fixture.organizationId,
@@ -47,6 +51,13 @@ describe.skipIf(BACKEND !== 'postgres')(`SIGKILL while a job runs, then another 
     await sql`insert into memberships (organization_id, user_id, role, role_id) select ${fixture.organizationId}, id, 'custom', ${role.id} from users where email like 'crowd-%'`.execute(db);
     await sql`insert into grants (organization_id, application_id, user_id, scopes)
       select ${fixture.organizationId}, ${crowdAppId}, id, '{contacts.read,contacts.write,tasks.read}' from users where email like 'crowd-%'`.execute(db);
+    // A viewer who gave another application MEMBER_GRANTS grants (an automation account).
+    const automation = await createApplication(db, { organizationId: fixture.organizationId, type: 'public', name: 'Automation', redirectUris: [REDIRECT] });
+    automationAppId = await appId(db, automation.client_id);
+    hoarderId = (await db.insertInto('users').values({ email: 'hoarder@example.com', password_hash: '$argon2id$hoarder', email_verified_at: new Date() }).returning('id').executeTakeFirstOrThrow()).id;
+    await db.insertInto('memberships').values({ organization_id: fixture.organizationId, user_id: hoarderId, role: 'viewer' }).execute();
+    await sql`insert into grants (organization_id, application_id, user_id, scopes)
+      select ${fixture.organizationId}, ${automationAppId}, ${hoarderId}, '{contacts.read}' from generate_series(1, ${MEMBER_GRANTS})`.execute(db);
   });
 
   async function startServer(): Promise<{ server: Running; baseUrl: string }> {
@@ -105,6 +116,29 @@ describe.skipIf(BACKEND !== 'postgres')(`SIGKILL while a job runs, then another 
     }
   }
 
+  /**
+   * Starts a server, makes the change (`change`, with a management token; answered at once),
+   * SIGKILLs the server once the job it queued has done some of its work, starts another and
+   * waits for it to finish the job, nobody asking again; returns the finished job.
+   */
+  async function changeThenKillMidway(kind: string, size: number, change: (baseUrl: string, token: string) => Promise<Outcome>, timeoutMs: number): Promise<JobOut> {
+    const first = await startServer();
+    onTestFinished(() => killIfRunning(first.server));
+    const res = await change(first.baseUrl, await managementToken(first.baseUrl));
+    expect(res.status, JSON.stringify(res.body)).toBeOneOf([200, 204]);
+    const killed = await killMidway(first.server, kind);
+    expect(killed.progress.done).toBeLessThan(size);
+
+    const second = await startServer();
+    onTestFinished(() => killIfRunning(second.server));
+    // The dead server's lease runs out (15 s), then the new one resumes from the cursor.
+    const done = await waitForSuccess(kind, timeoutMs);
+    expect(done.progress.done).toBe(size);
+    expect(done.attempts).toBeGreaterThanOrEqual(2);
+    await killIfRunning(second.server);
+    return done;
+  }
+
   /** Opens the database once no server holds it (the embedded one is one process's at a time). */
   async function inDatabase<T>(fn: (db: DB) => Promise<T>): Promise<T> {
     const handle = await connectDatabase(setup.database.target);
@@ -117,24 +151,12 @@ describe.skipIf(BACKEND !== 'postgres')(`SIGKILL while a job runs, then another 
 
   it(`an application holding ${GRANTS.toLocaleString('en')} grants disabled: answered at once, and every grant revoked once although the server died midway`, async () => {
     const { fixture } = setup;
-    const first = await startServer();
-    onTestFinished(() => killIfRunning(first.server));
-    const token = await managementToken(first.baseUrl);
-    const res = await request(first.baseUrl, { method: 'PATCH', path: `/api/v1/${fixture.organizationId}/applications/${fixture.publicApp.client_id}`,
-      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
-      body: JSON.stringify({ disabled: true }),
-    });
-    expect(res.status, JSON.stringify(res.body)).toBe(200);
-    const killed = await killMidway(first.server, 'application.revoke_grants');
-    expect(killed.progress.done).toBeLessThan(GRANTS);
-
-    const second = await startServer();
-    onTestFinished(() => killIfRunning(second.server));
-    // The dead server's lease runs out (15 s), then the new one resumes from the cursor.
-    const done = await waitForSuccess('application.revoke_grants', 150_000);
-    expect(done).toMatchObject({ state: 'succeeded', progress: { done: GRANTS, total: GRANTS } });
-    expect(done.attempts).toBeGreaterThanOrEqual(2);
-    await killIfRunning(second.server);
+    const done = await changeThenKillMidway('application.revoke_grants', GRANTS, (baseUrl, token) =>
+      request(baseUrl, { method: 'PATCH', path: `/api/v1/${fixture.organizationId}/applications/${fixture.publicApp.client_id}`,
+        headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ disabled: true }),
+      }), 150_000);
+    expect(done.progress.total).toBe(GRANTS);
 
     await inDatabase(async (db) => {
       const publicAppId = await appId(db, fixture.publicApp.client_id);
@@ -150,22 +172,11 @@ describe.skipIf(BACKEND !== 'postgres')(`SIGKILL while a job runs, then another 
 
   it(`a role held by ${MEMBERS.toLocaleString('en')} members losing a permission: after the server died midway, a new one narrows every grant, nobody PATCHing again`, async () => {
     const { fixture } = setup;
-    const first = await startServer();
-    onTestFinished(() => killIfRunning(first.server));
-    const token = await managementToken(first.baseUrl);
-    const res = await request(first.baseUrl, { method: 'PATCH', path: `/api/v1/${fixture.organizationId}/roles/Crowd`,
-      headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
-      body: JSON.stringify({ permissions: ['contacts.read', 'tasks.read'] }),
-    });
-    expect(res.status, JSON.stringify(res.body)).toBe(200);
-    const killed = await killMidway(first.server, 'role.narrow_grants');
-    expect(killed.progress.done).toBeLessThan(MEMBERS);
-
-    const second = await startServer();
-    onTestFinished(() => killIfRunning(second.server));
-    const done = await waitForSuccess('role.narrow_grants', 180_000);
-    expect(done.progress.done).toBe(MEMBERS);
-    await killIfRunning(second.server);
+    await changeThenKillMidway('role.narrow_grants', MEMBERS, (baseUrl, token) =>
+      request(baseUrl, { method: 'PATCH', path: `/api/v1/${fixture.organizationId}/roles/Crowd`,
+        headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+        body: JSON.stringify({ permissions: ['contacts.read', 'tasks.read'] }),
+      }), 180_000);
 
     await inDatabase(async (db) => {
       const live = await db
@@ -182,6 +193,22 @@ describe.skipIf(BACKEND !== 'postgres')(`SIGKILL while a job runs, then another 
       expect(rows.map((r) => [Number(r.n), Number(r.grants)])).toEqual([[MEMBERS, MEMBERS]]);
     });
   }, 360_000);
+
+  it(`a member holding ${MEMBER_GRANTS.toLocaleString('en')} grants removed: answered at once, and every grant revoked once although the server died midway`, async () => {
+    const { fixture } = setup;
+    const done = await changeThenKillMidway('member.revoke_grants', MEMBER_GRANTS, (baseUrl, token) =>
+      request(baseUrl, { method: 'DELETE', path: `/api/v1/${fixture.organizationId}/members/${hoarderId}`, headers: { authorization: `Bearer ${token}` } }), 150_000);
+    expect(done.progress.total).toBe(MEMBER_GRANTS);
+
+    await inDatabase(async (db) => {
+      const live = await db.selectFrom('grants').select((eb) => eb.fn.countAll<number>().as('n')).where('user_id', '=', hoarderId).where('revoked_at', 'is', null).executeTakeFirstOrThrow();
+      expect(Number(live.n)).toBe(0);
+      const { rows } = await sql<{ n: number; grants: number }>`
+        select count(*) as n, count(distinct details->>'grant_id') as grants from audit_events
+        where action = 'grant.revoked' and details->>'reason' = 'member_removed' and (details->>'user_id')::bigint = ${hoarderId}`.execute(db);
+      expect(rows.map((r) => [Number(r.n), Number(r.grants)])).toEqual([[MEMBER_GRANTS, MEMBER_GRANTS]]);
+    });
+  }, 300_000);
 });
 
 async function appId(db: DB, clientId: string): Promise<number> {

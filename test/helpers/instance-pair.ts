@@ -16,13 +16,15 @@ export interface InstancePair {
   close(): Promise<void>;
 }
 
-export async function startInstancePair(): Promise<InstancePair> {
+/** `env`: configuration both instances get (JOB_WORKERS=0: neither runs jobs, the test finishes them when it chooses). */
+export async function startInstancePair(options: { env?: Record<string, string> } = {}): Promise<InstancePair> {
   const t = await createTestDatabase();
   await ensureSigningKey(t.handle.db, { alg: 'ES256', secretKey: TEST_SECRET_KEY });
-  const app = await buildTestApp(t.handle.db, { listen: t.handle.listen });
+  const env = options.env ?? {};
+  const app = await buildTestApp(t.handle.db, { env, listen: t.handle.listen });
   const secondHandle = t.target.kind === 'postgres' ? await connectDatabase(t.target) : undefined;
   const other = secondHandle ?? t.handle;
-  const second = await buildTestApp(other.db, { listen: other.listen });
+  const second = await buildTestApp(other.db, { env, listen: other.listen });
   return {
     t,
     app,

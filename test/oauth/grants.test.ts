@@ -372,7 +372,7 @@ describe(`revocations reach other instances on ${BACKEND} (BR-5)`, () => {
     const starting = new RevocationList(t.handle.db, { accessTokenTtl: 3600 });
     await starting.start();
     try {
-      expect(starting.isTokenRevoked({ jti: 'expired-30-s-ago', grant_id: grant.id })).toBe(true);
+      expect(starting.isTokenRevoked({ jti: 'expired-30-s-ago', grant_id: grant.id, organization_id: grant.organization_id, sub: 'app', client_id: 'app', iat: 0 })).toBe(true);
     } finally {
       await starting.stop();
     }

@@ -241,6 +241,9 @@ describe(`RevocationList's load from ${BACKEND}`, () => {
   const old: number[] = [];
   const live: number[] = [];
   const jtis: string[] = [];
+  /** Users removed from the organization within the token lifetime (loaded), and long ago (not). */
+  const removedRecently: { userId: number; removedAtS: number }[] = [];
+  const removedLongAgo: number[] = [];
   const BATCH = 64;
 
   beforeAll(async () => {
@@ -276,6 +279,19 @@ describe(`RevocationList's load from ${BACKEND}`, () => {
       .insertInto('revoked_access_tokens')
       .values({ jti: 'expired-long-ago', organization_id: organizationId, grant_id: grant, expires_at: sql<Date>`now() - interval '10 minutes'` })
       .execute();
+    // Removed members: 40 sharing one removed_at (a tie across a batch boundary), 30 spread
+    // over the last hour, and 10 removed long ago.
+    const { rows: users } = await sql<{ id: number }>`
+      insert into users (email, name) select 'removed-' || g || '@revoked-set.example', 'Removed' from generate_series(1, 80) g returning id`.execute(t.handle.db);
+    const { rows: removals } = await sql<{ user_id: number; s: number }>`
+      insert into removed_members (organization_id, user_id, removed_at)
+      select ${organizationId}, u.id, r.at from unnest(${users.map((u) => u.id)}::bigint[], ${users.map((_, i) => i)}::int[]) as u(id, i)
+      cross join lateral (select case when u.i < 40 then now() - interval '20 minutes' when u.i < 70 then now() - make_interval(secs => u.i * 50) else now() - interval '2 hours' end as at) r
+      returning user_id, extract(epoch from removed_at)::float8 as s`.execute(t.handle.db);
+    for (const [i, r] of removals.entries()) {
+      if (i < 70) removedRecently.push({ userId: r.user_id, removedAtS: r.s });
+      else removedLongAgo.push(r.user_id);
+    }
   });
   afterAll(() => t.close());
 
@@ -302,14 +318,26 @@ describe(`RevocationList's load from ${BACKEND}`, () => {
       expect(revoked).toHaveLength(700);
       for (const id of revoked) if (!list.isRevoked(id)) throw new Error(`revoked grant ${id} not loaded`);
       for (const id of [...old, ...live]) expect(list.isRevoked(id), String(id)).toBe(false);
-      for (const jti of jtis) expect(list.isTokenRevoked({ jti, grant_id: live[1]! }), jti).toBe(true);
-      expect(list.isTokenRevoked({ jti: 'expired-long-ago', grant_id: live[1]! })).toBe(false);
-      expect(list.isTokenRevoked({ jti: randomUUID(), grant_id: revoked[0]! })).toBe(true);
+      const applicationToken = { organization_id: organizationId, sub: 'app', client_id: 'app', iat: 0 };
+      for (const jti of jtis) expect(list.isTokenRevoked({ ...applicationToken, jti, grant_id: live[1]! }), jti).toBe(true);
+      expect(list.isTokenRevoked({ ...applicationToken, jti: 'expired-long-ago', grant_id: live[1]! })).toBe(false);
+      expect(list.isTokenRevoked({ ...applicationToken, jti: randomUUID(), grant_id: revoked[0]! })).toBe(true);
+      // A removed member's tokens from up to the removal's second are refused; later ones, an application's own, and those of a removal long ago are not.
+      for (const { userId, removedAtS } of removedRecently) {
+        const token = { jti: randomUUID(), grant_id: live[1]!, organization_id: organizationId, sub: String(userId), client_id: 'some-client' };
+        expect(list.isTokenRevoked({ ...token, iat: Math.floor(removedAtS) - 60 }), `user ${userId}`).toBe(true);
+        expect(list.isTokenRevoked({ ...token, iat: Math.floor(removedAtS) }), `user ${userId}`).toBe(true);
+        expect(list.isTokenRevoked({ ...token, iat: Math.floor(removedAtS) + 1 }), `user ${userId}`).toBe(false);
+        expect(list.isTokenRevoked({ ...token, organization_id: organizationId + 1, iat: Math.floor(removedAtS) - 60 }), `user ${userId}`).toBe(false);
+      }
+      for (const userId of removedLongAgo) {
+        expect(list.isTokenRevoked({ jti: randomUUID(), grant_id: live[1]!, organization_id: organizationId, sub: String(userId), client_id: 'c', iat: Math.floor(Date.now() / 1000) - 3 * 3600 })).toBe(false);
+      }
       const loaded = logs.find((l) => l.msg === 'revocations loaded')!.obj;
-      // 700 grants in 64s: 10 full batches and a short one; 151 tokens: 2 full and a short one.
-      expect(loaded).toMatchObject({ grants: 700, tokens: 151, batches: 11 + 3 });
+      // 700 grants in 64s: 10 full batches and a short one; 151 tokens: 2 full and a short one; 70 removed members: a full one and a short one.
+      expect(loaded).toMatchObject({ grants: 700, tokens: 151, members: 70, batches: 11 + 3 + 2 });
       // 12 and 20 bytes an entry, and room for RECENT_LIMIT more in each set.
-      expect(list.memory().bytes).toBeLessThan(12 * (700 + 700 / 8 + RECENT_LIMIT) + 20 * (151 + RECENT_LIMIT) + 1000);
+      expect(list.memory().bytes).toBeLessThan(12 * (700 + 700 / 8 + RECENT_LIMIT) + 20 * (151 + RECENT_LIMIT) + 20 * (70 + RECENT_LIMIT) + 1000);
     } finally {
       await list.stop();
     }

@@ -90,8 +90,9 @@ const identitiesOf = (userId: number) => db().selectFrom('sso_identities').selec
 const sessionsOf = (userId: number) => db().selectFrom('sessions').select(['amr', 'sso_connection_id', 'created_at']).where('user_id', '=', userId).orderBy('id').execute();
 const membership = (organizationId: number, userId: number) =>
   db().selectFrom('memberships').select('role').where('organization_id', '=', organizationId).where('user_id', '=', userId).executeTakeFirst();
+/** The organization's removal of the user, unless someone added them back since (the row stays, restored). */
 const removal = (organizationId: number, userId: number) =>
-  db().selectFrom('removed_members').select('user_id').where('organization_id', '=', organizationId).where('user_id', '=', userId).executeTakeFirst();
+  db().selectFrom('removed_members').select('user_id').where('organization_id', '=', organizationId).where('user_id', '=', userId).where('restored_at', 'is', null).executeTakeFirst();
 /** The user a browser's session belongs to (its cookie is the session id; the table keeps its hash). */
 async function signedInAs(browser: Browser): Promise<number | undefined> {
   const id = browser.cookies.get('orgauth_session');

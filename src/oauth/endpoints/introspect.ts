@@ -3,6 +3,7 @@
  * anything else is inactive to it.
  */
 import type { FastifyInstance } from 'fastify';
+import { sql } from 'kysely';
 import { InvalidClientError } from '../errors.js';
 import { clientAndToken } from '../helpers/client-token.js';
 import { type OAuthEndpointOptions, registerFormEndpoint } from '../helpers/form-endpoint.js';
@@ -16,7 +17,7 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
     if (!found) return { active: false };
     if (found.kind === 'refresh_token') {
       const t = found.token;
-      if (t.revoked_at !== null || t.grant_revoked_at !== null || t.rotated_at !== null || t.expired) return { active: false };
+      if (t.revoked_at !== null || t.grant_revoked_at !== null || t.ended_by_removal || t.rotated_at !== null || t.expired) return { active: false };
       return {
         active: true,
         token_type: 'refresh_token',
@@ -34,11 +35,27 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
     // 503 (never active) when the database is away (MD-1, MD-2).
     const grant = await options.db
       .selectFrom('grants')
-      .select(['revoked_at', (eb) => eb.exists(eb.selectFrom('revoked_access_tokens').select('jti').where('jti', '=', c.jti)).as('token_revoked')])
+      .select([
+        'revoked_at',
+        (eb) => eb.exists(eb.selectFrom('revoked_access_tokens').select('jti').where('jti', '=', c.jti)).as('token_revoked'),
+        // Issued up to its user's removal from the organization (iat in whole seconds, as the API
+        // compares it), whose grants a job may still be revoking.
+        (eb) =>
+          eb
+            .exists(
+              eb
+                .selectFrom('removed_members as rm')
+                .select('rm.user_id')
+                .whereRef('rm.organization_id', '=', 'grants.organization_id')
+                .whereRef('rm.user_id', '=', 'grants.user_id')
+                .where(sql<boolean>`rm.removed_at >= to_timestamp(${c.iat})`),
+            )
+            .as('ended_by_removal'),
+      ])
       .where('id', '=', c.grant_id)
       .where('organization_id', '=', c.organization_id)
       .executeTakeFirst();
-    if (!grant || grant.revoked_at !== null || grant.token_revoked || c.exp <= Math.floor(Date.now() / 1000)) return { active: false };
+    if (!grant || grant.revoked_at !== null || grant.token_revoked || grant.ended_by_removal || c.exp <= Math.floor(Date.now() / 1000)) return { active: false };
     return {
       active: true,
       token_type: 'Bearer',

@@ -65,6 +65,9 @@ async function rotateRefreshToken(
         and (${input.resource === undefined}::boolean or g.resource_id is not distinct from ${input.resource?.id ?? null}::integer)
         -- An organization that requires two-step sign-in refreshes only grants of a two-factor sign-in.
         and ('mfa' = any(g.amr) or not (select o.require_mfa from organizations o where o.id = r.organization_id))
+        -- Nor a grant from before the user's removal (they were added back since, and the job
+        -- revoking what the removal ended has not reached it yet).
+        and not exists (select 1 from removed_members rm where rm.organization_id = r.organization_id and rm.user_id = g.user_id and rm.removed_at >= g.created_at)
     ),
     live as (
       update grants set last_used_at = now() from t
@@ -113,7 +116,7 @@ async function refusal(
     const grant = await ctx.db.selectFrom('grants').select('resource_id').where('id', '=', token.grant_id).executeTakeFirst();
     if (grant && grant.resource_id !== resource.id) return new InvalidTargetError('resource is not the one the refresh token was issued for');
   }
-  if (token.revoked_at !== null || token.grant_revoked_at !== null) return new InvalidGrantError('the refresh token was revoked');
+  if (token.revoked_at !== null || token.grant_revoked_at !== null || token.ended_by_removal) return new InvalidGrantError('the refresh token was revoked');
   if (token.expired) return new InvalidGrantError('the refresh token expired');
   if (token.rotated_at !== null) {
     if ((token.seconds_since_rotation ?? 0) > ctx.config.refreshReuseGrace) {

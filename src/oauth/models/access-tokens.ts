@@ -144,14 +144,16 @@ export interface VerifiedToken extends CheckedToken {
 }
 
 /**
- * What the API accepts: a verified token, not revoked, nor its grant, of an existing and enabled
+ * What the API accepts: a verified token, not revoked, nor its grant, nor issued before its user
+ * was removed from the organization, of an existing and enabled
  * application that still has the token's scopes. Tokens are used for many
  * calls, so verified claims are kept (bounded, keyed by the whole token, dropped at exp): a
  * repeat costs a Map lookup instead of a signature check. Revocation is checked every time.
  */
 /** What the verifier asks of the revoked set (revocation-list.ts's RevocationList). */
 export interface RevokedTokens {
-  isTokenRevoked(token: { jti: string; grant_id: number }): boolean;
+  /** Revoked itself, with its grant, or by its user's removal from the organization (after iat). */
+  isTokenRevoked(token: Pick<AccessTokenClaims, 'jti' | 'grant_id' | 'organization_id' | 'sub' | 'client_id' | 'iat'>): boolean;
 }
 
 export class AccessTokenVerifier {

@@ -14,9 +14,13 @@ import { type Actor, recordAuditEvent } from '../../audit/events.js';
 
 /**
  * The channel revocations are published on. The payload is grant ids, comma separated (see
- * revokeGrants), or for one access token `jti <jti> <exp>` (see revokeAccessToken).
+ * revokeGrants), or for one access token `jti <jti> <exp>` (see revokeAccessToken), or a
+ * member's removal (memberRemovalPayload).
  */
 export const REVOCATION_CHANNEL = 'orgauth_revocations';
+
+/** A member removed from an organization, on REVOCATION_CHANNEL: `member <organization id> <user id> <removed_at, epoch seconds>` (RevocationList). */
+export const memberRemovalPayload = (organizationId: number, userId: number, removedAtS: number): string => `member ${organizationId} ${userId} ${removedAtS}`;
 
 export interface NewGrant {
   organizationId: number;
@@ -88,6 +92,8 @@ export type GrantSelection =
       beyondScopes?: readonly string[];
       /** Whether a resource's declared scopes count too (a private application's own grants); otherwise only orgauth's (a public application's users granted the declared ones). */
       declaredBeyond?: boolean;
+      /** Only grants made before the user's latest removal from the organization (removed_members): not those since they were added back. */
+      beforeRemoval?: boolean;
     } & ({ organizationId: number; applicationId?: number } | { organizationId?: undefined; applicationId: number }));
 
 /**
@@ -123,6 +129,14 @@ export async function revokeBatch(trx: Transaction<Database>, selection: GrantSe
       if (selection.organizationId !== undefined) live = live.where('organization_id', '=', selection.organizationId);
       if (selection.applicationId !== undefined) live = live.where('application_id', '=', selection.applicationId);
       if (selection.userId !== undefined) live = live.where('user_id', '=', selection.userId);
+      if (selection.beforeRemoval === true && selection.organizationId !== undefined && selection.userId !== undefined) {
+        const removedAt = eb
+          .selectFrom('removed_members')
+          .select('removed_at')
+          .where('removed_members.organization_id', '=', selection.organizationId)
+          .where('removed_members.user_id', '=', selection.userId);
+        live = live.where('created_at', '<=', removedAt);
+      }
       if (selection.beyondScopes !== undefined) {
         const held = selection.declaredBeyond ? sql<string[]>`scopes` : knownScopesOf(sql`scopes`);
         live = live.where(sql<boolean>`not (${held} <@ ${[...selection.beyondScopes]}::text[])`);

@@ -3,7 +3,7 @@ import { sql } from 'kysely';
 import type { DB } from '../../db/connect.js';
 import { sha256Hex } from '../../lib/crypto.js';
 
-/** A refresh token with what checking it needs: its grant's client, user, organization and state. */
+/** A refresh token with what checking it needs: its grant's client, user, organization and state (ended_by_removal: its user was removed since the grant was made). */
 export async function findRefreshToken(db: DB, token: string) {
   return db
     .selectFrom('refresh_tokens as r')
@@ -25,6 +25,8 @@ export async function findRefreshToken(db: DB, token: string) {
       'g.user_id',
       'g.revoked_at as grant_revoked_at',
       sql<boolean>`r.expires_at <= now()`.as('expired'),
+      // Its user was removed from the organization after the grant was made (the grant is being revoked).
+      sql<boolean>`exists (select 1 from removed_members rm where rm.organization_id = r.organization_id and rm.user_id = g.user_id and rm.removed_at >= g.created_at)`.as('ended_by_removal'),
       sql<number | null>`extract(epoch from now() - r.rotated_at)::float8`.as('seconds_since_rotation'),
     ])
     .where('r.token_hash', '=', sha256Hex(token))

@@ -1,9 +1,14 @@
 /**
- * Revoked grants and revoked access tokens, in memory, so checking an access token costs no
+ * Revoked grants, revoked access tokens and removed members, in memory, so checking an access token costs no
  * query (BR-5). Kept current three ways: revocations made here are added at once; other
  * instances' arrive by LISTEN/NOTIFY within milliseconds; and a poll every POLL_MS catches
  * anything a dropped LISTEN connection missed, so a revocation is honoured everywhere within one
  * second regardless. Entries are dropped once no token they could refuse is still unexpired.
+ *
+ * A removed member is held as their organization and user with the time of the removal: their
+ * access tokens issued up to then are refused at once, while a job revokes their grants (which
+ * may be a million: organizations.ts memberGrantsJob). Tokens issued after, once someone added
+ * them back, are not.
  *
  * Held compactly (revoked-set.ts: sorted typed arrays, 12 bytes a grant, 20 a jti, plus a
  * small map of the latest additions) and read in batches of LOAD_BATCH rows in (revoked_at, id)
@@ -21,7 +26,7 @@ import type { Metrics } from '../../metrics.js';
 import { CLOCK_TOLERANCE_S } from './access-tokens.js';
 import type { Actor } from '../../audit/events.js';
 import { REVOCATION_CHANNEL, revokeAccessToken, revokeGrant, type RevokedGrantsMemory } from './grants.js';
-import { grantIdCodec, RevokedSet, uuidCodec } from './revoked-set.js';
+import { grantIdCodec, memberCodec, memberKey, RevokedSet, uuidCodec } from './revoked-set.js';
 
 const POLL_MS = 500;
 /** Commits land after their now(): the poll looks back this far past the newest revocation it saw. */
@@ -43,6 +48,11 @@ export interface RevocableToken {
   exp: number;
 }
 
+/** What isTokenRevoked looks at: the token, and its user (sub, unless it is its application's own) and when it was issued. */
+export type CheckedRevocation = Pick<RevocableToken, 'jti' | 'grant_id' | 'organization_id'> & { sub: string; client_id: string; iat: number };
+
+const MEMBER_PAYLOAD = /^member (\d+) (\d+) (\d+(?:\.\d+)?)$/;
+
 /**
  * Timestamps are read as whole microseconds since the Unix epoch, not as Date: the keyset
  * cursor needs revoked_at exactly (a Date keeps milliseconds; a cursor rounded down would read
@@ -52,6 +62,7 @@ export interface RevocableToken {
  * This one is exact because extract returns a numeric (PostgreSQL 14 and later; PGlite is 17).
  */
 const REVOKED_AT_US = sql<number>`(extract(epoch from revoked_at) * 1000000)::int8`;
+const REMOVED_AT_US = sql<number>`(extract(epoch from removed_at) * 1000000)::int8`;
 /** timestamptz_send() writes microseconds since 2000-01-01 UTC (PostgreSQL's epoch). */
 const POSTGRES_EPOCH_US = 946_684_800_000_000;
 /** The inverse, exactly: an interval of one microsecond times a whole number is that many microseconds. */
@@ -76,6 +87,11 @@ export class RevocationList implements RevokedGrantsMemory {
   private readonly grants = new RevokedSet(grantIdCodec);
   /** Revoked jtis, each until its token's exp (+ margin). */
   private readonly tokens = new RevokedSet(uuidCodec);
+  /**
+   * Removed members (memberKey), each until no token from before the removal can be unexpired:
+   * memberUntil(removedAtS), whence the removal's second comes back.
+   */
+  private readonly members = new RevokedSet(memberCodec);
   private newestSeen: Date | undefined;
   private lastPruned = Date.now();
   private timer: NodeJS.Timeout | undefined;
@@ -114,14 +130,36 @@ export class RevocationList implements RevokedGrantsMemory {
     return this.grants.has(grantId);
   }
 
-  /** Whether the token was revoked, by itself or with its grant. */
-  isTokenRevoked(token: Pick<RevocableToken, 'jti' | 'grant_id'>): boolean {
-    return this.grants.has(token.grant_id) || this.tokens.has(token.jti);
+  /**
+   * Whether the token was revoked, by itself or with its grant, or ended by its user's removal
+   * from the organization: issued up to the removal, compared in whole seconds (iat's), so a
+   * token issued in the removal's second, before or after it, is refused too.
+   */
+  isTokenRevoked(token: CheckedRevocation): boolean {
+    if (this.grants.has(token.grant_id) || this.tokens.has(token.jti)) return true;
+    if (this.members.count === 0 || token.sub === token.client_id) return false;
+    const until = this.members.untilOf(memberKey(token.organization_id, Number(token.sub)));
+    return until !== undefined && token.iat <= until - this.options.accessTokenTtl - PRUNE_MARGIN_S;
   }
 
   /** Entries held and the bytes they take (RevokedSet.byteSize). */
-  memory(): { grants: number; tokens: number; bytes: number } {
-    return { grants: this.grants.count, tokens: this.tokens.count, bytes: this.grants.byteSize() + this.tokens.byteSize() };
+  memory(): { grants: number; tokens: number; members: number; bytes: number } {
+    return {
+      grants: this.grants.count,
+      tokens: this.tokens.count,
+      members: this.members.count,
+      bytes: this.grants.byteSize() + this.tokens.byteSize() + this.members.byteSize(),
+    };
+  }
+
+  /** A member removed here (removeMember, committed): their tokens are refused here at once, before the NOTIFY arrives. */
+  noteMemberRemoved(organizationId: number, userId: number, removedAtS: number): void {
+    this.members.add(memberKey(organizationId, userId), this.memberUntil(removedAtS));
+  }
+
+  /** Until when a member removed at removedAtS can have an unexpired token from before (the removal's whole second, plus a token's life). */
+  private memberUntil(removedAtS: number): number {
+    return Math.floor(removedAtS) + this.options.accessTokenTtl + PRUNE_MARGIN_S;
   }
 
   /** Revokes a grant (see revokeGrant) and refuses its tokens here at once, before the NOTIFY arrives. */
@@ -166,6 +204,11 @@ export class RevocationList implements RevokedGrantsMemory {
       this.tokens.add(token[1]!, Number(token[2]) + PRUNE_MARGIN_S);
       return;
     }
+    const member = MEMBER_PAYLOAD.exec(payload);
+    if (member) {
+      this.noteMemberRemoved(Number(member[1]), Number(member[2]), Number(member[3]));
+      return;
+    }
     // Grant ids, comma separated (revokeGrants).
     const ids = payload.split(',').map(Number).filter((id) => Number.isSafeInteger(id) && id > 0);
     this.markRevoked(ids);
@@ -183,6 +226,7 @@ export class RevocationList implements RevokedGrantsMemory {
     this.lastPruned = now;
     this.grants.prune(now / 1000);
     this.tokens.prune(now / 1000);
+    this.members.prune(now / 1000);
   }
 
   /**
@@ -222,16 +266,19 @@ export class RevocationList implements RevokedGrantsMemory {
       .then((row) => Number(row?.count ?? 0), () => 0);
     const grants = this.grants.startLoad(expected);
     const tokens = this.tokens.startLoad();
-    const [g, t] = await Promise.all([
+    const members = this.members.startLoad();
+    const [g, t, m] = await Promise.all([
       this.readGrants(since, (id, revokedAtS) => grants.add(id, this.grantUntil(revokedAtS))),
       this.readTokens(since, (jti, exp) => tokens.add(jti, exp + PRUNE_MARGIN_S)),
+      this.readMembers(since, (key, removedAtS) => members.add(key, this.memberUntil(removedAtS))),
     ]);
     grants.finish();
     tokens.finish();
+    members.finish();
     // Nothing revoked yet: start from the database's clock, which revoked_at is set by.
-    this.newestSeen = later(g.newest, t.newest) ?? (await sql<{ now: Date }>`select now() as now`.execute(this.db)).rows[0]!.now;
+    this.newestSeen = later(later(g.newest, t.newest), m.newest) ?? (await sql<{ now: Date }>`select now() as now`.execute(this.db)).rows[0]!.now;
     this.options.logger?.info(
-      { ...this.memory(), batches: g.batches + t.batches, ms: Math.round(performance.now() - started) },
+      { ...this.memory(), batches: g.batches + t.batches + m.batches, ms: Math.round(performance.now() - started) },
       'revocations loaded',
     );
   }
@@ -239,11 +286,12 @@ export class RevocationList implements RevokedGrantsMemory {
   /** Revocations since the newest seen, less the overlap: usually none or a few, in one batch each. */
   private async refresh(newestSeen: Date): Promise<void> {
     const since = sql<Date>`${newestSeen}::timestamptz - make_interval(secs => ${POLL_OVERLAP_S})`;
-    const [g, t] = await Promise.all([
+    const [g, t, m] = await Promise.all([
       this.readGrants(since, (id, revokedAtS) => this.grants.add(id, this.grantUntil(revokedAtS))),
       this.readTokens(since, (jti, exp) => this.tokens.add(jti, exp + PRUNE_MARGIN_S)),
+      this.readMembers(since, (key, removedAtS) => this.members.add(key, this.memberUntil(removedAtS))),
     ]);
-    this.newestSeen = later(newestSeen, later(g.newest, t.newest));
+    this.newestSeen = later(newestSeen, later(later(g.newest, t.newest), m.newest));
   }
 
   /**
@@ -322,6 +370,41 @@ export class RevocationList implements RevokedGrantsMemory {
       if (last) {
         read.newest = later(read.newest, new Date(Math.floor(last.us / 1000)));
         cursor = { revokedAtUs: last.us, key: last.jti };
+      }
+      if (rows.length < batchSize) return read;
+    }
+  }
+
+  /**
+   * Members removed after `since`, the same way in (removed_at, organization_id, user_id) order
+   * (removed_members_removed_at_idx), a row each: a removal is one person at a time, so they
+   * are few beside revoked grants. A removal that someone has since undone (restored_at) still
+   * counts: their tokens from before it stay refused.
+   */
+  private async readMembers(since: RawBuilder<Date>, each: (key: string, removedAtS: number) => void): Promise<Read> {
+    const batchSize = this.options.loadBatchSize ?? LOAD_BATCH;
+    const read: Read = { batches: 0, newest: undefined };
+    let cursor: Cursor<[number, number]> | undefined;
+    for (;;) {
+      const rows = await this.db
+        .selectFrom('removed_members')
+        .select(['organization_id', 'user_id', REMOVED_AT_US.as('us')])
+        .where(
+          cursor
+            ? sql<boolean>`(removed_at, organization_id, user_id) > (${fromMicroseconds(cursor.revokedAtUs)}, ${cursor.key[0]}::bigint, ${cursor.key[1]}::bigint)`
+            : sql<boolean>`removed_at > ${since}`,
+        )
+        .orderBy('removed_at')
+        .orderBy('organization_id')
+        .orderBy('user_id')
+        .limit(batchSize)
+        .execute();
+      read.batches++;
+      for (const row of rows) each(memberKey(row.organization_id, row.user_id), row.us / 1e6);
+      const last = rows.at(-1);
+      if (last) {
+        read.newest = later(read.newest, new Date(Math.floor(last.us / 1000)));
+        cursor = { revokedAtUs: last.us, key: [last.organization_id, last.user_id] };
       }
       if (rows.length < batchSize) return read;
     }

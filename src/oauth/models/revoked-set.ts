@@ -40,6 +40,21 @@ export const grantIdCodec: KeyCodec<number> = {
   },
 };
 
+/**
+ * An organization's member, written `${organizationId}:${userId}` (memberKey): both ids are
+ * bigint in the database and safe integers here, so two words each.
+ */
+export const memberCodec: KeyCodec<string> = {
+  words: 4,
+  encode(key, out, offset) {
+    const colon = key.indexOf(':');
+    if (colon < 0) return false;
+    return grantIdCodec.encode(Number(key.slice(0, colon)), out, offset) && grantIdCodec.encode(Number(key.slice(colon + 1)), out, offset + 2) && memberKey(Number(key.slice(0, colon)), Number(key.slice(colon + 1))) === key;
+  },
+};
+
+export const memberKey = (organizationId: number, userId: number): string => `${organizationId}:${userId}`;
+
 /** Lowercase only: 'A…' and 'a…' are different jtis, and randomUUID() writes lowercase. */
 const CANONICAL_UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
@@ -220,6 +235,15 @@ export class RevokedSet<K> {
     if (this.recent.has(key)) return true;
     if (this.codec.encode(key, this.probe, 0)) return this.indexOf(this.probe) >= 0;
     return this.others.has(key);
+  }
+
+  /** When the key stops mattering (the latest `until` it was added with), or undefined when it is not held. */
+  untilOf(key: K): number | undefined {
+    const recent = this.recent.get(key);
+    if (recent !== undefined) return recent;
+    if (!this.codec.encode(key, this.probe, 0)) return this.others.get(key);
+    const i = this.indexOf(this.probe);
+    return i >= 0 ? this.until[i] : undefined;
   }
 
   /** Adds a key that matters until `until` (seconds since the epoch); a key already held keeps the later of the two. */
