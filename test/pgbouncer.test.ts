@@ -234,8 +234,8 @@ describe.skipIf(skipReason !== undefined)('orgauth behind PgBouncer in transacti
       const pooled = sessions.find((s) => s.application_name === 'orgauth')?.n ?? 0;
       expect(pooled).toBeGreaterThan(0);
       expect(pooled).toBeLessThanOrEqual(SERVER_POOL);
-      // Four LISTEN connections per instance (revocations, applications, jobs, webhooks), straight to PostgreSQL.
-      expect(sessions.find((s) => s.application_name === 'orgauth-listen')?.n).toBe(8);
+      // One LISTEN connection per instance, for every channel (revocations, applications, jobs, webhooks), straight to PostgreSQL.
+      expect(sessions.find((s) => s.application_name === 'orgauth-listen')?.n).toBe(2);
     });
 
     it('the server cancels a slow statement shortly before the client would give up (the role’s statement_timeout, not a startup parameter)', async () => {

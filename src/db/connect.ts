@@ -110,25 +110,18 @@ function connectPostgres(
   const db = new Kysely<Database>({ dialect: forMigrations ? new MigrationDialect(dialectConfig) : new PostgresDialect(dialectConfig) });
   // LISTEN needs a session that stays this client's: DATABASE_LISTEN_URL, which config.ts
   // requires behind a transaction pooler.
-  const listenUrl = target.listenUrl ?? target.url;
-  const listeners = new Set<() => Promise<void>>();
+  const listener = new ListenConnection(target.listenUrl ?? target.url, logger);
   let closed: Promise<void> | undefined;
-  const listen: Listen = async (channel, onMessage, onReconnect) => {
-    const stop = await listenPostgres(listenUrl, channel, onMessage, onReconnect, logger).catch((err: unknown) => {
+  const listen: Listen = (channel, onMessage, onReconnect) =>
+    listener.subscribe(channel, onMessage, onReconnect).catch((err: unknown) => {
       throw target.listenUrl !== undefined ? new ListenUnavailableError(err) : err;
     });
-    listeners.add(stop);
-    return async () => {
-      listeners.delete(stop);
-      await stop();
-    };
-  };
   return {
     db,
     kind: 'postgres',
     poolStats: () => ({ total: pool.totalCount, idle: pool.idleCount, waiting: pool.waitingCount }),
     listen,
-    close: () => (closed ??= Promise.all([...listeners].map((stop) => stop())).then(() => db.destroy())),
+    close: () => (closed ??= listener.close().then(() => db.destroy())),
   };
 }
 
@@ -181,59 +174,150 @@ function discardingTimedOutClients(pool: pg.Pool, { namedStatements }: { namedSt
   };
 }
 
-/** A dedicated LISTEN connection (a pooled one would be handed to queries) that comes back after failures. */
-async function listenPostgres(
-  url: string,
-  channel: string,
-  onMessage: (payload: string) => void,
-  onReconnect: (() => void) | undefined,
-  logger: Pick<Logger, 'error'> | undefined,
-): Promise<() => Promise<void>> {
-  let stopped = false;
-  let client: pg.Client | undefined;
-  let retry: NodeJS.Timeout | undefined;
-  const connect = async (): Promise<void> => {
-    const next = new pg.Client({ connectionString: url, application_name: 'orgauth-listen', keepAlive: true, connectionTimeoutMillis: 2000 });
-    next.on('notification', (msg) => {
-      if (msg.channel === channel) onMessage(msg.payload ?? '');
-    });
-    next.on('error', (err) => {
-      logger?.error({ err, channel }, 'LISTEN connection failed; reconnecting');
-      void next.end().catch(() => {});
-      if (client === next) schedule();
-    });
-    await next.connect();
-    await next.query(`LISTEN ${pg.escapeIdentifier(channel)}`);
-    client = next;
-  };
-  const schedule = (): void => {
-    client = undefined;
-    if (stopped || retry) return;
-    retry = setTimeout(() => {
-      retry = undefined;
-      connect().then(
-        () => onReconnect?.(),
-        () => schedule(),
-      );
-    }, 500);
-    retry.unref();
-  };
-  // The first connection is tried a few times: on a busy server a connect may miss its 2 s once
-  // (seen in CI with four channels connecting at start), and a start should not fail for that.
-  for (let attempt = 1; ; attempt++) {
+interface Subscriber {
+  onMessage: (payload: string) => void;
+  onReconnect: (() => void) | undefined;
+}
+
+/**
+ * The one LISTEN connection of a handle (a pooled one would be handed to queries), shared by
+ * every channel: the revocations, the application cache, the jobs and the webhooks each
+ * subscribe, and an instance holds one session for all of them instead of one each. It opens
+ * with the first subscription (tried LISTEN_CONNECT_ATTEMPTS times; a failure is the
+ * subscriber's), and comes back by itself after a failure, LISTENing to every channel again and
+ * calling every subscriber's `onReconnect` (notifications sent meanwhile are lost).
+ */
+class ListenConnection {
+  private readonly channels = new Map<string, Set<Subscriber>>();
+  private client: pg.Client | undefined;
+  /** The channels `client` LISTENs to. */
+  private listened = new Set<string>();
+  /** The first connection, while it is being made. */
+  private opening: Promise<void> | undefined;
+  private retry: NodeJS.Timeout | undefined;
+  /** A reconnection after a failure, while it is being made. */
+  private reconnecting: Promise<void> | undefined;
+  private closed = false;
+
+  constructor(
+    private readonly url: string,
+    private readonly logger: Pick<Logger, 'error'> | undefined,
+  ) {}
+
+  async subscribe(channel: string, onMessage: (payload: string) => void, onReconnect?: () => void): Promise<() => Promise<void>> {
+    if (this.closed) throw new Error('the database handle is closed');
+    const subscriber: Subscriber = { onMessage, onReconnect };
+    let subscribers = this.channels.get(channel);
+    if (!subscribers) this.channels.set(channel, (subscribers = new Set()));
+    subscribers.add(subscriber);
     try {
-      await connect();
-      break;
+      // While a reconnection is pending, it LISTENs to this channel with the others.
+      if (this.reconnecting) await this.reconnecting.catch(() => {});
+      else if (this.client === undefined && this.retry === undefined) await (this.opening ??= this.open().finally(() => (this.opening = undefined)));
+      const client = this.client;
+      if (client && !this.listened.has(channel)) {
+        this.listened.add(channel);
+        await client.query(`LISTEN ${pg.escapeIdentifier(channel)}`);
+      }
     } catch (err) {
-      if (attempt >= LISTEN_CONNECT_ATTEMPTS) throw err;
-      await new Promise((resolve) => setTimeout(resolve, 250));
+      this.remove(channel, subscriber);
+      throw err;
+    }
+    return async () => {
+      if (!this.remove(channel, subscriber)) return;
+      if (this.channels.size === 0) await this.disconnect();
+      else if (!this.channels.has(channel) && this.listened.delete(channel)) await this.client?.query(`UNLISTEN ${pg.escapeIdentifier(channel)}`).catch(() => {});
+    };
+  }
+
+  /** For good (the handle closes): no subscription is taken afterwards. */
+  async close(): Promise<void> {
+    this.closed = true;
+    await this.disconnect();
+  }
+
+  /** Ends the session (nobody listens any more); the next subscription opens another. */
+  private async disconnect(): Promise<void> {
+    clearTimeout(this.retry);
+    this.retry = undefined;
+    const client = this.client;
+    this.client = undefined;
+    this.listened = new Set();
+    await client?.end().catch(() => {});
+  }
+
+  /** Removes a subscriber; false when it was not there (unsubscribed twice). */
+  private remove(channel: string, subscriber: Subscriber): boolean {
+    const subscribers = this.channels.get(channel);
+    if (!subscribers?.delete(subscriber)) return false;
+    if (subscribers.size === 0) this.channels.delete(channel);
+    return true;
+  }
+
+  /** The first connection: a few tries, since on a busy server a connect may miss its 2 s once (seen in CI). */
+  private async open(): Promise<void> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await this.connect();
+        return;
+      } catch (err) {
+        if (attempt >= LISTEN_CONNECT_ATTEMPTS || this.closed) throw err;
+        await new Promise((resolve) => setTimeout(resolve, 250));
+      }
     }
   }
-  return async () => {
-    stopped = true;
-    clearTimeout(retry);
-    await client?.end().catch(() => {});
-  };
+
+  /** Connects and LISTENs to every channel subscribed to, in one statement. */
+  private async connect(): Promise<void> {
+    const next = new pg.Client({ connectionString: this.url, application_name: 'orgauth-listen', keepAlive: true, connectionTimeoutMillis: 2000 });
+    next.on('notification', (msg) => {
+      for (const subscriber of this.channels.get(msg.channel) ?? []) subscriber.onMessage(msg.payload ?? '');
+    });
+    next.on('error', (err) => {
+      this.logger?.error({ err, channels: [...this.channels.keys()] }, 'LISTEN connection failed; reconnecting');
+      void next.end().catch(() => {});
+      if (this.client === next) this.schedule();
+    });
+    const channels = new Set<string>();
+    try {
+      await next.connect();
+      for (const c of this.channels.keys()) channels.add(c);
+      if (channels.size > 0) await next.query([...channels].map((c) => `LISTEN ${pg.escapeIdentifier(c)}`).join('; '));
+    } catch (err) {
+      await next.end().catch(() => {});
+      throw err;
+    }
+    // Closed, or everyone unsubscribed, while it connected.
+    if (this.closed || this.channels.size === 0) {
+      await next.end().catch(() => {});
+      return;
+    }
+    // Channels subscribed to while the LISTEN was on its way are LISTENed by their subscribe().
+    this.client = next;
+    this.listened = channels;
+  }
+
+  private schedule(): void {
+    this.client = undefined;
+    if (this.closed || this.retry) return;
+    this.retry = setTimeout(() => {
+      this.retry = undefined;
+      const reconnecting = this.connect().then(
+        () => {
+          for (const subscribers of this.channels.values()) for (const s of subscribers) s.onReconnect?.();
+        },
+        (err: unknown) => {
+          this.schedule();
+          throw err;
+        },
+      );
+      this.reconnecting = reconnecting;
+      void reconnecting.catch(() => {}).finally(() => {
+        if (this.reconnecting === reconnecting) this.reconnecting = undefined;
+      });
+    }, 500);
+    this.retry.unref();
+  }
 }
 
 /** Tries at a LISTEN connection before a start gives up (each within 2 s). */
