@@ -168,7 +168,8 @@ export class WebhookDispatcher {
 
   /**
    * Stops claiming. Requests in flight get STOP_WAIT_MS to finish and be recorded; after that
-   * they are aborted unrecorded, and their deliveries go again when the leases run out.
+   * they are aborted unrecorded and their deliveries handed back, due at once, for another
+   * instance (or the next start) to send.
    */
   async stop(): Promise<void> {
     this.stopped = true;
@@ -263,8 +264,25 @@ export class WebhookDispatcher {
     if (!delivery.enabled) return this.stopDisabled(delivery);
     const result = await this.attempt(delivery);
     // Shutting down: the request was cut short by us, not by the receiver.
-    if (result === undefined) return;
+    if (result === undefined) return this.handBack(delivery);
     await this.record(delivery, result);
+  }
+
+  /**
+   * A delivery whose request stop() cut short: due again at once, its claim not counted as an
+   * attempt (the receiver may have had it: delivery is at least once, and the webhook-id is the
+   * same). Only while the lease is still ours; best effort (the database may be closing too: the
+   * lease then runs out as after a crash).
+   */
+  private async handBack(delivery: Claimed): Promise<void> {
+    await this.db
+      .updateTable('webhook_deliveries')
+      .set({ attempts: delivery.attempts - 1, next_attempt_at: sql`now()` })
+      .where('id', '=', delivery.id)
+      .where('attempts', '=', delivery.attempts)
+      .where('state', '=', 'pending')
+      .execute()
+      .catch(() => {});
   }
 
   /** One POST; undefined when stop() aborted it. */

@@ -3,8 +3,8 @@
  * Webhooks reference library; a change made in the dashboard arrives signed; a receiver that is
  * down gets the event once it is back, under the same webhook-id; both secrets sign for a day
  * after a rotation; redirects are not followed; the delivery log keeps 1 KB of each answer; a
- * hanging receiver costs one attempt of 10 s; the retries end; five days of failures disable the
- * endpoint and tell the organization's owners.
+ * hanging receiver costs one attempt of 10 s; one a stop cut short is handed back; the retries
+ * end; five days of failures disable the endpoint and tell the organization's owners.
  */
 import { sql } from 'kysely';
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
@@ -214,6 +214,29 @@ describe(`webhook delivery on ${BACKEND}`, () => {
     expect(attempt!.duration_ms).toBeGreaterThanOrEqual(WEBHOOK_TIMEOUT_MS - 100);
     expect(attempt!.duration_ms).toBeLessThan(WEBHOOK_TIMEOUT_MS + 2000);
     expect(await deliveryOf(db(), event.id, endpoint.id)).toMatchObject({ state: 'pending', attempts: 1 });
+  });
+
+  it('hands a delivery cut short by a stop back to the queue, due at once and its claim not counted', async () => {
+    const org = await newOrganization(db());
+    const endpoint = await insertEndpoint(db(), org.id, receiver.url(path()));
+    receiver.answer = () => 'hang';
+    const first = await dispatch('3600');
+    const event = (await emit(db(), org.id))!;
+    await receiver.waitFor((r) => r.id === event.message_id);
+    expect(await deliveryOf(db(), event.id, endpoint.id)).toMatchObject({ state: 'pending', attempts: 1 });
+    // The lease would keep it for a minute; the stop gives it back instead.
+    await first.stop();
+    running = undefined;
+    const handedBack = await deliveryOf(db(), event.id, endpoint.id);
+    expect(handedBack).toMatchObject({ state: 'pending', attempts: 0 });
+    expect(handedBack.next_attempt_at.getTime()).toBeLessThanOrEqual(Date.now() + 1000);
+    expect(await attemptsOf(db(), handedBack.id)).toEqual([]);
+    // Another dispatcher sends it at once, under the same webhook-id.
+    receiver.answer = () => ({ status: 204 });
+    await dispatch('3600');
+    await expect.poll(async () => (await deliveryOf(db(), event.id, endpoint.id)).state, { timeout: 5000 }).toBe('succeeded');
+    expect(receiver.withId(event.message_id).length).toBe(2);
+    expect(await deliveryOf(db(), event.id, endpoint.id)).toMatchObject({ attempts: 1 });
   });
 
   it('fails the delivery after the last retry of WEBHOOK_RETRY_DELAYS', async () => {
