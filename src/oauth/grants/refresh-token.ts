@@ -47,7 +47,10 @@ async function rotateRefreshToken(
       select r.id, r.grant_id, r.organization_id, r.scopes, g.user_id, g.identity_scopes, g.auth_time, g.sid, g.amr, g.resource_id, m.role_id
       from refresh_tokens r
       join grants g on g.id = r.grant_id and g.organization_id = r.organization_id
-      join memberships m on m.organization_id = r.organization_id and m.user_id = g.user_id
+      -- "+ 0": the membership is found from the grant, never the grant from the membership. With
+      -- stale statistics the planner walked the user's live grants (grants_live_member_id_idx) to
+      -- find the one the token names: 370 req/s instead of 2,060 on the bench.
+      join memberships m on m.organization_id = r.organization_id and m.user_id = g.user_id + 0
       where r.token_hash = ${sha256Hex(input.presented)}
         -- The user's role allows all of it now (a role that lost a permission is narrowing its
         -- members' grants, and may not have reached this one yet).
