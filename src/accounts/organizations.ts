@@ -253,12 +253,17 @@ export async function removeMember(db: DB, input: { organizationId: number; user
     if (isLastOwner) throw new ConflictError('the last owner of an organization cannot be removed');
     await trx.deleteFrom('memberships').where('organization_id', '=', input.organizationId).where('user_id', '=', input.userId).execute();
     // Remembered: automation (SSO's just-in-time provisioning) never adds them back, and their
-    // tokens and grants from before now are ended.
+    // tokens and grants from before now are ended. Now is the clock's, not the transaction's
+    // start: a code redemption holding the membership's share lock, which we waited for above,
+    // made its grant before it.
     const removal = await trx
       .insertInto('removed_members')
-      .values({ organization_id: input.organizationId, user_id: input.userId })
-      .onConflict((oc) => oc.columns(['organization_id', 'user_id']).doUpdateSet({ removed_at: sql<Date>`now()`, restored_at: null }))
-      .returning(sql<number>`extract(epoch from removed_at)::float8`.as('removed_at_s'))
+      .values({ organization_id: input.organizationId, user_id: input.userId, removed_at: sql<Date>`clock_timestamp()` })
+      .onConflict((oc) => oc.columns(['organization_id', 'user_id']).doUpdateSet({ removed_at: sql<Date>`excluded.removed_at`, restored_at: null }))
+      .returning([
+        sql<number>`extract(epoch from removed_at)::float8`.as('removed_at_s'),
+        sql<string>`to_char(removed_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`.as('removed_at'),
+      ])
       .executeTakeFirstOrThrow();
     await sql`select pg_notify(${REVOCATION_CHANNEL}, ${memberRemovalPayload(input.organizationId, input.userId, removal.removed_at_s)})`.execute(trx);
     await recordAuditEvent(trx, {
@@ -267,7 +272,7 @@ export async function removeMember(db: DB, input: { organizationId: number; user
       action: 'member.removed',
       details: { user_id: input.userId, role: member.name },
     });
-    const payload: MemberGrantsPayload = { user_id: input.userId, actor: options.actor ?? {} };
+    const payload: MemberGrantsPayload = { user_id: input.userId, removed_at: removal.removed_at, actor: options.actor ?? {} };
     await enqueueJob(trx, { kind: MEMBER_GRANTS_JOB, organizationId: input.organizationId, payload: { ...payload } });
     return removal.removed_at_s;
   });
@@ -276,6 +281,8 @@ export async function removeMember(db: DB, input: { organizationId: number; user
 
 interface MemberGrantsPayload {
   user_id: number;
+  /** The removal's time, to the microsecond: the job's bound even if the row has moved on or gone. */
+  removed_at: string;
   actor: Actor;
 }
 
@@ -291,7 +298,7 @@ export function memberGrantsJob(memory?: RevokedGrantsMemory): JobHandler<Member
   return {
     kind: MEMBER_GRANTS_JOB,
     async step(trx, job, cursor) {
-      const selection = { organizationId: job.organizationId!, userId: job.payload.user_id, beforeRemoval: true };
+      const selection = { organizationId: job.organizationId!, userId: job.payload.user_id, removedAt: job.payload.removed_at };
       // Progress: how many there are, counted once off the same index.
       const total =
         cursor === null

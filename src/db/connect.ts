@@ -190,8 +190,8 @@ interface Subscriber {
 class ListenConnection {
   private readonly channels = new Map<string, Set<Subscriber>>();
   private client: pg.Client | undefined;
-  /** The channels `client` LISTENs to. */
-  private listened = new Set<string>();
+  /** The channels `client` LISTENs to, each with its LISTEN (a second subscriber waits for it too). */
+  private listened = new Map<string, Promise<unknown>>();
   /** The first connection, while it is being made. */
   private opening: Promise<void> | undefined;
   private retry: NodeJS.Timeout | undefined;
@@ -215,10 +215,16 @@ class ListenConnection {
       if (this.reconnecting) await this.reconnecting.catch(() => {});
       else if (this.client === undefined && this.retry === undefined) await (this.opening ??= this.open().finally(() => (this.opening = undefined)));
       const client = this.client;
-      if (client && !this.listened.has(channel)) {
-        this.listened.add(channel);
-        await client.query(`LISTEN ${pg.escapeIdentifier(channel)}`);
+      let listening = this.listened.get(channel);
+      if (client && !listening) {
+        const started = client.query(`LISTEN ${pg.escapeIdentifier(channel)}`);
+        listening = started;
+        this.listened.set(channel, started);
+        started.catch(() => {
+          if (this.listened.get(channel) === started) this.listened.delete(channel);
+        });
       }
+      await listening;
     } catch (err) {
       this.remove(channel, subscriber);
       throw err;
@@ -242,7 +248,7 @@ class ListenConnection {
     this.retry = undefined;
     const client = this.client;
     this.client = undefined;
-    this.listened = new Set();
+    this.listened = new Map();
     await client?.end().catch(() => {});
   }
 
@@ -271,7 +277,14 @@ class ListenConnection {
   private async connect(): Promise<void> {
     const next = new pg.Client({ connectionString: this.url, application_name: 'orgauth-listen', keepAlive: true, connectionTimeoutMillis: 2000 });
     next.on('notification', (msg) => {
-      for (const subscriber of this.channels.get(msg.channel) ?? []) subscriber.onMessage(msg.payload ?? '');
+      for (const subscriber of this.channels.get(msg.channel) ?? []) {
+        // One subscriber's failure is not the others'.
+        try {
+          subscriber.onMessage(msg.payload ?? '');
+        } catch (err) {
+          this.logger?.error({ err, channel: msg.channel }, 'a NOTIFY subscriber failed');
+        }
+      }
     });
     next.on('error', (err) => {
       this.logger?.error({ err, channels: [...this.channels.keys()] }, 'LISTEN connection failed; reconnecting');
@@ -294,7 +307,7 @@ class ListenConnection {
     }
     // Channels subscribed to while the LISTEN was on its way are LISTENed by their subscribe().
     this.client = next;
-    this.listened = channels;
+    this.listened = new Map([...channels].map((c) => [c, Promise.resolve()]));
   }
 
   private schedule(): void {

@@ -10,10 +10,12 @@
  */
 import type { FastifyInstance } from 'fastify';
 import { sql } from 'kysely';
+import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember, removeMember, wasRemoved } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import { createAuthorizationCode } from '../../src/oauth/models/authorization-codes.js';
+import { REMOVAL_MARGIN_S } from '../../src/oauth/models/grants.js';
 import { KNOWN_SCOPES } from '../../src/oauth/helpers/scopes.js';
 import { BACKEND } from '../helpers/db.js';
 import { type InstancePair, startInstancePair } from '../helpers/instance-pair.js';
@@ -109,14 +111,48 @@ describe(`removing a member on ${BACKEND}`, () => {
     expect(rows.map((r) => [Number(r.n), Number(r.grants)])).toEqual([[MANY, MANY]]);
   });
 
+  it.skipIf(BACKEND !== 'postgres')('a grant made by a redemption the removal waited for is ended with the rest', async () => {
+    const userId = await newMember();
+    // What a code redemption does: share-lock the membership, make the grant, commit a moment later.
+    const redemption = new pg.Client({ connectionString: pair.t.env.DATABASE_URL });
+    await redemption.connect();
+    let grantId: number;
+    try {
+      await redemption.query('begin');
+      await redemption.query('select 1 from memberships where organization_id = $1 and user_id = $2 for share', [org.organizationId, userId]);
+      // Made after the removal's transaction began (a redemption that took the lock between the
+      // removal's BEGIN and its lock): created_at later than the removal's start.
+      grantId = Number(
+        (
+          await redemption.query<{ id: string }>(
+            `insert into grants (organization_id, application_id, user_id, scopes, created_at) values ($1, $2, $3, '{contacts.read}', clock_timestamp() + interval '100 milliseconds') returning id`,
+            [org.organizationId, publicAppId, userId],
+          )
+        ).rows[0]!.id,
+      );
+      const removal = removeMember(db(), { organizationId: org.organizationId, userId });
+      // The removal waits for the lock; the grant commits first.
+      await new Promise((r) => setTimeout(r, 300));
+      await redemption.query('commit');
+      await removal;
+    } finally {
+      await redemption.end();
+    }
+    expect(await liveGrants(userId)).toEqual([grantId]);
+    await finishJobs(db());
+    expect(await liveGrants(userId)).toEqual([]);
+    const revoked = await db().selectFrom('grants').select('revoked_reason').where('id', '=', grantId).executeTakeFirstOrThrow();
+    expect(revoked.revoked_reason).toBe('member_removed');
+  });
+
   it('added back before the job ran: what they had before stays ended, what they were granted since works, and the job revokes only the grants from before', async () => {
     const userId = await newMember();
     const before = await tokensOf(userId);
     const [oldGrant] = await liveGrants(userId);
     await removeMember(db(), { organizationId: org.organizationId, userId });
     expect(await wasRemoved(db(), org.organizationId, userId)).toBe(true);
-    // Tokens issued in the second of the removal are refused with it (iat is whole seconds): the next ones come after.
-    await new Promise((r) => setTimeout(r, 1100));
+    // Tokens issued in the second of the removal and REMOVAL_MARGIN_S more are refused with it (iat is whole seconds): the next ones come after.
+    await new Promise((r) => setTimeout(r, (REMOVAL_MARGIN_S + 1) * 1000 + 100));
     await addMember(db(), { organizationId: org.organizationId, userId, role: 'member' });
     expect(await wasRemoved(db(), org.organizationId, userId)).toBe(false);
     const after = await tokensOf(userId);

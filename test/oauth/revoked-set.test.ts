@@ -10,7 +10,7 @@ import fc from 'fast-check';
 import type { FastifyBaseLogger } from 'fastify';
 import { type RawBuilder, sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
-import { revokeGrant } from '../../src/oauth/models/grants.js';
+import { REMOVAL_MARGIN_S, revokeGrant } from '../../src/oauth/models/grants.js';
 import { RevocationList } from '../../src/oauth/models/revocation-list.js';
 import { grantIdCodec, RECENT_LIMIT, RevokedSet, sortEntries, uuidCodec } from '../../src/oauth/models/revoked-set.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
@@ -322,12 +322,12 @@ describe(`RevocationList's load from ${BACKEND}`, () => {
       for (const jti of jtis) expect(list.isTokenRevoked({ ...applicationToken, jti, grant_id: live[1]! }), jti).toBe(true);
       expect(list.isTokenRevoked({ ...applicationToken, jti: 'expired-long-ago', grant_id: live[1]! })).toBe(false);
       expect(list.isTokenRevoked({ ...applicationToken, jti: randomUUID(), grant_id: revoked[0]! })).toBe(true);
-      // A removed member's tokens from up to the removal's second are refused; later ones, an application's own, and those of a removal long ago are not.
+      // A removed member's tokens from up to the removal's second (and REMOVAL_MARGIN_S more) are refused; later ones, an application's own, and those of a removal long ago are not.
       for (const { userId, removedAtS } of removedRecently) {
         const token = { jti: randomUUID(), grant_id: live[1]!, organization_id: organizationId, sub: String(userId), client_id: 'some-client' };
         expect(list.isTokenRevoked({ ...token, iat: Math.floor(removedAtS) - 60 }), `user ${userId}`).toBe(true);
-        expect(list.isTokenRevoked({ ...token, iat: Math.floor(removedAtS) }), `user ${userId}`).toBe(true);
-        expect(list.isTokenRevoked({ ...token, iat: Math.floor(removedAtS) + 1 }), `user ${userId}`).toBe(false);
+        expect(list.isTokenRevoked({ ...token, iat: Math.floor(removedAtS) + REMOVAL_MARGIN_S }), `user ${userId}`).toBe(true);
+        expect(list.isTokenRevoked({ ...token, iat: Math.floor(removedAtS) + REMOVAL_MARGIN_S + 1 }), `user ${userId}`).toBe(false);
         expect(list.isTokenRevoked({ ...token, organization_id: organizationId + 1, iat: Math.floor(removedAtS) - 60 }), `user ${userId}`).toBe(false);
       }
       for (const userId of removedLongAgo) {

@@ -289,6 +289,18 @@ async function rememberedConsent(db: DB, userId: number, memberships: readonly U
     // Consent for one resource is not consent for another.
     .where('resource_id', request.resource.id === null ? 'is' : '=', request.resource.id)
     .where('revoked_at', 'is', null)
+    // Nor a grant from before a removal from its organization (its revocation job may not have reached it yet).
+    .where(({ not, exists, selectFrom }) =>
+      not(
+        exists(
+          selectFrom('removed_members as rm')
+            .select('rm.user_id')
+            .whereRef('rm.organization_id', '=', 'grants.organization_id')
+            .whereRef('rm.user_id', '=', 'grants.user_id')
+            .whereRef('rm.removed_at', '>=', 'grants.created_at'),
+        ),
+      ),
+    )
     .orderBy('id', 'desc')
     .limit(MAX_REMEMBERED_GRANTS)
     .execute();

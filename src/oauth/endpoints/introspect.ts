@@ -5,6 +5,7 @@
 import type { FastifyInstance } from 'fastify';
 import { sql } from 'kysely';
 import { InvalidClientError } from '../errors.js';
+import { REMOVAL_MARGIN_S } from '../models/grants.js';
 import { clientAndToken } from '../helpers/client-token.js';
 import { type OAuthEndpointOptions, registerFormEndpoint } from '../helpers/form-endpoint.js';
 
@@ -38,8 +39,8 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
       .select([
         'revoked_at',
         (eb) => eb.exists(eb.selectFrom('revoked_access_tokens').select('jti').where('jti', '=', c.jti)).as('token_revoked'),
-        // Issued up to its user's removal from the organization (iat in whole seconds, as the API
-        // compares it), whose grants a job may still be revoking.
+        // Issued up to its user's removal from the organization (iat in whole seconds, and
+        // REMOVAL_MARGIN_S more, as the API compares it), whose grants a job may still be revoking.
         (eb) =>
           eb
             .exists(
@@ -48,7 +49,7 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
                 .select('rm.user_id')
                 .whereRef('rm.organization_id', '=', 'grants.organization_id')
                 .whereRef('rm.user_id', '=', 'grants.user_id')
-                .where(sql<boolean>`rm.removed_at >= to_timestamp(${c.iat})`),
+                .where(sql<boolean>`rm.removed_at >= to_timestamp(${c.iat - REMOVAL_MARGIN_S})`),
             )
             .as('ended_by_removal'),
       ])

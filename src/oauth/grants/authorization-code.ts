@@ -49,8 +49,8 @@ function expectedChallenge(verifier: string | undefined): string | null {
  * round trip; all or nothing, R-5), when the code is this client's,
  * unused, unexpired, for this redirect_uri and PKCE verifier, its user still a member of the
  * organization whose role still allows every scope of it (the membership row, and a custom
- * role's, are share-locked, so a removal or a role change waits for us and then revokes or
- * narrows the new grant) and its scopes still allowed to the application. Returns undefined otherwise,
+ * role's, are share-locked, so a removal or a role change waits for us and then ends (its job
+ * revokes) or narrows the new grant) and its scopes still allowed to the application. Returns undefined otherwise,
  * changing nothing. Of concurrent redemptions exactly one updates the code (R-1).
  */
 async function redeemCode(db: DB, application: Application, presented: Presented, refreshToken: string, ttlSeconds: number): Promise<Redeemed | undefined> {

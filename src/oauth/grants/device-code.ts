@@ -62,7 +62,7 @@ interface Redeemed extends GrantIdentity {
  * statement (all or nothing, R-5), when it is still approved and unexpired, its client enabled
  * and still allowed what was granted, its user still a member of the organization whose role
  * (as it is now: the membership, and a custom role's row, are share-locked, so a removal or a
- * role change waits for us and then revokes or narrows the new grant) allows every scope of it,
+ * role change waits for us and then ends (its job revokes) or narrows the new grant) allows every scope of it,
  * and the organization, if it requires two-step sign-in, got a two-factor approval. Returns
  * undefined otherwise, changing nothing. Of concurrent redemptions exactly one updates the row.
  */

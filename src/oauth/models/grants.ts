@@ -22,6 +22,14 @@ export const REVOCATION_CHANNEL = 'orgauth_revocations';
 /** A member removed from an organization, on REVOCATION_CHANNEL: `member <organization id> <user id> <removed_at, epoch seconds>` (RevocationList). */
 export const memberRemovalPayload = (organizationId: number, userId: number, removedAtS: number): string => `member ${organizationId} ${userId} ${removedAtS}`;
 
+/**
+ * Seconds after a member's removal in which their access tokens are still taken as from before
+ * it: a refresh that read the membership just before the removal committed signs its token just
+ * after, and an instance's clock may be a little ahead of the database's. A member added back
+ * within these seconds gets tokens that are refused until their next refresh.
+ */
+export const REMOVAL_MARGIN_S = 2;
+
 export interface NewGrant {
   organizationId: number;
   applicationId: number;
@@ -92,8 +100,12 @@ export type GrantSelection =
       beyondScopes?: readonly string[];
       /** Whether a resource's declared scopes count too (a private application's own grants); otherwise only orgauth's (a public application's users granted the declared ones). */
       declaredBeyond?: boolean;
-      /** Only grants made before the user's latest removal from the organization (removed_members): not those since they were added back. */
-      beforeRemoval?: boolean;
+      /**
+       * Only grants made up to the user's removal from the organization: this time (ISO 8601,
+       * microseconds) or their latest removal (removed_members), whichever is later; not those
+       * made since they were added back.
+       */
+      removedAt?: string;
     } & ({ organizationId: number; applicationId?: number } | { organizationId?: undefined; applicationId: number }));
 
 /**
@@ -129,13 +141,9 @@ export async function revokeBatch(trx: Transaction<Database>, selection: GrantSe
       if (selection.organizationId !== undefined) live = live.where('organization_id', '=', selection.organizationId);
       if (selection.applicationId !== undefined) live = live.where('application_id', '=', selection.applicationId);
       if (selection.userId !== undefined) live = live.where('user_id', '=', selection.userId);
-      if (selection.beforeRemoval === true && selection.organizationId !== undefined && selection.userId !== undefined) {
-        const removedAt = eb
-          .selectFrom('removed_members')
-          .select('removed_at')
-          .where('removed_members.organization_id', '=', selection.organizationId)
-          .where('removed_members.user_id', '=', selection.userId);
-        live = live.where('created_at', '<=', removedAt);
+      if (selection.removedAt !== undefined && selection.organizationId !== undefined && selection.userId !== undefined) {
+        const latest = sql<Date>`(select rm.removed_at from removed_members rm where rm.organization_id = ${selection.organizationId} and rm.user_id = ${selection.userId})`;
+        live = live.where('created_at', '<=', sql<Date>`greatest(${selection.removedAt}::timestamptz, ${latest})`);
       }
       if (selection.beyondScopes !== undefined) {
         const held = selection.declaredBeyond ? sql<string[]>`scopes` : knownScopesOf(sql`scopes`);

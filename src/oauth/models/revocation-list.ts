@@ -25,7 +25,7 @@ import type { RevocationReason } from '../../db/schema.js';
 import type { Metrics } from '../../metrics.js';
 import { CLOCK_TOLERANCE_S } from './access-tokens.js';
 import type { Actor } from '../../audit/events.js';
-import { REVOCATION_CHANNEL, revokeAccessToken, revokeGrant, type RevokedGrantsMemory } from './grants.js';
+import { REMOVAL_MARGIN_S, REVOCATION_CHANNEL, revokeAccessToken, revokeGrant, type RevokedGrantsMemory } from './grants.js';
 import { grantIdCodec, memberCodec, memberKey, RevokedSet, uuidCodec } from './revoked-set.js';
 
 const POLL_MS = 500;
@@ -132,14 +132,14 @@ export class RevocationList implements RevokedGrantsMemory {
 
   /**
    * Whether the token was revoked, by itself or with its grant, or ended by its user's removal
-   * from the organization: issued up to the removal, compared in whole seconds (iat's), so a
-   * token issued in the removal's second, before or after it, is refused too.
+   * from the organization: issued up to the removal's second (iat is whole seconds) and
+   * REMOVAL_MARGIN_S more.
    */
   isTokenRevoked(token: CheckedRevocation): boolean {
     if (this.grants.has(token.grant_id) || this.tokens.has(token.jti)) return true;
     if (this.members.count === 0 || token.sub === token.client_id) return false;
     const until = this.members.untilOf(memberKey(token.organization_id, Number(token.sub)));
-    return until !== undefined && token.iat <= until - this.options.accessTokenTtl - PRUNE_MARGIN_S;
+    return until !== undefined && token.iat <= until - this.options.accessTokenTtl - PRUNE_MARGIN_S + REMOVAL_MARGIN_S;
   }
 
   /** Entries held and the bytes they take (RevokedSet.byteSize). */

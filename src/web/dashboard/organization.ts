@@ -220,7 +220,7 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
 
   app.post<{ Params: { userId: string } }>('/dashboard/members/:userId/remove', async (req, reply) => {
     const { ctx, userId } = managedMember(req);
-    // Revokes the grants this user gave here (and refuses to remove the last owner).
+    // Ends their tokens at once and queues the revocation of the grants they gave here (and refuses to remove the last owner).
     await removeMember(db, { organizationId: ctx.organization.id, userId }, memberChange(ctx));
     return reply.redirect(userId === ctx.session.userId ? '/dashboard' : '/dashboard/members', 303);
   });
