@@ -1,7 +1,7 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
 import { type Actor, recordAuditEvent } from '../audit/events.js';
-import { memberRemovalPayload, narrowGrantsInTransaction, REVOCATION_CHANNEL, revokeBatch, type RevokedGrantsMemory } from '../oauth/models/grants.js';
+import { countLiveGrants, memberRemovalPayload, narrowGrantsInTransaction, REVOCATION_CHANNEL, revokeBatch, type RevokedGrantsMemory } from '../oauth/models/grants.js';
 import { enqueueJob, type JobHandler } from '../jobs/queue.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import { isUniqueViolation } from '../db/errors.js';
@@ -300,20 +300,7 @@ export function memberGrantsJob(memory?: RevokedGrantsMemory): JobHandler<Member
     async step(trx, job, cursor) {
       const selection = { organizationId: job.organizationId!, userId: job.payload.user_id, removedAt: job.payload.removed_at };
       // Progress: how many there are, counted once off the same index.
-      const total =
-        cursor === null
-          ? Number(
-              (
-                await trx
-                  .selectFrom('grants')
-                  .select((eb) => eb.fn.countAll<number>().as('n'))
-                  .where('organization_id', '=', selection.organizationId)
-                  .where('user_id', '=', selection.userId)
-                  .where('revoked_at', 'is', null)
-                  .executeTakeFirstOrThrow()
-              ).n,
-            )
-          : undefined;
+      const total = cursor === null ? await countLiveGrants(trx, selection) : undefined;
       const ids = await revokeBatch(trx, selection, 'member_removed', job.payload.actor, cursor?.after ?? 0);
       if (ids.length === 0) return { cursor, processed: 0, finished: true, total };
       return { cursor: { after: Math.max(...ids) }, processed: ids.length, finished: false, total, afterCommit: () => memory?.noteRevoked(ids, 'member_removed') };

@@ -9,7 +9,7 @@ import { NotFoundError } from '../../errors.js';
 import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { isWellFormed, parseInput } from '../../lib/validate.js';
 import { redirectUriListSchema } from '../helpers/redirect-uris.js';
-import { revokeBatch, type RevokedGrantsMemory } from './grants.js';
+import { countLiveGrants, revokeBatch, type RevokedGrantsMemory } from './grants.js';
 import { enqueueJob, type JobHandler } from '../../jobs/queue.js';
 import { applicationScopes, knownScopesOf } from '../helpers/scopes.js';
 import { declaredScopeNames } from './resources.js';
@@ -390,19 +390,7 @@ export function applicationGrantsJob(memory?: RevokedGrantsMemory): JobHandler<A
       const filter = mode === 'narrowed' ? { beyondScopes: app.scopes, declaredBeyond: app.type === 'private' } : {};
       const selection = { organizationId: app.organization_id, applicationId: id, ...filter };
       // Progress: how many it has to revoke, counted once (by the partial index of live grants).
-      const total =
-        cursor === null && mode !== 'narrowed'
-          ? Number(
-              (
-                await trx
-                  .selectFrom('grants')
-                  .select((eb) => eb.fn.countAll<number>().as('n'))
-                  .where('application_id', '=', id)
-                  .where('revoked_at', 'is', null)
-                  .executeTakeFirstOrThrow()
-              ).n,
-            )
-          : undefined;
+      const total = cursor === null && mode !== 'narrowed' ? await countLiveGrants(trx, { applicationId: id }) : undefined;
       const reason = mode === 'narrowed' ? 'scopes_narrowed' : 'application_disabled';
       const ids = await revokeBatch(trx, selection, reason, job.payload.actor, cursor?.after ?? 0);
       if (ids.length === 0) return { cursor, processed: 0, finished: true, total };

@@ -117,6 +117,13 @@ export interface RevokedGrantsMemory {
   noteRevoked(grantIds: readonly number[], reason: RevocationReason): void;
 }
 
+/** How many live grants match (an application's, or a member's in an organization): a revocation job's progress total, counted once off the partial indexes of live grants. */
+export async function countLiveGrants(trx: DB, where: { applicationId: number } | { organizationId: number; userId: number }): Promise<number> {
+  let query = trx.selectFrom('grants').select((eb) => eb.fn.countAll<number>().as('n')).where('revoked_at', 'is', null);
+  query = 'applicationId' in where ? query.where('application_id', '=', where.applicationId) : query.where('organization_id', '=', where.organizationId).where('user_id', '=', where.userId);
+  return Number((await query.executeTakeFirstOrThrow()).n);
+}
+
 /** Grants revoked per transaction: short locks beside the requests, and NOTIFY payloads under PostgreSQL's 8000 bytes. */
 const REVOKE_BATCH = 300;
 
