@@ -207,7 +207,7 @@ async function seedRun(db: DB, port: number): Promise<Fixture> {
   const pub = await createApplication(db, { organizationId: owned.id, type: 'public', name: 'Bench Web', redirectUris: [REDIRECT] });
   const pubApp = await db.selectFrom('applications').select('id').where('client_id', '=', pub.client_id).executeTakeFirstOrThrow();
   await ensureSigningKey(db, { alg: 'ES256', secretKey: SECRET_KEY });
-  const keys = new KeyStore(db, { secretKey: SECRET_KEY, accessTokenTtl: 3600 });
+  const keys = new KeyStore(db, { secretKey: SECRET_KEY, accessTokenTtl: 3600, signingAlg: 'ES256' });
   const ctx = { db, keys, config: { issuer: `http://127.0.0.1:${port}`, accessTokenTtl: 3600 }, clientGrants: new ClientGrants(db) };
   const privRow = await db.selectFrom('applications').selectAll().where('client_id', '=', priv.client_id).executeTakeFirstOrThrow();
   const bigRow = await db.selectFrom('applications').selectAll().where('client_id', '=', privBig.client_id).executeTakeFirstOrThrow();
@@ -282,7 +282,7 @@ async function seedDisable(db: DB, port: number): Promise<DisableFixture> {
   const adminScopes = ['applications.read', 'applications.write', 'contacts.read', 'contacts.write', 'tasks.read', 'tasks.write'];
   const admin = await createApplication(db, { organizationId: org, type: 'private', name: 'Bench Administrator', scopes: adminScopes.join(' ') });
   const adminRow = await db.selectFrom('applications').selectAll().where('client_id', '=', admin.client_id).executeTakeFirstOrThrow();
-  const keys = new KeyStore(db, { secretKey: SECRET_KEY, accessTokenTtl: 3600 });
+  const keys = new KeyStore(db, { secretKey: SECRET_KEY, accessTokenTtl: 3600, signingAlg: 'ES256' });
   const ctx = { db, keys, config: { issuer: `http://127.0.0.1:${port}`, accessTokenTtl: 3600 }, clientGrants: new ClientGrants(db) };
   const managementToken = (await issueClientToken(ctx, adminRow, adminScopes)).access_token;
   const issuer = { issuer: ctx.config.issuer };

@@ -82,6 +82,15 @@ export interface Config {
   readonly clientRegistration: ClientRegistrationConfig;
   readonly clientMetadata: ClientMetadataConfig;
   readonly webhooks: WebhooksConfig;
+  readonly dpop: DpopConfig;
+}
+
+/** DPoP (RFC 9449) proofs at the token endpoint, PAR and the API (src/oauth/models/dpop-proofs.ts). */
+export interface DpopConfig {
+  /** DPOP_REQUIRE_NONCE=1: every proof must carry a server nonce (RFC 9449 §8, §9); the first request of a client then costs a round trip more. */
+  readonly requireNonce: boolean;
+  /** DPOP_PROOF_MAX_AGE: seconds a proof is accepted after its iat (and its jti remembered); 5 s of clock skew is allowed ahead. */
+  readonly proofMaxAge: number;
 }
 
 /** Signed webhooks (src/webhooks/). */
@@ -217,6 +226,8 @@ const envSchema = z
   DEVICE_POLL_INTERVAL: optional(wholeNumber(1, 60, 'must be a whole number of seconds between 1 and 60')),
   REFRESH_REUSE_GRACE: optional(wholeNumber(0, 3600, 'must be a whole number of seconds between 0 and 3600')),
   CLEANUP_INTERVAL: optional(wholeNumber(0, 7 * 24 * 3600, 'must be a whole number of seconds between 0 and 604800 (0 disables the cleanup)')),
+  DPOP_REQUIRE_NONCE: optional(z.enum(['0', '1', 'true', 'false'], { error: 'must be 1 or 0 (true or false)' })),
+  DPOP_PROOF_MAX_AGE: optional(wholeNumber(10, 600, 'must be a whole number of seconds between 10 and 600')),
   SIGNING_ALG: optional(z.enum(SIGNING_ALGS, { error: `must be one of ${SIGNING_ALGS.join(', ')}` })),
   LOG_LEVEL: optional(z.enum(LOG_LEVELS, { error: `must be one of ${LOG_LEVELS.join(', ')}` })),
   API_RATE_LIMIT: optional(wholeNumber(0, 1_000_000, 'must be a whole number of requests per minute (0 disables the limit)')),
@@ -420,6 +431,10 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
     clientMetadata: {
       allowedNetworks: e.CLIENT_METADATA_ALLOW_NETWORKS === undefined ? [] : (parseAddressList(e.CLIENT_METADATA_ALLOW_NETWORKS) ?? []),
       maxClients: e.CLIENT_METADATA_MAX_CLIENTS ?? 10_000,
+    },
+    dpop: {
+      requireNonce: e.DPOP_REQUIRE_NONCE === '1' || e.DPOP_REQUIRE_NONCE === 'true',
+      proofMaxAge: e.DPOP_PROOF_MAX_AGE ?? 60,
     },
     webhooks: {
       allowPrivate: e.WEBHOOK_ALLOW_PRIVATE === '1' || e.WEBHOOK_ALLOW_PRIVATE === 'true',

@@ -56,6 +56,11 @@ const RULES = [
   { table: 'client_registrations', key: 'id', at: 'created_at', graceSeconds: 3600 },
   // Finished jobs are kept a month for operators (orgauth job list); unfinished ones never go.
   { table: 'jobs', key: 'id', at: 'finished_at', graceSeconds: 30 * DAY_S },
+  // Replay stores: a DPoP proof's jti and a private_key_jwt assertion's, until they could no longer be accepted anyway.
+  { table: 'dpop_proof_jtis', key: 'key', at: 'expires_at', graceSeconds: 0 },
+  { table: 'client_assertion_jtis', key: 'id', at: 'expires_at', graceSeconds: 0 },
+  // A pushed request's request_uri: 60 s to first use, then the sign-in it started may take up to 15 minutes.
+  { table: 'pushed_authorization_requests', key: 'id', at: 'expires_at', graceSeconds: 3600 },
   // The webhook delivery log: events go 30 days on, their deliveries and attempts with them.
   { table: 'webhook_events', key: 'id', at: 'created_at', graceSeconds: 30 * DAY_S },
 ] as const;

@@ -97,7 +97,14 @@ describe('the orgauth command beside a running server on the embedded database',
     const grants = await json('grant', 'list', '--org', String(orgId));
     expect(grants.data).toEqual([expect.objectContaining({ user: null, application: expect.objectContaining({ client_id: app.client_id }) })]);
     const keys = await json('keys', 'list');
-    expect(keys.data).toEqual([{ kid: expect.any(String), alg: 'ES256', status: 'active', created_at: expect.any(String), retired_at: null }]);
+    // The access tokens' key (SIGNING_ALG) and the ID tokens' RS256 key.
+    expect(keys.data).toEqual(
+      expect.arrayContaining([
+        { kid: expect.any(String), alg: 'ES256', status: 'active', created_at: expect.any(String), retired_at: null },
+        { kid: expect.any(String), alg: 'RS256', status: 'active', created_at: expect.any(String), retired_at: null },
+      ]),
+    );
+    expect(keys.data).toHaveLength(2);
     // Plain text for people.
     const text = await orgauth('member', 'list', '--org', String(orgId));
     expect(text.code).toBe(0);
@@ -138,7 +145,9 @@ describe('the orgauth command beside a running server on the embedded database',
   it('rotates the signing key in the running server', async () => {
     const rotated = await json('keys', 'rotate');
     const keys = (await json('keys', 'list')).data;
-    expect(keys.map((k: { kid: string; status: string }) => [k.kid, k.status])).toEqual([[rotated.kid, 'active'], [expect.any(String), 'retired']]);
+    // The access tokens' algorithm's key rotated; the ID tokens' RS256 key stays active beside it.
+    expect(keys.filter((k: { alg: string }) => k.alg === 'ES256').map((k: { kid: string; status: string }) => [k.kid, k.status])).toEqual([[rotated.kid, 'active'], [expect.any(String), 'retired']]);
+    expect(keys.filter((k: { alg: string }) => k.alg === 'RS256').map((k: { status: string }) => k.status)).toEqual(['active']);
   });
 
   it('answers usage errors and help itself, exactly as without a server', async () => {

@@ -1,4 +1,7 @@
-import { readdirSync } from 'node:fs';
+import { mkdtempSync, readdirSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { exportJWK, generateKeyPair } from 'jose';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCli } from '../src/cli/index.js';
 import { connectDatabase } from '../src/db/connect.js';
@@ -194,9 +197,10 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
     // As text: a line each in create's output and in show's, aligned with the others.
     const text = await cli(...base, '--post-logout-redirect-uri', uris[0]!);
     expect(text.stdout).toContain(`\npost_logout_redirect_uris: ${uris[0]}\n`);
-    const shown = (await cli('app', 'show', '--client-id', app.client_id as string)).stdout.split('\n');
+    const shownLines = (await cli('app', 'show', '--client-id', app.client_id as string)).stdout.split('\n');
+    const shown = shownLines.map((l) => l.replace(/: +/, ': '));
     expect(shown).toContain(`post_logout_redirect_uris: ${uris.join(' ')}`);
-    expect(shown).toContain(`redirect_uris:             https://web.example.com/cb`);
+    expect(shown).toContain(`redirect_uris: https://web.example.com/cb`);
     // None: no line in create's output.
     const none = await cli(...base);
     expect(none.stdout).not.toContain('post_logout_redirect_uris');
@@ -326,15 +330,44 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
     expect(((await json('member', 'list', '--org', String(orgId))).data as { email: string; role: string }[]).find((m) => m.email === 'member@example.com')!.role).toBe('member');
   });
 
+  it('app update sets private_key_jwt keys (file or URL), DPoP, PAR, the ID token algorithm and FAPI 2.0, with the API\'s rules', async () => {
+    const app = await json('app', 'create', '--org', String(orgId), '--type', 'public', '--name', 'Bank', '--redirect-uri', 'https://bank.example.com/cb');
+    const id = app.client_id as string;
+    // FAPI 2.0 needs keys: refused while the application has a secret.
+    const refused = await cli('app', 'update', '--client-id', id, '--fapi2', 'yes', '--json');
+    expect(refused.code).toBe(1);
+    expect(JSON.parse(refused.stderr)).toMatchObject({ error: 'invalid_request', error_description: expect.stringContaining('private_key_jwt') });
+    const { publicKey } = await generateKeyPair('ES256', { extractable: true });
+    const jwksFile = path.join(mkdtempSync(path.join(tmpdir(), 'orgauth-jwks-')), 'jwks.json');
+    writeFileSync(jwksFile, JSON.stringify({ keys: [{ ...(await exportJWK(publicKey)), kid: 'k1' }] }));
+    const keyed = await json('app', 'update', '--client-id', id, '--token-endpoint-auth-method', 'private_key_jwt', '--jwks-file', jwksFile, '--require-dpop', 'yes', '--require-par', 'yes', '--id-token-signed-response-alg', 'ES256', '--fapi2', 'yes');
+    expect(keyed).toMatchObject({
+      token_endpoint_auth_method: 'private_key_jwt', jwks: { keys: [expect.objectContaining({ kid: 'k1', kty: 'EC' })] }, jwks_uri: null,
+      dpop_bound_access_tokens: true, require_pushed_authorization_requests: true, id_token_signed_response_alg: 'ES256', fapi2: true,
+    });
+    // The secret is gone with the switch to keys.
+    expect(await withDb((db) => db.selectFrom('applications').select('client_secret_hash').where('client_id', '=', id).executeTakeFirstOrThrow())).toEqual({ client_secret_hash: null });
+    // A jwks_uri replaces the inline keys; a private key in a file is refused.
+    expect(await json('app', 'update', '--client-id', id, '--jwks-uri', 'https://bank.example.com/jwks.json')).toMatchObject({ jwks: null, jwks_uri: 'https://bank.example.com/jwks.json' });
+    const { privateKey } = await generateKeyPair('ES256', { extractable: true });
+    writeFileSync(jwksFile, JSON.stringify({ keys: [await exportJWK(privateKey)] }));
+    const privateRefused = await cli('app', 'update', '--client-id', id, '--jwks-file', jwksFile, '--json');
+    expect(privateRefused.code).toBe(1);
+    expect(JSON.parse(privateRefused.stderr).error_description).toMatch(/private/);
+    expect((await cli('app', 'update', '--client-id', id, '--id-token-signed-response-alg', 'HS256', '--json')).code).toBe(1);
+  });
+
   it('app list, show, disable and delete; grant list and revoke', async () => {
     const app = await json('app', 'create', '--org', String(orgId), '--type', 'private', '--name', 'Lifecycle', '--scopes', 'contacts.read');
     const token = await json('token', 'create', '--client-id', app.client_id as string);
     const listed = (await json('app', 'list', '--org', String(orgId))).data as { client_id: string }[];
     expect(listed.map((a) => a.client_id)).toContain(app.client_id);
-    expect(JSON.stringify(listed)).not.toMatch(/client_secret/);
+    expect(JSON.stringify(listed)).not.toMatch(/"client_secret"/);
     expect(await json('app', 'show', '--client-id', app.client_id as string)).toEqual({
       organization_id: orgId, client_id: app.client_id, type: 'private', name: 'Lifecycle', redirect_uris: [], post_logout_redirect_uris: [], scopes: ['contacts.read'], require_pkce: false, disabled: false,
       created_at: expect.any(String), updated_at: expect.any(String), secret_rotated_at: null,
+      token_endpoint_auth_method: 'client_secret_basic', jwks: null, jwks_uri: null, dpop_bound_access_tokens: false,
+      require_pushed_authorization_requests: false, id_token_signed_response_alg: 'RS256', fapi2: false,
     });
     const grants = (await json('grant', 'list', '--org', String(orgId))).data as { id: number; application: { client_id: string }; user: unknown }[];
     const own = grants.find((g) => g.application.client_id === app.client_id)!;
@@ -370,10 +403,11 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
     expect(first).toEqual({ kid: expect.stringMatching(/^[A-Za-z0-9_-]{43}$/), alg: 'ES256' });
     const second = await json('keys', 'rotate');
     expect(second.kid).not.toBe(first.kid);
-    const active = await withDb((db) => db.selectFrom('signing_keys').select('kid').where('retired_at', 'is', null).execute());
+    // One active key per algorithm: the ES256 one is the new one.
+    const active = await withDb((db) => db.selectFrom('signing_keys').select('kid').where('retired_at', 'is', null).where('alg', '=', 'ES256').execute());
     expect(active).toEqual([{ kid: second.kid }]);
-    const listed = (await json('keys', 'list')).data as { kid: string; status: string }[];
-    expect(listed.slice(0, 2)).toEqual([
+    const listed = (await json('keys', 'list')).data as { kid: string; alg: string; status: string }[];
+    expect(listed.filter((k) => k.alg === 'ES256').slice(0, 2)).toEqual([
       { kid: second.kid, alg: 'ES256', status: 'active', created_at: expect.any(String), retired_at: null },
       { kid: first.kid, alg: 'ES256', status: 'retired', created_at: expect.any(String), retired_at: expect.any(String) },
     ]);
@@ -419,7 +453,7 @@ describe(`orgauth CLI on ${BACKEND}`, () => {
   it('cleanup deletes expired rows and says how many', async () => {
     const user = await json('user', 'create', '--email', 'cleanup@example.com', '--password', 'a-long-password');
     await withDb((db) => db.insertInto('sessions').values({ id_hash: 'a'.repeat(64), user_id: user.id as number, expires_at: new Date(Date.now() - 1000) }).execute());
-    const none = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0, jobs: 0, webhook_events: 0 };
+    const none = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0, jobs: 0, webhook_events: 0, dpop_proof_jtis: 0, client_assertion_jtis: 0, pushed_authorization_requests: 0 };
     expect(await json('cleanup')).toEqual({ deleted: { ...none, sessions: 1 } });
     expect(await json('cleanup')).toEqual({ deleted: none });
   });

@@ -47,6 +47,7 @@ describe('parseConfig', () => {
       clientRegistration: { mode: 'open', initialAccessToken: null, perAddressPerHour: 20, maxClients: 10_000, unusedClientTtl: 86_400 },
       clientMetadata: { allowedNetworks: [], maxClients: 10_000 },
       webhooks: { allowPrivate: false, retryDelaysSeconds: [5, 60, 300, 1800, 3600, 7200, 18000, 36000, 50400, 72000, 86400] },
+      dpop: { requireNonce: false, proofMaxAge: 60 },
     });
     expect(Object.isFrozen(config)).toBe(true);
   });
@@ -82,8 +83,11 @@ describe('parseConfig', () => {
       OUTBOUND_CA_FILE: '/etc/orgauth/ca.pem',
       CLIENT_METADATA_ALLOW_NETWORKS: '192.168.7.0/24',
       CLIENT_METADATA_MAX_CLIENTS: '500',
+      DPOP_REQUIRE_NONCE: '1',
+      DPOP_PROOF_MAX_AGE: '120',
     });
     expect(config).toMatchObject({
+      dpop: { requireNonce: true, proofMaxAge: 120 },
       dnsServers: ['10.0.0.53', '127.0.0.1:5353', '[::1]:53', '2001:db8::1'],
       outbound: { allowHttp: false, allowedNetworks: ['10.20.0.0/16', '192.168.1.5'], caFile: '/etc/orgauth/ca.pem' },
       clientMetadata: { allowedNetworks: ['192.168.7.0/24'], maxClients: 500 },

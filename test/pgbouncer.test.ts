@@ -221,7 +221,8 @@ describe.skipIf(skipReason !== undefined)('orgauth behind PgBouncer in transacti
       const { rows } = await sql<{ name: string }>`select name from kysely_migration order by name`.execute(setup.db);
       const files = readdirSync(MIGRATIONS_URL).filter((f) => /\.(js|ts)$/.test(f) && !f.endsWith('.d.ts')).map((f) => f.replace(/\.(js|ts)$/, '')).sort();
       expect(rows.map((r) => r.name)).toEqual(files);
-      expect(await setup.db.selectFrom('signing_keys').select('kid').where('retired_at', 'is', null).execute()).toHaveLength(1);
+      // One active key per algorithm in use (ES256 for access tokens, RS256 for ID tokens).
+      expect(await setup.db.selectFrom('signing_keys').select('alg').where('retired_at', 'is', null).orderBy('alg').execute()).toEqual([{ alg: 'ES256' }, { alg: 'RS256' }]);
       expect(await advisoryLocks(databaseName(main))).toEqual([]);
       // The server-side statement_timeout was found in place (runtime.ts warns otherwise).
       for (const instance of [A, B]) expect(instance.logs()).toEqual([]);

@@ -7,11 +7,13 @@
  */
 import type { FastifyPluginAsyncZod } from 'fastify-type-provider-zod';
 import { z } from 'zod';
-import type { DB } from '../db/connect.js';
-import type { Application } from '../db/schema.js';
+import { type DB, inTransaction } from '../db/connect.js';
+import { type Application, ID_TOKEN_ALGS } from '../db/schema.js';
+import type { Config } from '../config.js';
 import { ConflictError, ForbiddenError } from '../errors.js';
 import type { ApplicationCache } from '../oauth/models/application-cache.js';
 import {
+  type ApplicationChanges,
   type ChangeOptions,
   createApplication,
   deleteApplication,
@@ -36,6 +38,13 @@ export const applicationSchema = z
     scopes: z.array(z.string()),
     require_pkce: z.boolean(),
     disabled: z.boolean(),
+    token_endpoint_auth_method: z.enum(['client_secret_basic', 'client_secret_post', 'private_key_jwt', 'none']).describe('RFC 7591: how the application authenticates at the token endpoint'),
+    jwks: z.object({ keys: z.array(z.record(z.string(), z.unknown())) }).nullable().describe('private_key_jwt: the public keys, inline (RFC 7591)'),
+    jwks_uri: z.string().nullable().describe('private_key_jwt: where the public keys are published'),
+    dpop_bound_access_tokens: z.boolean().describe('RFC 9449: every access token is DPoP-bound; a token request without a DPoP proof is refused'),
+    require_pushed_authorization_requests: z.boolean().describe('RFC 9126: authorization requests only through /oauth/par'),
+    id_token_signed_response_alg: z.enum(ID_TOKEN_ALGS).describe('the algorithm of its ID tokens'),
+    fapi2: z.boolean().describe('the FAPI 2.0 Security Profile: PAR, PKCE, DPoP, private_key_jwt and 60-second codes, together'),
     created_at: z.iso.datetime(),
     updated_at: z.iso.datetime(),
     secret_rotated_at: z.iso.datetime().nullable(),
@@ -53,6 +62,13 @@ export function applicationOut(a: Application): z.infer<typeof applicationSchema
     scopes: a.scopes,
     require_pkce: a.require_pkce,
     disabled: a.disabled,
+    token_endpoint_auth_method: a.token_endpoint_auth_method,
+    jwks: a.jwks as { keys: Record<string, unknown>[] } | null,
+    jwks_uri: a.jwks_uri,
+    dpop_bound_access_tokens: a.dpop_bound_access_tokens,
+    require_pushed_authorization_requests: a.require_pushed_authorization_requests,
+    id_token_signed_response_alg: a.id_token_signed_response_alg,
+    fapi2: a.fapi2,
     created_at: a.created_at.toISOString(),
     updated_at: a.updated_at.toISOString(),
     secret_rotated_at: a.secret_rotated_at?.toISOString() ?? null,
@@ -60,7 +76,7 @@ export function applicationOut(a: Application): z.infer<typeof applicationSchema
 }
 
 const withSecretSchema = applicationSchema
-  .extend({ client_secret: z.string().describe('shown in this response only: orgauth keeps only its hash') })
+  .extend({ client_secret: z.string().optional().describe('shown in this response only: orgauth keeps only its hash; none for an application on private_key_jwt') })
   .meta({ id: 'ApplicationWithSecret' });
 const secretSchema = z
   .object({ client_id: z.string(), client_secret: z.string().describe('shown in this response only; the previous secret no longer works') })
@@ -73,6 +89,31 @@ const urisField = z.array(z.string()).max(50);
 const postLogoutUrisField = urisField.describe(
   'public applications only: where RP-initiated logout may send the browser afterwards (post_logout_redirect_uri, compared byte for byte); at most 20, with the rules of redirect_uris',
 );
+/** The high-assurance fields (RFC 7591, RFC 9449, RFC 9126 names), for create and change alike. */
+const assuranceFields = {
+  token_endpoint_auth_method: z.enum(['client_secret_basic', 'client_secret_post', 'private_key_jwt']).optional().describe('private_key_jwt needs jwks or jwks_uri, and ends the client secret; back to a secret: rotate it'),
+  jwks: z.unknown().optional().describe('private_key_jwt: a JWK Set of public keys (1 to 20; EC P-256/384/521, RSA ≥ 2048 bits, Ed25519); null removes it'),
+  jwks_uri: z.string().nullable().optional().describe('private_key_jwt: an https URL of the JWK Set, fetched with the outbound rules; null removes it'),
+  dpop_bound_access_tokens: z.boolean().optional(),
+  require_pushed_authorization_requests: z.boolean().optional(),
+  id_token_signed_response_alg: z.enum(ID_TOKEN_ALGS).optional(),
+  fapi2: z.boolean().optional(),
+};
+type AssuranceBody = { [K in keyof typeof assuranceFields]?: z.infer<(typeof assuranceFields)[K]> };
+
+/** The high-assurance fields of a body as the domain's changes. */
+function assuranceChanges(b: AssuranceBody): ApplicationChanges {
+  return {
+    tokenEndpointAuthMethod: b.token_endpoint_auth_method,
+    ...(b.jwks !== undefined ? { jwks: b.jwks } : {}),
+    jwksUri: b.jwks_uri,
+    dpopBoundAccessTokens: b.dpop_bound_access_tokens,
+    requirePushedAuthorizationRequests: b.require_pushed_authorization_requests,
+    idTokenSignedResponseAlg: b.id_token_signed_response_alg,
+    fapi2: b.fapi2,
+  };
+}
+
 const newApplicationBody = z.strictObject({
   type: z.enum(['public', 'private']),
   name: z.string(),
@@ -80,6 +121,7 @@ const newApplicationBody = z.strictObject({
   post_logout_redirect_uris: postLogoutUrisField.optional(),
   scopes: scopesField.optional().describe('the data scopes when omitted'),
   require_pkce: z.boolean().optional(),
+  ...assuranceFields,
 });
 const applicationPatchBody = z
   .strictObject({
@@ -89,6 +131,7 @@ const applicationPatchBody = z
     scopes: scopesField.optional().describe('removing a scope revokes the grants that hold it'),
     require_pkce: z.boolean().optional(),
     disabled: z.boolean().optional().describe('disabling revokes every grant of the application'),
+    ...assuranceFields,
   })
   .refine((v) => Object.keys(v).length > 0, 'send at least one field');
 const clientIdParams = orgParams.extend({ client_id: z.string() });
@@ -127,8 +170,8 @@ function refuseBeyondToken(auth: ApiAuth, scopes: readonly string[], whose: 'giv
   );
 }
 
-export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: RevocationList; applications: ApplicationCache }> = async (app, deps) => {
-  const { db } = deps;
+export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: RevocationList; applications: ApplicationCache; config: Config }> = async (app, deps) => {
+  const { db, config } = deps;
   const changeOptions = (auth: ApiAuth): ChangeOptions => ({ actor: actorOf(auth), revocations: deps.revocations, applications: deps.applications });
 
   app.get(
@@ -167,7 +210,9 @@ export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Rev
       const auth = authOf(req);
       const b = req.body;
       refuseBeyondToken(auth, applicationScopes(b.type, b.scopes), 'given');
-      const created = await createApplication(db, {
+      // Created with its high-assurance settings in one transaction: refused, nothing is left behind.
+      const { created, application } = await inTransaction(db, async (trx) => {
+      const created = await createApplication(trx, {
         organizationId: auth.organizationId,
         type: b.type,
         name: b.name,
@@ -177,9 +222,17 @@ export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Rev
         ...(b.require_pkce !== undefined ? { requirePkce: b.require_pkce } : {}),
         actor: actorOf(auth),
       });
-      const application = await getApplication(db, auth.organizationId, created.client_id);
+      const made = await getApplication(trx, auth.organizationId, created.client_id);
+      const changes = assuranceChanges(b);
+      const application = Object.values(changes).some((v) => v !== undefined)
+        ? await updateApplication(trx, made, changes, { actor: actorOf(auth), allowHttp: config.outbound.allowHttp })
+        : made;
+      return { created, application };
+      });
+      deps.applications.forget(created.client_id);
       reply.code(201).header('location', `/api/v1/${auth.organizationId}/applications/${created.client_id}`);
-      return { ...applicationOut(application), client_secret: created.client_secret };
+      // An application on keys has no secret to show.
+      return { ...applicationOut(application), ...(application.token_endpoint_auth_method !== 'private_key_jwt' ? { client_secret: created.client_secret } : {}) };
     },
   );
 
@@ -214,8 +267,9 @@ export const applicationRoutes: FastifyPluginAsyncZod<{ db: DB; revocations: Rev
           scopes: b.scopes,
           requirePkce: b.require_pkce,
           disabled: b.disabled,
+          ...assuranceChanges(b),
         },
-        changeOptions(auth),
+        { ...changeOptions(auth), allowHttp: config.outbound.allowHttp },
       );
       return applicationOut(updated);
     },

@@ -14,6 +14,7 @@ import { isManagementScope } from '../oauth/helpers/scopes.js';
 import { applicationRole, type RoleRef } from '../accounts/roles.js';
 import { API_RESOURCE_PATH } from '../oauth/models/resources.js';
 import type { RoleScopes } from '../accounts/role-scopes.js';
+import { dpopHeader, DpopProofError, type DpopProofs, DPOP_SIGNING_ALGS } from '../oauth/models/dpop-proofs.js';
 
 export interface ApiAuth {
   organizationId: number;
@@ -70,6 +71,56 @@ export function bearerToken(authorization: string | undefined): string | undefin
   return match?.[1];
 }
 
+/** The access token and how it was sent: `Bearer` (RFC 6750) or `DPoP` (RFC 9449 §7.1). */
+export function presentedToken(authorization: string | undefined): { scheme: 'Bearer' | 'DPoP'; token: string } | undefined {
+  const match = authorization === undefined ? null : /^(Bearer|DPoP) +([A-Za-z0-9\-._~+/]+=*) *$/i.exec(authorization);
+  if (!match) return undefined;
+  return { scheme: match[1]!.toLowerCase() === 'dpop' ? 'DPoP' : 'Bearer', token: match[2]! };
+}
+
+/**
+ * The DPoP side of a resource request (RFC 9449 §7): a token bound to a key (cnf.jkt) is
+ * accepted only as `DPoP` with a proof by that key, for this method and URL, carrying the
+ * token's hash; an unbound token only as `Bearer`. Errors are 401 with a `DPoP` challenge that
+ * lists the algorithms (and a fresh DPoP-Nonce when a nonce was missing).
+ */
+export async function checkSenderConstraint(
+  dpop: DpopProofs,
+  config: Pick<Config, 'issuer'>,
+  req: FastifyRequest,
+  presented: { scheme: 'Bearer' | 'DPoP'; token: string },
+  claims: Pick<AccessTokenClaims, 'cnf'>,
+  challenge: (fields: { error: string; description?: string }) => string,
+): Promise<void> {
+  const refuse = (error: string, description: string, headers: Record<string, string> = {}) =>
+    new AppError(401, error, description, { headers: { 'www-authenticate': challenge({ error, description }), ...headers } });
+  const bound = claims.cnf?.jkt;
+  if (bound === undefined) {
+    if (presented.scheme === 'DPoP') throw refuse('invalid_token', 'the access token is not DPoP-bound: send it as Bearer');
+    return;
+  }
+  if (presented.scheme !== 'DPoP') throw refuse('invalid_token', 'the access token is DPoP-bound: send it as DPoP with a proof');
+  let jkt: string;
+  try {
+    const proof = dpopHeader(req.headers);
+    if (proof === undefined) throw new DpopProofError('invalid_dpop_proof', 'a DPoP proof is required with a DPoP-bound token');
+    ({ jkt } = await dpop.check(proof, { method: req.method, url: `${config.issuer}${req.url}`, accessToken: presented.token }));
+  } catch (err) {
+    if (!(err instanceof DpopProofError)) throw err;
+    throw refuse(err.error, err.message, err.error === 'use_dpop_nonce' ? { 'dpop-nonce': dpop.nonce() } : {});
+  }
+  if (jkt !== bound) throw refuse('invalid_dpop_proof', 'the DPoP proof is signed by another key than the one the token is bound to');
+}
+
+/** A `DPoP` challenge (RFC 9449 §7.1) with the algorithms accepted, and the error when there is one. */
+export function dpopChallenge(fields: { error?: string; description?: string } = {}): string {
+  return [
+    `DPoP algs="${DPOP_SIGNING_ALGS.join(' ')}"`,
+    ...(fields.error ? [`error="${fields.error}"`] : []),
+    ...(fields.description ? [`error_description="${fields.description.replace(/["\\]/g, '')}"`] : []),
+  ].join(', ');
+}
+
 /** RFC 9728 §5.1: where a client finds what this API is and which server issues its tokens. */
 export const apiResourceMetadataUrl = (config: Pick<Config, 'issuer'>): string => `${config.issuer}/.well-known/oauth-protected-resource${API_RESOURCE_PATH}`;
 
@@ -92,7 +143,14 @@ export class InsufficientScopeError extends AppError {
   }
 }
 
-export function authenticateApiRequest(ctx: { keys: KeyStore; revocations: RevocationList; applications: ApplicationCache; config: Config; roles?: RoleScopes | undefined }) {
+export function authenticateApiRequest(ctx: {
+  keys: KeyStore;
+  revocations: RevocationList;
+  applications: ApplicationCache;
+  config: Config;
+  roles?: RoleScopes | undefined;
+  dpop: DpopProofs;
+}) {
   const verifier = new AccessTokenVerifier(ctx);
   return async (req: FastifyRequest): Promise<void> => {
     const params = req.params as { organization_id?: unknown };
@@ -101,21 +159,23 @@ export function authenticateApiRequest(ctx: { keys: KeyStore; revocations: Revoc
     if (!acceptsJson(req.headers.accept)) throw new AppError(406, 'not_acceptable', 'this API answers application/json only');
 
     // RFC 6750 §2: the header only; a token in the query string is ignored.
-    const token = bearerToken(req.headers.authorization);
-    if (token === undefined) {
-      throw new AppError(401, 'invalid_request', 'an access token is required (Authorization: Bearer <token>)', { headers: { 'www-authenticate': apiChallenge(ctx.config) } });
+    const presented = presentedToken(req.headers.authorization);
+    if (presented === undefined) {
+      throw new AppError(401, 'invalid_request', 'an access token is required (Authorization: Bearer <token>, or DPoP <token> with a DPoP proof)', {
+        headers: { 'www-authenticate': `${apiChallenge(ctx.config)}, ${dpopChallenge()}` },
+      });
     }
     let verified: VerifiedToken;
     try {
-      verified = await verifier.verify(token);
+      verified = await verifier.verify(presented.token);
     } catch (err) {
       if (!(err instanceof InvalidTokenError)) throw err;
       req.log.info({ reason: err.reason }, 'access token refused');
-      throw new AppError(401, 'invalid_token', 'the access token is invalid, expired or revoked', {
-        headers: { 'www-authenticate': apiChallenge(ctx.config, { error: 'invalid_token' }) },
-      });
+      const challenge = presented.scheme === 'DPoP' ? dpopChallenge({ error: 'invalid_token' }) : apiChallenge(ctx.config, { error: 'invalid_token' });
+      throw new AppError(401, 'invalid_token', 'the access token is invalid, expired or revoked', { headers: { 'www-authenticate': challenge } });
     }
     const { claims, scopes, application } = verified;
+    await checkSenderConstraint(ctx.dpop, ctx.config, req, presented, claims, dpopChallenge);
     // The contract: the organization in the token is the organization in the path (BR-3).
     if (claims.organization_id !== organizationId) {
       throw new AppError(403, 'organization_mismatch', 'the access token was issued for another organization');

@@ -6,6 +6,7 @@
 import type { FastifyInstance } from 'fastify';
 import { validatorCompiler, type ZodTypeProvider } from 'fastify-type-provider-zod';
 import { z } from 'zod';
+import type { DpopProofs } from '../oauth/models/dpop-proofs.js';
 import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
 import type { MailOutbox } from '../mail/outbox.js';
@@ -45,7 +46,7 @@ const organizationOut = (org: Organization) => ({ id: org.id, name: org.name, re
 
 export async function apiRoutes(
   app: FastifyInstance,
-  options: { db: DB; keys: KeyStore; revocations: RevocationList; applications: ApplicationCache; config: Config; mail: MailOutbox; roles: RoleScopes },
+  options: { db: DB; keys: KeyStore; revocations: RevocationList; applications: ApplicationCache; config: Config; mail: MailOutbox; roles: RoleScopes; dpop: DpopProofs },
 ): Promise<void> {
   app.setValidatorCompiler(validatorCompiler);
   app.setSerializerCompiler(serializerCompiler);
@@ -94,7 +95,7 @@ export async function apiRoutes(
   await api.register(contactRoutes, { db: options.db });
   await api.register(taskRoutes, { db: options.db });
   // The management API: the organization's own private applications administering it.
-  await api.register(applicationRoutes, { db: options.db, revocations: options.revocations, applications: options.applications });
+  await api.register(applicationRoutes, { db: options.db, revocations: options.revocations, applications: options.applications, config: options.config });
   await api.register(memberRoutes, { db: options.db, revocations: options.revocations });
   await api.register(roleRoutes, { db: options.db, revocations: options.revocations });
   await api.register(invitationRoutes, { db: options.db, mail: options.mail, issuer: options.config.issuer });

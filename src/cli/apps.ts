@@ -1,6 +1,8 @@
 import { applicationOut } from '../api/applications.js';
 import { decodeCursor } from '../api/pagination.js';
-import { createApplication, deleteApplication, listApplications, rotateClientSecret, updateApplication } from '../oauth/models/applications.js';
+import { readFileSync } from 'node:fs';
+import type { IdTokenAlg } from '../db/schema.js';
+import { createApplication, deleteApplication, type DeveloperAuthMethod, listApplications, rotateClientSecret, updateApplication } from '../oauth/models/applications.js';
 import { applicationByClientId, listed, optionalString, orgId, PAGE_OPTIONS, PAGE_USAGE, repeated, required, UsageError, type Command, yesNo } from './shared.js';
 
 export const appCommands: Record<string, Command> = {
@@ -77,7 +79,7 @@ export const appCommands: Record<string, Command> = {
       return {
         json: shown,
         text: Object.entries(shown)
-          .map(([k, value]) => `${`${k}:`.padEnd(width)}${Array.isArray(value) ? value.join(' ') : String(value)}`)
+          .map(([k, value]) => `${`${k}:`.padEnd(width)}${Array.isArray(value) ? value.join(' ') : value !== null && typeof value === 'object' ? JSON.stringify(value) : String(value)}`)
           .join('\n'),
       };
     },
@@ -85,7 +87,9 @@ export const appCommands: Record<string, Command> = {
 
   'app update': {
     usage:
-      'orgauth app update --client-id ID [--name N] [--redirect-uri URI]... [--post-logout-redirect-uri URI]... [--no-post-logout-redirect-uris] [--scopes "contacts.read"] [--require-pkce yes|no]',
+      'orgauth app update --client-id ID [--name N] [--redirect-uri URI]... [--post-logout-redirect-uri URI]... [--no-post-logout-redirect-uris] [--scopes "contacts.read"] [--require-pkce yes|no]' +
+      ' [--token-endpoint-auth-method client_secret_basic|client_secret_post|private_key_jwt] [--jwks-file FILE | --jwks-uri URL] [--require-dpop yes|no] [--require-par yes|no]' +
+      ' [--id-token-signed-response-alg RS256|ES256] [--fapi2 yes|no]',
     summary:
       'change an application; what is not given stays. --redirect-uri and --post-logout-redirect-uri replace the whole list (repeat them for several); narrowing --scopes revokes the grants holding a removed scope',
     options: {
@@ -96,9 +100,20 @@ export const appCommands: Record<string, Command> = {
       'no-post-logout-redirect-uris': { type: 'boolean' },
       scopes: { type: 'string' },
       'require-pkce': { type: 'string' },
+      'token-endpoint-auth-method': { type: 'string' },
+      'jwks-file': { type: 'string' },
+      'jwks-uri': { type: 'string' },
+      'require-dpop': { type: 'string' },
+      'require-par': { type: 'string' },
+      'id-token-signed-response-alg': { type: 'string' },
+      fapi2: { type: 'string' },
     },
-    run: async ({ db }, v) => {
+    run: async ({ db, config }, v) => {
       const application = await applicationByClientId(db, required(v, 'client-id'));
+      if (typeof v['jwks-file'] === 'string' && typeof v['jwks-uri'] === 'string') throw new UsageError('--jwks-file and --jwks-uri contradict each other: register one');
+      const jwks = typeof v['jwks-file'] === 'string' ? readJwksFile(v['jwks-file']) : undefined;
+      const method = optionalString(v, 'token-endpoint-auth-method');
+      const alg = optionalString(v, 'id-token-signed-response-alg');
       const postLogout = repeated(v, 'post-logout-redirect-uri');
       if (postLogout.length > 0 && v['no-post-logout-redirect-uris'] === true) throw new UsageError('--post-logout-redirect-uri and --no-post-logout-redirect-uris contradict each other');
       const pkce = yesNo(v, 'require-pkce');
@@ -109,7 +124,15 @@ export const appCommands: Record<string, Command> = {
         ...(postLogout.length > 0 ? { postLogoutRedirectUris: postLogout } : v['no-post-logout-redirect-uris'] === true ? { postLogoutRedirectUris: [] } : {}),
         ...(typeof v.scopes === 'string' ? { scopes: v.scopes } : {}),
         ...(pkce !== undefined ? { requirePkce: pkce } : {}),
-      });
+        // The domain checks the values (and names the field): the same rules as the API's.
+        ...(method !== undefined ? { tokenEndpointAuthMethod: method as DeveloperAuthMethod } : {}),
+        ...(jwks !== undefined ? { jwks } : {}),
+        ...(typeof v['jwks-uri'] === 'string' ? { jwksUri: v['jwks-uri'] } : {}),
+        dpopBoundAccessTokens: yesNo(v, 'require-dpop'),
+        requirePushedAuthorizationRequests: yesNo(v, 'require-par'),
+        ...(alg !== undefined ? { idTokenSignedResponseAlg: alg as IdTokenAlg } : {}),
+        fapi2: yesNo(v, 'fapi2'),
+      }, { allowHttp: config.outbound.allowHttp });
       return { json: { organization_id: a.organization_id, ...applicationOut(a) }, text: `updated application ${a.client_id} "${a.name}"` };
     },
   },
@@ -148,3 +171,18 @@ export const appCommands: Record<string, Command> = {
     },
   },
 };
+
+/** A JWK Set from a file (the public keys for private_key_jwt); its content is checked by the domain. */
+function readJwksFile(file: string): unknown {
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch (err) {
+    throw new UsageError(`--jwks-file: cannot read ${file}: ${(err as Error).message}`);
+  }
+  try {
+    return JSON.parse(text) as unknown;
+  } catch {
+    throw new UsageError(`--jwks-file: ${file} is not JSON (a JWK Set: {"keys": [...]})`);
+  }
+}

@@ -1,13 +1,18 @@
-import { listSigningKeys, rotateSigningKey } from '../oauth/models/signing-keys.js';
-import { table, type Command } from './shared.js';
+import type { SigningAlg } from '../config.js';
+import { activeAlgorithms, listSigningKeys, rotateSigningKey } from '../oauth/models/signing-keys.js';
+import { optionalString, table, type Command, UsageError } from './shared.js';
 
 export const keyCommands: Record<string, Command> = {
   'keys rotate': {
-    usage: 'orgauth keys rotate',
-    summary: 'make a new signing key (SIGNING_ALG) active; older keys still verify until their tokens expire',
-    options: {},
-    run: async ({ db, config }) => {
-      const key = await rotateSigningKey(db, { alg: config.signingAlg, secretKey: config.secretKey });
+    usage: 'orgauth keys rotate [--alg ES256|RS256|EdDSA]',
+    summary:
+      "make a new signing key of an algorithm active (SIGNING_ALG's, which signs access tokens, unless --alg names another: RS256 and ES256 sign ID tokens); older keys still verify until their tokens expire",
+    options: { alg: { type: 'string' } },
+    run: async ({ db, config }, v) => {
+      const alg = optionalString(v, 'alg') ?? config.signingAlg;
+      const inUse = activeAlgorithms(config.signingAlg);
+      if (!(inUse as string[]).includes(alg)) throw new UsageError(`--alg must be one of the algorithms in use: ${inUse.join(', ')}`);
+      const key = await rotateSigningKey(db, { alg: alg as SigningAlg, secretKey: config.secretKey });
       return { json: key, text: `new signing key ${key.kid} (${key.alg}) is active` };
     },
   },

@@ -201,7 +201,14 @@ export interface RolesTable {
 
 /** Who registered an application: a developer (it belongs to their organization), RFC 7591 dynamic registration, or a client ID metadata document. */
 export type ApplicationRegistration = 'developer' | 'dynamic' | 'metadata_document';
-export type TokenEndpointAuthMethod = 'client_secret_basic' | 'client_secret_post' | 'none';
+export type TokenEndpointAuthMethod = 'client_secret_basic' | 'client_secret_post' | 'none' | 'private_key_jwt';
+/** The algorithms an application may ask its ID tokens to be signed with (OpenID Connect Registration id_token_signed_response_alg). */
+export const ID_TOKEN_ALGS = ['RS256', 'ES256'] as const;
+export type IdTokenAlg = (typeof ID_TOKEN_ALGS)[number];
+/** An RFC 7517 JWK Set of public keys, as registered for private_key_jwt. */
+export interface PublicJwks {
+  keys: JWK[];
+}
 export const DEVICE_CODE_GRANT = 'urn:ietf:params:oauth:grant-type:device_code';
 export type GrantType = 'authorization_code' | 'refresh_token' | 'client_credentials' | typeof DEVICE_CODE_GRANT;
 
@@ -234,6 +241,16 @@ export interface ApplicationsTable {
   metadata_fetched_at: NullableTimestamp;
   /** Deleted: disabled and invisible while a job revokes its grants, then the row goes. */
   deleted_at: NullableTimestamp;
+  /** private_key_jwt: the client's public keys, inline (RFC 7591 jwks) or at a URL (jwks_uri); exactly one of them, only then. */
+  jwks: ColumnType<PublicJwks | null, string | null | undefined, string | null>;
+  jwks_uri: ColumnType<string | null, string | null | undefined, string | null>;
+  /** RFC 9449 §5.2: every access token of the application is DPoP-bound (a request without a proof is refused). */
+  dpop_bound_access_tokens: ColumnType<boolean, boolean | undefined, boolean>;
+  /** RFC 9126 §6: authorization requests only through /oauth/par. */
+  require_pushed_authorization_requests: ColumnType<boolean, boolean | undefined, boolean>;
+  id_token_signed_response_alg: ColumnType<IdTokenAlg, IdTokenAlg | undefined, IdTokenAlg>;
+  /** The FAPI 2.0 Security Profile (src/oauth/helpers/fapi.ts): PAR, PKCE, DPoP, private_key_jwt and short codes, together. */
+  fapi2: ColumnType<boolean, boolean | undefined, boolean>;
 }
 
 /**
@@ -320,6 +337,8 @@ export interface GrantsTable {
   narrowed_from_grant_id: ColumnType<number | null, number | null | undefined, number | null>;
   /** The resource its tokens are for (RFC 8707); null: orgauth's API. */
   resource_id: ColumnType<number | null, number | null | undefined, number | null>;
+  /** RFC 9449: the thumbprint of the key the grant's tokens are bound to (its refresh needs a proof; a public client's, by that key). */
+  dpop_jkt: ColumnType<string | null, string | null | undefined, string | null>;
 }
 
 /** An access token revoked by itself (its grant lives on), kept until it expires. */
@@ -354,6 +373,8 @@ export interface AuthorizationCodesTable {
   created_at: Generated<Date>;
   /** The resource asked for (RFC 8707); null: orgauth's API. */
   resource_id: ColumnType<number | null, number | null | undefined, number | null>;
+  /** RFC 9449 §10: the key the code must be redeemed with (dpop_jkt, or the pushed request's proof). */
+  dpop_jkt: ColumnType<string | null, string | null | undefined, string | null>;
 }
 
 export interface RefreshTokensTable {
@@ -587,6 +608,33 @@ export interface RemovedMembersTable {
   restored_at: NullableTimestamp;
 }
 
+/** RFC 9126: a pushed authorization request, its request_uri's digest, usable 60 s until first used and for one code. */
+export interface PushedAuthorizationRequestsTable {
+  id: Generated<number>;
+  request_uri_hash: string;
+  application_id: number;
+  params: Json<Record<string, string>>;
+  dpop_jkt: string | null;
+  expires_at: Timestamp;
+  first_used_at: NullableTimestamp;
+  consumed_at: NullableTimestamp;
+  created_at: Generated<Date>;
+}
+
+/** A private_key_jwt assertion's jti, seen, kept until the assertion expires (RFC 7523 §3 point 7). */
+export interface ClientAssertionJtisTable {
+  id: Generated<number>;
+  application_id: number;
+  jti: string;
+  expires_at: Timestamp;
+}
+
+/** A DPoP proof seen (RFC 9449 §11.1), by key thumbprint and jti, until its window closes. UNLOGGED. */
+export interface DpopProofJtisTable {
+  key: string;
+  expires_at: Timestamp;
+}
+
 /** SAML replay store: an assertion ID seen, kept until its NotOnOrAfter. */
 export interface SamlAssertionIdsTable {
   id: Generated<number>;
@@ -633,6 +681,9 @@ export interface Database {
   webhook_events: WebhookEventsTable;
   webhook_deliveries: WebhookDeliveriesTable;
   webhook_attempts: WebhookAttemptsTable;
+  pushed_authorization_requests: PushedAuthorizationRequestsTable;
+  client_assertion_jtis: ClientAssertionJtisTable;
+  dpop_proof_jtis: DpopProofJtisTable;
 }
 
 export type User = Selectable<UsersTable>;

@@ -1,4 +1,5 @@
 import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
+import { DPOP_SIGNING_ALGS } from '../../src/oauth/models/dpop-proofs.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember, removeMember } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
@@ -63,7 +64,8 @@ describe(`the API hook on ${BACKEND}`, () => {
   it('answers 401 with a Bearer challenge without a token, and ignores one in the query (BR-1, BR-4)', async () => {
     const none = await api('GET', `${A()}/contacts`, { token: null });
     expectError(none, 401, 'invalid_request');
-    expect(none.headers['www-authenticate']).toBe(`Bearer realm="orgauth", ${RESOURCE_METADATA}`);
+    // Both schemes offered (RFC 9449 §7.1): Bearer with the resource metadata, DPoP with its algorithms.
+    expect(none.headers['www-authenticate']).toBe(`Bearer realm="orgauth", ${RESOURCE_METADATA}, DPoP algs="${DPOP_SIGNING_ALGS.join(' ')}"`);
     const query = await api('GET', `${A()}/contacts?access_token=${tokenA}`, { token: null });
     expect(query.statusCode).toBe(401);
     const basicAuth = await api('GET', `${A()}/contacts`, { token: null, headers: { authorization: 'Basic YTpi' } });

@@ -15,12 +15,13 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
     'id', 'organization_id', 'client_id', 'client_secret_hash', 'type', 'name', 'redirect_uris', 'scopes',
     'require_pkce', 'disabled', 'secret_rotated_at', 'created_at', 'updated_at', 'post_logout_redirect_uris',
     'registration', 'token_endpoint_auth_method', 'grant_types', 'registration_token_hash', 'registered_ip', 'first_used_at', 'metadata_fetched_at', 'deleted_at',
+    'jwks', 'jwks_uri', 'dpop_bound_access_tokens', 'require_pushed_authorization_requests', 'id_token_signed_response_alg', 'fapi2',
   ],
   grants: ['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'created_at', 'last_used_at', 'revoked_at', 'revoked_reason', 'narrowed_from_grant_id',
-    'identity_scopes', 'auth_time', 'sid', 'amr', 'resource_id'],
+    'identity_scopes', 'auth_time', 'sid', 'amr', 'resource_id', 'dpop_jkt'],
   authorization_codes: [
     'id', 'code_hash', 'organization_id', 'application_id', 'user_id', 'redirect_uri', 'scopes', 'code_challenge',
-    'code_challenge_method', 'expires_at', 'consumed_at', 'grant_id', 'created_at', 'identity_scopes', 'auth_time', 'sid', 'nonce', 'amr', 'resource_id',
+    'code_challenge_method', 'expires_at', 'consumed_at', 'grant_id', 'created_at', 'identity_scopes', 'auth_time', 'sid', 'nonce', 'amr', 'resource_id', 'dpop_jkt',
   ],
   refresh_tokens: ['id', 'token_hash', 'organization_id', 'grant_id', 'parent_id', 'scopes', 'expires_at', 'rotated_at', 'revoked_at', 'created_at'],
   revoked_access_tokens: ['jti', 'organization_id', 'grant_id', 'expires_at', 'revoked_at'],
@@ -65,6 +66,9 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   removed_members: ['organization_id', 'user_id', 'removed_at', 'restored_at'],
   resources: ['id', 'uri', 'name', 'scopes', 'access_token_ttl', 'created_at', 'updated_at'],
   client_registrations: ['id', 'ip', 'created_at'],
+  pushed_authorization_requests: ['id', 'request_uri_hash', 'application_id', 'params', 'dpop_jkt', 'expires_at', 'first_used_at', 'consumed_at', 'created_at'],
+  client_assertion_jtis: ['id', 'application_id', 'jti', 'expires_at'],
+  dpop_proof_jtis: ['key', 'expires_at'],
   device_authorizations: [
     'id', 'device_code_hash', 'user_code', 'application_id', 'resource_id', 'scopes', 'identity_scopes', 'status', 'user_id', 'organization_id',
     'granted_scopes', 'auth_time', 'amr', 'grant_id', 'interval_s', 'last_polled_at', 'expires_at', 'created_at',
@@ -116,6 +120,7 @@ const MIGRATIONS = [
   '20261126_0016_agents_and_resources',
   '20261127_0017_jobs_and_webhooks',
   '20261127_0018_member_removal_job',
+  '20261128_0019_high_assurance',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {
@@ -217,11 +222,13 @@ describe(`the migrated schema on ${BACKEND}`, () => {
     await db().insertInto('refresh_tokens').values(token(a, 'c')).execute();
   });
 
-  it('allows one active signing key at a time', async () => {
-    const key = (kid: string) => ({ kid, alg: 'ES256' as const, public_jwk: '{}', private_jwk_encrypted: 'x' });
+  it('allows one active signing key per algorithm at a time', async () => {
+    const key = (kid: string, alg: 'ES256' | 'RS256' = 'ES256') => ({ kid, alg, public_jwk: '{}', private_jwk_encrypted: 'x' });
     await db().insertInto('signing_keys').values(key('k1')).execute();
+    // Another algorithm's key is active beside it.
+    await db().insertInto('signing_keys').values(key('r1', 'RS256')).execute();
     const err = await db().insertInto('signing_keys').values(key('k2')).execute().catch((e: unknown) => e);
-    expect(isUniqueViolation(err, 'signing_keys_one_active_key')).toBe(true);
+    expect(isUniqueViolation(err, 'signing_keys_one_active_key_per_alg')).toBe(true);
     await db().updateTable('signing_keys').set({ retired_at: new Date() }).where('kid', '=', 'k1').execute();
     await db().insertInto('signing_keys').values(key('k2')).execute();
   });

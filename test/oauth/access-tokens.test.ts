@@ -33,7 +33,7 @@ async function reason(token: string): Promise<string> {
 
 /** Signs arbitrary header and claims with the real active key. */
 async function forge(claims: Record<string, unknown>, header: Record<string, unknown> = {}): Promise<string> {
-  const row = (await getActiveSigningKey(t.handle.db))!;
+  const row = (await getActiveSigningKey(t.handle.db, 'ES256'))!;
   const key = await importPrivateKey(row, TEST_SECRET_KEY);
   return new SignJWT(claims).setProtectedHeader({ alg: 'ES256', kid: row.kid, typ: 'at+jwt', ...header }).sign(key);
 }
@@ -46,7 +46,7 @@ describe(`access tokens on ${BACKEND}`, () => {
   it('round-trip: signed with typ at+jwt and a kid, verified with every claim', async () => {
     const { token, claims } = await signAccessToken(await keys.signingKey(), config, input);
     const header = JSON.parse(Buffer.from(token.split('.')[0]!, 'base64url').toString()) as Record<string, string>;
-    expect(header).toEqual({ alg: 'ES256', kid: (await getActiveSigningKey(t.handle.db))!.kid, typ: 'at+jwt' });
+    expect(header).toEqual({ alg: 'ES256', kid: (await getActiveSigningKey(t.handle.db, 'ES256'))!.kid, typ: 'at+jwt' });
     expect(await verifyAccessToken(keys, config, token)).toEqual(claims);
     expect(claims).toMatchObject({ sub: 'client-1', scope: 'contacts.read', organization_id: 7, grant_id: 42, aud: `${config.issuer}/api/v1` });
   });
@@ -94,12 +94,12 @@ describe(`access tokens on ${BACKEND}`, () => {
   it('rejects alg none (JW-1)', async () => {
     const unsecured = new UnsecuredJWT({ ...(await validClaims()) }).encode();
     expect(await reason(unsecured)).toMatch(/ERR_JOSE_ALG_NOT_ALLOWED|no kid/);
-    const withKid = `${base64url.encode(JSON.stringify({ alg: 'none', typ: 'at+jwt', kid: (await getActiveSigningKey(t.handle.db))!.kid }))}.${unsecured.split('.')[1]}.`;
+    const withKid = `${base64url.encode(JSON.stringify({ alg: 'none', typ: 'at+jwt', kid: (await getActiveSigningKey(t.handle.db, 'ES256'))!.kid }))}.${unsecured.split('.')[1]}.`;
     expect(await reason(withKid)).not.toBe('accepted');
   });
 
   it('rejects HMAC signed with the public key (algorithm confusion, JW-1)', async () => {
-    const row = (await getActiveSigningKey(t.handle.db))!;
+    const row = (await getActiveSigningKey(t.handle.db, 'ES256'))!;
     const secret = new TextEncoder().encode(JSON.stringify(row.public_jwk));
     const forged = await new SignJWT({ ...(await validClaims()) }).setProtectedHeader({ alg: 'HS256', kid: row.kid, typ: 'at+jwt' }).sign(secret);
     expect(await reason(forged)).not.toBe('accepted');
@@ -108,7 +108,7 @@ describe(`access tokens on ${BACKEND}`, () => {
   it('rejects a token signed by a key we never issued, even with our kid', async () => {
     const { privateKey, publicKey } = await generateKeyPair('ES256');
     expect(await exportSPKI(publicKey)).toContain('PUBLIC KEY');
-    const row = (await getActiveSigningKey(t.handle.db))!;
+    const row = (await getActiveSigningKey(t.handle.db, 'ES256'))!;
     const forged = await new SignJWT({ ...(await validClaims()) }).setProtectedHeader({ alg: 'ES256', kid: row.kid, typ: 'at+jwt' }).sign(privateKey);
     expect(await reason(forged)).toBe('ERR_JWS_SIGNATURE_VERIFICATION_FAILED');
   });
@@ -157,12 +157,15 @@ describe(`access tokens on ${BACKEND}`, () => {
     const { token: old } = await signAccessToken(await keys.signingKey(), config, input);
     // "Another instance": its own KeyStore over the same database.
     const elsewhere = new KeyStore(t.handle.db, config);
-    await rotateSigningKey(t.handle.db, { alg: 'EdDSA', secretKey: TEST_SECRET_KEY });
+    const rotated = await rotateSigningKey(t.handle.db, { alg: 'ES256', secretKey: TEST_SECRET_KEY });
     const { token: fresh } = await signAccessToken(await elsewhere.signingKey(), config, input);
-    expect(JSON.parse(Buffer.from(fresh.split('.')[0]!, 'base64url').toString()).alg).toBe('EdDSA');
+    expect(JSON.parse(Buffer.from(fresh.split('.')[0]!, 'base64url').toString()).kid).toBe(rotated.kid);
     await new Promise((r) => setTimeout(r, 1100)); // the unknown-kid reload runs at most once a second
     expect(await reason(fresh)).toBe('accepted');
     expect(await reason(old)).toBe('accepted');
-    expect((await keys.jwks()).keys.map((k) => k.alg).sort()).toEqual(['ES256', 'ES256', 'EdDSA']);
+    // The retired key and the new one are both published.
+    const kids = (await keys.jwks()).keys.map((k) => k.kid);
+    expect(kids).toContain(rotated.kid);
+    expect(kids).toContain(JSON.parse(Buffer.from(old.split('.')[0]!, 'base64url').toString()).kid);
   });
 });

@@ -28,6 +28,7 @@ import { createHash, createHmac, randomBytes, sign as cryptoSign } from 'node:cr
 import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
 import { CompactSign, createLocalJWKSet, decodeJwt, exportJWK, generateKeyPair, jwtVerify, type JSONWebKeySet } from 'jose';
 import * as client from 'openid-client';
+import { DPOP_SIGNING_ALGS } from '../../src/oauth/models/dpop-proofs.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { removeMember } from '../../src/accounts/organizations.js';
 import type { Config } from '../../src/config.js';
@@ -77,7 +78,7 @@ beforeAll(async () => {
     scopes: 'contacts.read',
   });
   oidc = await discover(world, rp);
-  keys = new KeyStore(t.handle.db, { secretKey: config.secretKey, accessTokenTtl: config.accessTokenTtl });
+  keys = new KeyStore(t.handle.db, config);
   jwks = createLocalJWKSet((await app.inject({ method: 'GET', url: '/.well-known/jwks.json' })).json() as JSONWebKeySet);
 }, 60_000);
 
@@ -281,7 +282,7 @@ async function tokensFor(p: Person, scope = 'openid', target: Target = RP()): Pr
 
 /** An ID token's claims, checked against the published keys as an ID token of the relying party. */
 async function idClaims(idToken: string, audience = rp.client_id) {
-  const { payload } = await jwtVerify(idToken, jwks, { issuer, audience, typ: 'JWT', algorithms: [config.signingAlg] });
+  const { payload } = await jwtVerify(idToken, jwks, { issuer, audience, typ: 'JWT', algorithms: ['RS256'] });
   return payload;
 }
 
@@ -817,7 +818,8 @@ describe(`userinfo: hostile requests (${BACKEND})`, () => {
   const userinfo = (headers: Record<string, string | string[]> = {}, method: 'GET' | 'POST' = 'GET', url = '/oauth/userinfo', payload?: string) =>
     app.inject({ method, url, headers, ...(payload !== undefined ? { payload } : {}) });
 
-  const CHALLENGE = 'Bearer realm="orgauth"';
+  // Both schemes offered when no token came (RFC 9449 §7.1): Bearer, and DPoP with its algorithms.
+  const CHALLENGE = `Bearer realm="orgauth", DPoP algs="${DPOP_SIGNING_ALGS.join(' ')}"`;
   const INVALID = 'Bearer realm="orgauth", error="invalid_token"';
   const INSUFFICIENT = 'Bearer realm="orgauth", error="insufficient_scope", scope="openid"';
 
@@ -829,7 +831,7 @@ describe(`userinfo: hostile requests (${BACKEND})`, () => {
     expect(String(res.headers['content-type'])).toMatch(/^application\/json/);
     expect(res.json().error_description).toMatch(SAFE_DESCRIPTION);
     // RFC 6750 §3: the challenge is one auth-param list: realm, then error (and scope) in quotes.
-    expect(String(res.headers['www-authenticate'])).toMatch(/^Bearer realm="[^"]*"(, error="[a-z_]+")?(, scope="[^"]*")?$/);
+    expect(String(res.headers['www-authenticate'])).toMatch(/^Bearer realm="[^"]*"(, error="[a-z_]+")?(, scope="[^"]*")?(, DPoP algs="[A-Za-z0-9 ]+")?$/);
   }
 
   beforeAll(async () => {
@@ -861,9 +863,15 @@ describe(`userinfo: hostile requests (${BACKEND})`, () => {
     ['Basic with the token', () => ({ authorization: `Basic ${tokens.access_token}` })],
     ['the token alone', () => ({ authorization: tokens.access_token })],
     ['a token with characters outside b64token', () => ({ authorization: `Bearer ${tokens.access_token}"<>` })],
-    ['DPoP scheme', () => ({ authorization: `DPoP ${tokens.access_token}` })],
   ])('%s: 401 with a bare challenge (no error code, RFC 6750 §3.1)', async (_what, headers) => {
     expectChallenge(await userinfo(headers()), 401, CHALLENGE, 'invalid_request');
+  });
+
+  it('a bearer token sent with the DPoP scheme: 401 invalid_token with a DPoP challenge (RFC 9449 §7.1)', async () => {
+    const res = await userinfo({ authorization: `DPoP ${tokens.access_token}` });
+    expect(res.statusCode).toBe(401);
+    expect(res.json().error).toBe('invalid_token');
+    expect(res.headers['www-authenticate']).toBe(`DPoP algs="${DPOP_SIGNING_ALGS.join(' ')}", error="invalid_token", error_description="the access token is not DPoP-bound: send it as Bearer"`);
   });
 
   it('the token in the query string is ignored (RFC 6750 §2.3 is not supported)', async () => {

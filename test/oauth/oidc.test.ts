@@ -9,6 +9,7 @@ import type { FastifyInstance } from 'fastify';
 import { createRemoteJWKSet, decodeJwt, decodeProtectedHeader, jwtVerify } from 'jose';
 import * as oauth from 'oauth4webapi';
 import * as client from 'openid-client';
+import { DPOP_SIGNING_ALGS } from '../../src/oauth/models/dpop-proofs.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { changeMemberRole } from '../../src/accounts/organizations.js';
 import type { Config } from '../../src/config.js';
@@ -105,7 +106,7 @@ describe('discovery', () => {
       end_session_endpoint: `${issuer}/oauth/logout`,
       jwks_uri: `${issuer}/.well-known/jwks.json`,
       subject_types_supported: ['public'],
-      id_token_signing_alg_values_supported: [config.signingAlg],
+      id_token_signing_alg_values_supported: ['RS256', 'ES256'],
       response_types_supported: ['code'],
       request_uri_parameter_supported: false,
     });
@@ -152,7 +153,7 @@ describe('openid-client signs a user in (must-show 1)', () => {
     });
     expect(Math.abs(claims.iat - now)).toBeLessThan(60);
     // Signed with our published key, as an ID token (typ JWT), never as an access token.
-    const verified = await jwtVerify(tokens.id_token!, jwks(), { issuer, audience: rp.client_id, typ: 'JWT', algorithms: [config.signingAlg] });
+    const verified = await jwtVerify(tokens.id_token!, jwks(), { issuer, audience: rp.client_id, typ: 'JWT', algorithms: ['RS256'] });
     expect(verified.payload.sub).toBe(String(ada.id));
     const apiWithIdToken = await app.inject({ method: 'GET', url: `/api/v1/${org.organizationId}/contacts`, headers: { authorization: `Bearer ${tokens.id_token}` } });
     expect(apiWithIdToken.statusCode).toBe(401);
@@ -206,7 +207,7 @@ describe('openid-client signs a user in (must-show 1)', () => {
     expect(claims).toMatchObject({ sub: String(ada.id), email: ada.email, email_verified: true, organization_id: org.organizationId });
     // profile was not asked for: no name.
     expect(claims.name).toBeUndefined();
-    expect(decodeProtectedHeader(result.id_token!)).toMatchObject({ typ: 'JWT', alg: config.signingAlg });
+    expect(decodeProtectedHeader(result.id_token!)).toMatchObject({ typ: 'JWT', alg: 'RS256' });
   });
 });
 
@@ -371,7 +372,8 @@ describe('userinfo', () => {
     }
     const none = await app.inject({ method: 'GET', url: '/oauth/userinfo' });
     expect(none.statusCode).toBe(401);
-    expect(none.headers['www-authenticate']).toBe('Bearer realm="orgauth"');
+    // Both schemes offered (RFC 9449 §7.1).
+    expect(none.headers['www-authenticate']).toBe(`Bearer realm="orgauth", DPoP algs="${DPOP_SIGNING_ALGS.join(' ')}"`);
     const bad = await app.inject({ method: 'GET', url: '/oauth/userinfo', headers: { authorization: `Bearer ${tokens.id_token}` } });
     expect(bad.statusCode).toBe(401);
     expect(bad.headers['www-authenticate']).toBe('Bearer realm="orgauth", error="invalid_token"');

@@ -81,8 +81,12 @@ describe(`signing keys on ${BACKEND}`, () => {
   it('are created once, encrypted at rest, and usable only with SECRET_KEY', async () => {
     const kid = await ensureSigningKey(t.handle.db, { alg: 'ES256', secretKey: SECRET_KEY });
     expect(await ensureSigningKey(t.handle.db, { alg: 'ES256', secretKey: SECRET_KEY })).toBe(kid);
-    const key = await getActiveSigningKey(t.handle.db);
+    const key = await getActiveSigningKey(t.handle.db, 'ES256');
     expect(key).toMatchObject({ kid, alg: 'ES256', retired_at: null });
+    // Beside it an RS256 key for the ID tokens that ask for it (OpenID Connect Discovery requires RS256).
+    const rsa = await getActiveSigningKey(t.handle.db, 'RS256');
+    expect(rsa!.public_jwk).toMatchObject({ kty: 'RSA', alg: 'RS256', use: 'sig' });
+    expect(rsa!.public_jwk).not.toHaveProperty('d');
     expect(key!.public_jwk).toMatchObject({ kty: 'EC', crv: 'P-256', kid, alg: 'ES256', use: 'sig' });
     expect(key!.public_jwk).not.toHaveProperty('d');
     // The stored private half is a JWE, not a JWK with its "d".
@@ -103,22 +107,34 @@ describe(`signing keys on ${BACKEND}`, () => {
     );
   });
 
-  it('rotate: the new key becomes active and the old one is retired, not deleted', async () => {
-    const before = await getActiveSigningKey(t.handle.db);
-    const rotated = await rotateSigningKey(t.handle.db, { alg: 'EdDSA', secretKey: SECRET_KEY });
-    expect(rotated.alg).toBe('EdDSA');
+  it('rotate: the new key becomes the active key of its algorithm and the old one is retired, not deleted', async () => {
+    const before = await getActiveSigningKey(t.handle.db, 'ES256');
+    const rsa = await getActiveSigningKey(t.handle.db, 'RS256');
+    const rotated = await rotateSigningKey(t.handle.db, { alg: 'ES256', secretKey: SECRET_KEY });
+    expect(rotated.alg).toBe('ES256');
     const keys = await t.handle.db.selectFrom('signing_keys').select(['kid', 'alg', 'retired_at']).execute();
     expect(keys.find((k) => k.kid === before!.kid)?.retired_at).toBeInstanceOf(Date);
-    expect(keys.filter((k) => k.retired_at === null)).toEqual([{ kid: rotated.kid, alg: 'EdDSA', retired_at: null }]);
+    // The other algorithm's key is not touched.
+    expect(keys.filter((k) => k.retired_at === null).sort((a, b) => a.alg.localeCompare(b.alg))).toEqual([
+      { kid: rotated.kid, alg: 'ES256', retired_at: null },
+      { kid: rsa!.kid, alg: 'RS256', retired_at: null },
+    ]);
     const logged = await t.handle.db.selectFrom('audit_events').select('details').where('organization_id', '=', orgId).where('action', '=', 'signing_key.rotated').execute();
-    expect(logged).toEqual([{ details: { kid: rotated.kid, alg: 'EdDSA', retired: before!.kid } }]);
+    expect(logged).toEqual([{ details: { kid: rotated.kid, alg: 'ES256', retired: before!.kid } }]);
   });
 
-  it('follow SIGNING_ALG: a changed algorithm rotates at start-up', async () => {
-    const kid = await ensureSigningKey(t.handle.db, { alg: 'RS256', secretKey: SECRET_KEY });
-    const active = await getActiveSigningKey(t.handle.db);
-    expect(active).toMatchObject({ kid, alg: 'RS256' });
-    expect(active!.public_jwk).toMatchObject({ kty: 'RSA' });
+  it('follow SIGNING_ALG: a changed algorithm gets its key at start-up, and one no longer used is retired', async () => {
+    const kid = await ensureSigningKey(t.handle.db, { alg: 'EdDSA', secretKey: SECRET_KEY });
+    const active = await getActiveSigningKey(t.handle.db, 'EdDSA');
+    expect(active).toMatchObject({ kid, alg: 'EdDSA' });
+    expect(active!.public_jwk).toMatchObject({ kty: 'OKP', crv: 'Ed25519' });
+    // Back to ES256: the EdDSA key is retired (its tokens verify until they expire); RS256 and ES256 stay.
+    await ensureSigningKey(t.handle.db, { alg: 'ES256', secretKey: SECRET_KEY });
+    expect(await getActiveSigningKey(t.handle.db, 'EdDSA')).toBeUndefined();
+    const algs = await t.handle.db.selectFrom('signing_keys').select('alg').where('retired_at', 'is', null).orderBy('alg').execute();
+    expect(algs.map((k) => k.alg)).toEqual(['ES256', 'RS256']);
+    const retired = await t.handle.db.selectFrom('audit_events').select('details').where('organization_id', '=', orgId).where('action', '=', 'signing_key.retired').execute();
+    expect(retired).toEqual([{ details: { alg: 'EdDSA', retired: kid } }]);
   });
 
   it('survive two instances creating the first key at once', async () => {
@@ -128,8 +144,9 @@ describe(`signing keys on ${BACKEND}`, () => {
         ensureSigningKey(other.handle.db, { alg: 'ES256', secretKey: SECRET_KEY }),
         ensureSigningKey(other.handle.db, { alg: 'ES256', secretKey: SECRET_KEY }),
       ]);
-      const active = await other.handle.db.selectFrom('signing_keys').select('kid').where('retired_at', 'is', null).execute();
+      const active = await other.handle.db.selectFrom('signing_keys').select('kid').where('retired_at', 'is', null).where('alg', '=', 'ES256').execute();
       expect(active).toHaveLength(1);
+      expect(await other.handle.db.selectFrom('signing_keys').select('kid').where('retired_at', 'is', null).execute()).toHaveLength(2);
       expect(kids).toEqual([active[0]!.kid, active[0]!.kid]);
     } finally {
       await other.close();

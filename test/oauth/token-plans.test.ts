@@ -44,7 +44,7 @@ describe(`the refresh statement's plan on ${BACKEND}`, () => {
 
     const ctx = { config: testConfig(), keys: { signingKey: async () => ({}) } };
     const compiled = await firstQueryOf(db, (capturing) =>
-      refreshToken.handle({ ...ctx, db: capturing } as unknown as TokenContext, { application: late, method: 'client_secret_basic' }, { grant_type: 'refresh_token', refresh_token: 'x'.repeat(43) }),
+      refreshToken.handle({ ...ctx, db: capturing } as unknown as TokenContext, { application: late, method: 'client_secret_basic' }, { grant_type: 'refresh_token', refresh_token: 'x'.repeat(43) }, { dpopJkt: null }),
     );
     expect(compiled.sql).toContain('update refresh_tokens');
     const plan = await db.transaction().execute(async (trx) => {

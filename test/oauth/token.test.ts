@@ -246,7 +246,12 @@ describe('metadata (MD-3) and JWKS', () => {
         'webhooks.read', 'webhooks.write',
       ],
       response_types_supported: ['code'],
-      token_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post', 'none'],
+      token_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post', 'private_key_jwt', 'none'],
+      token_endpoint_auth_signing_alg_values_supported: ['ES256', 'ES384', 'PS256', 'PS384', 'RS256', 'RS384', 'EdDSA'],
+      pushed_authorization_request_endpoint: `${config.issuer}/oauth/par`,
+      require_pushed_authorization_requests: false,
+      dpop_signing_alg_values_supported: ['ES256', 'ES384', 'ES512', 'PS256', 'PS384', 'PS512', 'RS256', 'RS384', 'RS512', 'EdDSA'],
+      id_token_signing_alg_values_supported: ['RS256', 'ES256'],
       code_challenge_methods_supported: ['S256'],
       authorization_response_iss_parameter_supported: true,
     });
@@ -262,6 +267,8 @@ describe('metadata (MD-3) and JWKS', () => {
       authorization_servers: [config.issuer],
       scopes_supported: ['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write'],
       bearer_methods_supported: ['header'],
+      dpop_signing_alg_values_supported: ['ES256', 'ES384', 'ES512', 'PS256', 'PS384', 'PS512', 'RS256', 'RS384', 'RS512', 'EdDSA'],
+      dpop_bound_access_tokens_required: false,
       resource_name: 'orgauth API',
       resource_documentation: `${config.issuer}/docs`,
     });
@@ -281,7 +288,14 @@ describe('metadata (MD-3) and JWKS', () => {
   it('publishes the public signing keys, never a private part', async () => {
     const res = await app.inject('/.well-known/jwks.json');
     const { keys } = res.json() as { keys: Record<string, unknown>[] };
-    expect(keys).toEqual([expect.objectContaining({ kty: 'EC', crv: 'P-256', alg: 'ES256', use: 'sig', kid: expect.any(String) })]);
-    expect(keys[0]).not.toHaveProperty('d');
+    // The access tokens' ES256 key and the ID tokens' RS256 key (OpenID Connect Discovery requires RS256).
+    expect(keys).toEqual(
+      expect.arrayContaining([
+        expect.objectContaining({ kty: 'EC', crv: 'P-256', alg: 'ES256', use: 'sig', kid: expect.any(String) }),
+        expect.objectContaining({ kty: 'RSA', alg: 'RS256', use: 'sig', kid: expect.any(String) }),
+      ]),
+    );
+    expect(keys).toHaveLength(2);
+    for (const key of keys) for (const part of ['d', 'p', 'q', 'dp', 'dq', 'qi']) expect(key).not.toHaveProperty(part);
   });
 });

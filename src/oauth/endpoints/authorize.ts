@@ -32,6 +32,8 @@ import { ForbiddenError, renderError, renderPage, setUpPages } from '../../web/r
 import { findApplicationByClientId } from '../models/applications.js';
 import type { ClientMetadataDocuments } from '../models/client-metadata.js';
 import { createAuthorizationCode } from '../models/authorization-codes.js';
+import { consumePushedRequest, type PushedRequest, usePushedRequest } from '../models/pushed-requests.js';
+import { codeTtlFor, requiresPar, requiresPkce } from '../helpers/fapi.js';
 import { recordAuditEvent } from '../../audit/events.js';
 import { InvalidScopeError, InvalidTargetError } from '../errors.js';
 import { parseCanonicalId, readParams } from '../helpers/params.js';
@@ -45,7 +47,11 @@ export const STATE_MIN_LENGTH = 16;
 /** RFC 7636 §4.2: a code challenge is 43 to 128 unreserved characters. */
 const CODE_CHALLENGE = /^[A-Za-z0-9\-._~]{43,128}$/;
 /** The OAuth parameters the consent form carries back, in hidden fields. */
-const CARRIED_PARAMS = ['client_id', 'redirect_uri', 'response_type', 'scope', 'state', 'code_challenge', 'code_challenge_method', 'nonce', 'acr_values', 'resource'] as const;
+const CARRIED_PARAMS = ['client_id', 'redirect_uri', 'response_type', 'scope', 'state', 'code_challenge', 'code_challenge_method', 'nonce', 'acr_values', 'resource', 'dpop_jkt'] as const;
+/** A DPoP key thumbprint (RFC 7638, SHA-256, base64url). */
+const JKT = /^[A-Za-z0-9_-]{43}$/;
+/** What a form or the sign-in adds beside a pushed request's request_uri: never an authorization parameter. */
+const BESIDE_PUSHED = ['csrf_token', 'decision', 'organization_id'] as const;
 /** A user's newest live grants of one application looked at for a remembered consent (one per authorization they approved). */
 const MAX_REMEMBERED_GRANTS = 100;
 const PROMPT_VALUES: ReadonlySet<string> = new Set(['none', 'login', 'consent', 'select_account']);
@@ -106,8 +112,12 @@ interface AuthorizationRequest extends ClientTarget {
   prompt: ReadonlySet<string>;
   /** acr_values asks for two factors (helpers/acr.ts): a session with a password alone takes its second step first. */
   twoFactors: boolean;
-  /** The carried parameters as sent, for the consent form's hidden fields. */
+  /** The carried parameters as sent, for the consent form's hidden fields (client_id and request_uri alone for a pushed request). */
   carried: { name: string; value: string }[];
+  /** The pushed request (RFC 9126) this one came from: its code uses it up. */
+  pushed: PushedRequest | undefined;
+  /** RFC 9449 §10: the DPoP key the code will be bound to (dpop_jkt, or the pushed request's proof). */
+  dpopJkt: string | null;
 }
 
 /** An error for the client, delivered on its redirect_uri (RFC 6749 §4.1.2.1). */
@@ -170,8 +180,32 @@ async function identifyClient(db: DB, clientMetadata: ClientMetadataDocuments, r
   return { application, redirectUri };
 }
 
+/**
+ * A request by reference to a pushed one (RFC 9126 §4): its parameters as pushed, and only those
+ * (any other authorization parameter sent beside request_uri is ignored), with client_id, which
+ * must be the pushing client's. Unknown, expired, used or another client's: an error page, as
+ * nothing in it can be trusted to redirect to. Without request_uri: the request as sent.
+ */
+async function expandPushed(db: DB, raw: Raw): Promise<{ raw: Raw; pushed: PushedRequest | undefined }> {
+  const requestUri = singleValue(raw, 'request_uri');
+  if (requestUri === undefined) return { raw, pushed: undefined };
+  const clientId = singleValue(raw, 'client_id');
+  if (clientId === undefined) throw new UntrustedRedirectError('The request does not name an application (client_id is missing).');
+  const application = await findApplicationByClientId(db, clientId);
+  const pushed = application ? await usePushedRequest(db, requestUri, application.id) : undefined;
+  if (!pushed) throw new UntrustedRedirectError('This authorization request has expired or was already used (its request_uri is unknown). Go back to the application and start again.');
+  const beside = Object.fromEntries([...BESIDE_PUSHED, SIGNED_IN_AFTER].filter((k) => Object.hasOwn(raw, k)).map((k) => [k, raw[k]]));
+  return { raw: { ...pushed.params, ...beside, client_id: clientId, request_uri: requestUri }, pushed };
+}
+
 /** Everything else about the request; problems go back to the client (AZ-3). */
-async function validateRequest(config: Pick<Config, 'secretKey'>, resources: ResourceRegistry, target: ClientTarget, raw: Raw): Promise<AuthorizationRequest | RedirectError> {
+async function validateRequest(
+  config: Pick<Config, 'secretKey'>,
+  resources: ResourceRegistry,
+  target: ClientTarget,
+  raw: Raw,
+  pushed: PushedRequest | undefined,
+): Promise<AuthorizationRequest | RedirectError> {
   const sentState = firstValue(raw, 'state');
   const fail = (error: RedirectError['error'], description: string): RedirectError => ({ error, description, state: sentState });
   let params;
@@ -185,7 +219,9 @@ async function validateRequest(config: Pick<Config, 'secretKey'>, resources: Res
   if (responseType !== 'code') return fail('unsupported_response_type', 'response_type must be code');
   // OIDC Core §6: request objects are not supported, and saying so beats ignoring what they hold.
   if (params.request !== undefined) return fail('request_not_supported', 'request objects are not supported');
-  if (params.request_uri !== undefined) return fail('request_uri_not_supported', 'request_uri is not supported');
+  if (params.request_uri !== undefined && pushed === undefined) return fail('request_uri_not_supported', 'request_uri is only for pushed authorization requests');
+  // RFC 9126 §6 (and FAPI 2.0): this application's requests come through /oauth/par only.
+  if (pushed === undefined && requiresPar(target.application)) return fail('invalid_request', 'this application must push its authorization requests to the pushed_authorization_request_endpoint and send request_uri');
   // The contract's rule for applications (AZ-4). A client that registered itself (MCP clients)
   // must use PKCE, which already ties the response to its request (RFC 9700 §2.1.1; OAuth 2.1
   // makes state optional with it): those that send no state, or a short one, still work.
@@ -224,7 +260,7 @@ async function validateRequest(config: Pick<Config, 'secretKey'>, resources: Res
   if (challenge === undefined) {
     if (method !== undefined) return fail('invalid_request', 'code_challenge_method was sent without code_challenge');
     // A client without a secret proves it is the one that asked only by PKCE.
-    if (target.application.require_pkce || target.application.token_endpoint_auth_method === 'none') {
+    if (requiresPkce(target.application)) {
       return fail('invalid_request', 'this application requires PKCE: code_challenge is required');
     }
   } else {
@@ -238,11 +274,20 @@ async function validateRequest(config: Pick<Config, 'secretKey'>, resources: Res
   if (nonce !== null && nonce.length > NONCE_MAX_LENGTH) return fail('invalid_request', `nonce must be at most ${NONCE_MAX_LENGTH} characters`);
   const maxAge = params.max_age;
   if (maxAge !== undefined && !MAX_AGE.test(maxAge)) return fail('invalid_request', 'max_age must be a non-negative number of seconds');
+  // RFC 9449 §10: the key the code is to be bound to; a pushed request's proof decides it when there was one.
+  const sentJkt = params.dpop_jkt;
+  if (sentJkt !== undefined && !JKT.test(sentJkt)) return fail('invalid_request', 'dpop_jkt must be a base64url SHA-256 JWK thumbprint');
+  const dpopJkt = pushed?.dpopJkt ?? sentJkt ?? null;
 
-  const carried = CARRIED_PARAMS.flatMap((name) => {
-    const value = params[name];
-    return value === undefined ? [] : [{ name, value }];
-  });
+  const carried = pushed
+    ? [
+        { name: 'client_id', value: target.application.client_id },
+        { name: 'request_uri', value: params.request_uri! },
+      ]
+    : CARRIED_PARAMS.flatMap((name) => {
+        const value = params[name];
+        return value === undefined ? [] : [{ name, value }];
+      });
   return {
     ...target,
     resource,
@@ -259,9 +304,32 @@ async function validateRequest(config: Pick<Config, 'secretKey'>, resources: Res
     prompt,
     twoFactors: asksForTwoFactors(params.acr_values),
     carried,
+    pushed,
+    dpopJkt,
   };
 }
 
+
+/**
+ * What /oauth/par checks of a request before it keeps it (RFC 9126 §2.1): what the authorization
+ * endpoint would check (the redirect_uri registered, then everything else), so a client learns
+ * of a bad request at once, in the PAR response, instead of on its redirect_uri later.
+ */
+export async function checkPushedRequest(
+  config: Pick<Config, 'secretKey'>,
+  resources: ResourceRegistry,
+  application: Application,
+  params: Record<string, string>,
+  dpopJkt: string | null,
+): Promise<{ error: string; description: string } | undefined> {
+  const redirectUri = params.redirect_uri;
+  if (redirectUri === undefined) return { error: 'invalid_request', description: 'redirect_uri is required' };
+  if (!application.redirect_uris.some((registered) => redirectUriMatches(registered, redirectUri))) {
+    return { error: 'invalid_request', description: 'redirect_uri is not registered for this application' };
+  }
+  const checked = await validateRequest(config, resources, { application, redirectUri }, params, { id: 0, params, dpopJkt });
+  return 'error' in checked ? { error: checked.error, description: checked.description } : undefined;
+}
 
 /**
  * Whether an organization where the role lets the user grant `granted` of the request can be
@@ -391,7 +459,8 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
         redirectUri: request.redirectUri,
         scopes: granted,
         codeChallenge: request.codeChallenge,
-        ttlSeconds: config.authCodeTtl,
+        ttlSeconds: codeTtlFor(request.application, config.authCodeTtl),
+        dpopJkt: request.dpopJkt,
         identityScopes: request.identityScopes,
         nonce: request.nonce,
         authTime: user.authTime,
@@ -399,6 +468,10 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
         sid: sessionSid(user, request.application.client_id),
         resourceId: request.resource.id,
       });
+      // A pushed request gives one code (RFC 9126 §4): a second tab or a replayed form gets none.
+      if (request.pushed && !(await consumePushedRequest(trx, request.pushed.id))) {
+        throw new ForbiddenError('This authorization request was already used. Go back to the application and start again.');
+      }
       await recordAuditEvent(trx, {
         organizationId,
         action: 'authorization.approved',
@@ -451,10 +524,10 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
     reply.redirect(loginPath(afterSignIn(config, req.url, request), { again, loginHint: request?.loginHint }), 303);
 
   app.get('/oauth/authorize', async (req: FastifyRequest, reply) => {
-    const raw = asRaw(req.query);
+    const { raw, pushed } = await expandPushed(db, asRaw(req.query));
     const target = await identifyClient(db, clientMetadata, raw, clientAddress(req));
     const user = await currentUser(db, config, req);
-    const request = await validateRequest(config, resources, target, raw);
+    const request = await validateRequest(config, resources, target, raw, pushed);
     if (!user) {
       // prompt=none: no page at all, so a signed-out user is login_required (OIDC Core §3.1.2.6).
       // (An invalid request says so only after sign-in, AZ-6, unless it asks for prompt=none alone.)
@@ -505,7 +578,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
   });
 
   app.post('/oauth/authorize', async (req, reply) => {
-    const raw = asRaw(req.body);
+    const { raw, pushed } = await expandPushed(db, asRaw(req.body));
     const target = await identifyClient(db, clientMetadata, raw, clientAddress(req));
     const user = await currentUser(db, config, req);
     if (!user) throw new ForbiddenError('Your session has ended. Go back to the application and start again.');
@@ -513,7 +586,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
     if (!csrfTokenMatches(config, { session: user.sessionId }, token)) {
       throw new ForbiddenError('This form has expired or did not come from this site. Go back to the application and start again.');
     }
-    const request = await validateRequest(config, resources, target, raw);
+    const request = await validateRequest(config, resources, target, raw, pushed);
     if ('error' in request) return redirectError(reply, target.redirectUri, request);
 
     const decision = raw.decision;
@@ -536,6 +609,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
     if (decision === 'deny') {
       // Audited in the organization the form had selected, when it is one of the user's.
       if (organizationId !== undefined && isMember) await denied(organizationId);
+      if (request.pushed) await consumePushedRequest(db, request.pushed.id);
       return redirectError(reply, target.redirectUri, { error: 'access_denied', description: 'the user denied the request', state: request.state });
     }
     if (decision !== 'approve') throw new InvalidRequestError('Choose Allow or Deny.');

@@ -29,6 +29,8 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
         iat: Math.floor(t.created_at.getTime() / 1000),
         exp: Math.floor(t.expires_at.getTime() / 1000),
         iss: options.config.issuer,
+        // RFC 9449 §6.2: the key its grant's tokens are bound to.
+        ...(t.dpop_jkt !== null ? { cnf: { jkt: t.dpop_jkt } } : {}),
       };
     }
     const c = found.claims;
@@ -59,7 +61,8 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
     if (!grant || grant.revoked_at !== null || grant.token_revoked || grant.ended_by_removal || c.exp <= Math.floor(Date.now() / 1000)) return { active: false };
     return {
       active: true,
-      token_type: 'Bearer',
+      // RFC 9449 §6.2: a DPoP-bound token says so, and names its key.
+      token_type: c.cnf ? 'DPoP' : 'Bearer',
       scope: c.scope,
       client_id: c.client_id,
       sub: c.sub,
@@ -69,6 +72,7 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
       iss: c.iss,
       aud: c.aud,
       jti: c.jti,
+      ...(c.cnf ? { cnf: c.cnf } : {}),
     };
   });
 }

@@ -11,6 +11,9 @@ import { DATA_SCOPES, SCOPES_SUPPORTED } from '../helpers/scopes.js';
 import { API_RESOURCE_PATH, apiResource, apiResourceUri } from '../models/resources.js';
 import { DEVICE_CODE_GRANT } from '../../db/schema.js';
 import { CLAIMS_SUPPORTED } from '../models/id-tokens.js';
+import { ID_TOKEN_ALGS } from '../../db/schema.js';
+import { CLIENT_ASSERTION_ALGS } from '../helpers/client-assertion.js';
+import { DPOP_SIGNING_ALGS } from '../models/dpop-proofs.js';
 
 export function authorizationServerMetadata(config: Pick<Config, 'issuer' | 'signingAlg' | 'clientRegistration'>) {
   const url = (path: string) => `${config.issuer}${path}`;
@@ -32,17 +35,27 @@ export function authorizationServerMetadata(config: Pick<Config, 'issuer' | 'sig
     response_types_supported: ['code'],
     response_modes_supported: ['query'],
     subject_types_supported: ['public'],
-    id_token_signing_alg_values_supported: [config.signingAlg],
+    // OpenID Connect Discovery §3: RS256 must be among them; each application picks one (id_token_signed_response_alg).
+    id_token_signing_alg_values_supported: [...ID_TOKEN_ALGS],
     // Only what is implemented: no request objects, no claims parameter, no userinfo signing.
     request_parameter_supported: false,
     request_uri_parameter_supported: false,
     claims_parameter_supported: false,
     prompt_values_supported: ['none', 'login', 'consent', 'select_account'],
     grant_types_supported: ['authorization_code', 'refresh_token', 'client_credentials', DEVICE_CODE_GRANT],
-    // none: public clients that registered themselves (PKCE required of them).
-    token_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post', 'none'],
-    revocation_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post', 'none'],
-    introspection_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post'],
+    // none: public clients that registered themselves (PKCE required of them). private_key_jwt:
+    // RFC 7523 assertions signed with a key the application registered (jwks or jwks_uri).
+    token_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post', 'private_key_jwt', 'none'],
+    token_endpoint_auth_signing_alg_values_supported: [...CLIENT_ASSERTION_ALGS],
+    revocation_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post', 'private_key_jwt', 'none'],
+    revocation_endpoint_auth_signing_alg_values_supported: [...CLIENT_ASSERTION_ALGS],
+    introspection_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post', 'private_key_jwt'],
+    introspection_endpoint_auth_signing_alg_values_supported: [...CLIENT_ASSERTION_ALGS],
+    // RFC 9126: pushed authorization requests, required per application (and by FAPI 2.0), not of everyone.
+    pushed_authorization_request_endpoint: url('/oauth/par'),
+    require_pushed_authorization_requests: false,
+    // RFC 9449: DPoP proofs at the token endpoint, PAR, userinfo and the API.
+    dpop_signing_alg_values_supported: [...DPOP_SIGNING_ALGS],
     // draft-ietf-oauth-client-id-metadata-document: an https client_id is the URL of its metadata.
     client_id_metadata_document_supported: true,
     code_challenge_methods_supported: ['S256'],
@@ -62,6 +75,9 @@ export function apiResourceMetadata(config: Pick<Config, 'issuer' | 'accessToken
     // organization's own private applications' (client_credentials), never delegated (AD-1).
     scopes_supported: DATA_SCOPES,
     bearer_methods_supported: ['header'],
+    // RFC 9728 §2: DPoP-bound tokens are accepted (Authorization: DPoP), and required of applications that say so.
+    dpop_signing_alg_values_supported: [...DPOP_SIGNING_ALGS],
+    dpop_bound_access_tokens_required: false,
     resource_name: apiResource(config).name,
     resource_documentation: `${config.issuer}/docs`,
   };

@@ -1,7 +1,7 @@
 /**
  * POST /oauth/token (RFC 6749 §3.2): everything the grants share — form bodies only, no-store,
- * duplicate parameters refused, client authentication (helpers/form-endpoint.ts) — then the
- * grant's handler, by grant_type.
+ * duplicate parameters refused, client authentication (helpers/form-endpoint.ts), the DPoP
+ * proof (RFC 9449 §5) — then the grant's handler, by grant_type.
  */
 import type { FastifyInstance } from 'fastify';
 import { UnauthorizedClientError, UnsupportedGrantTypeError } from '../errors.js';
@@ -13,12 +13,17 @@ import { refreshToken } from '../grants/refresh-token.js';
 import type { GrantHandler } from '../grants/types.js';
 import { authenticatedForm, type OAuthEndpointOptions, registerFormEndpoint } from '../helpers/form-endpoint.js';
 import { requireParam } from '../helpers/params.js';
+import { requiresDpop } from '../helpers/fapi.js';
+import { endpointDpopJkt } from '../models/dpop-proofs.js';
+import { AppError } from '../../errors.js';
 
 const GRANTS: ReadonlyMap<string, GrantHandler> = new Map([authorizationCode, refreshToken, clientCredentials, deviceCode].map((g) => [g.grantType, g]));
 
 export async function tokenEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
   const { db, keys, revocations, config, clientGrants, metrics, resources } = options;
-  await registerFormEndpoint(app, '/oauth/token', async (req) => {
+  await registerFormEndpoint(app, '/oauth/token', async (req, reply) => {
+    // The proof first: a missing nonce is answered before anything else is looked at (RFC 9449 §8).
+    const dpopJkt = await endpointDpopJkt(options.dpop, config, req, '/oauth/token');
     const { body, client } = await authenticatedForm(req, options);
     const grant = GRANTS.get(requireParam(body, 'grant_type'));
     if (!grant) throw new UnsupportedGrantTypeError();
@@ -27,7 +32,14 @@ export async function tokenEndpoint(app: FastifyInstance, options: OAuthEndpoint
     if (application.type === 'public' && !(application.grant_types as readonly string[]).includes(grant.grantType)) {
       throw new UnauthorizedClientError(`this client did not register the ${grant.grantType} grant type`);
     }
-    const issued = await grant.handle({ db, keys, revocations, config, clientGrants, metrics, resources }, client, body);
+    if (dpopJkt === null && requiresDpop(application)) {
+      throw new AppError(400, 'invalid_dpop_proof', "this application's access tokens are DPoP-bound: send a DPoP proof", {
+        headers: options.dpop.requireNonce ? { 'dpop-nonce': options.dpop.nonce() } : {},
+      });
+    }
+    const issued = await grant.handle({ db, keys, revocations, config, clientGrants, metrics, resources }, client, body, { dpopJkt });
+    // A fresh nonce with every answer, so a client's next proof has one (RFC 9449 §8.2).
+    if (options.dpop.requireNonce) reply.header('dpop-nonce', options.dpop.nonce());
     metrics.tokensIssued.inc({ grant_type: grant.grantType });
     // A client that registered itself and got a token is in use: the reaper leaves it.
     await markClientUsed(db, application);

@@ -8,7 +8,8 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { Config } from '../../config.js';
 import type { DB } from '../../db/connect.js';
 import { AppError } from '../../errors.js';
-import { bearerToken, InsufficientScopeError, REALM } from '../../api/auth.js';
+import { checkSenderConstraint, dpopChallenge, InsufficientScopeError, presentedToken, REALM } from '../../api/auth.js';
+import type { DpopProofs } from '../models/dpop-proofs.js';
 import { AccessTokenVerifier, InvalidTokenError, isApplicationToken } from '../models/access-tokens.js';
 import type { ApplicationCache } from '../models/application-cache.js';
 import type { KeyStore } from '../models/key-store.js';
@@ -20,24 +21,28 @@ const invalidToken = (description: string) =>
 
 export async function userinfoEndpoint(
   app: FastifyInstance,
-  ctx: { db: DB; keys: KeyStore; revocations: RevocationList; applications: ApplicationCache; config: Config },
+  ctx: { db: DB; keys: KeyStore; revocations: RevocationList; applications: ApplicationCache; config: Config; dpop: DpopProofs },
 ): Promise<void> {
   const verifier = new AccessTokenVerifier(ctx);
 
   async function userinfo(req: FastifyRequest) {
-    const token = bearerToken(req.headers.authorization);
-    if (token === undefined) {
-      throw new AppError(401, 'invalid_request', 'an access token is required (Authorization: Bearer <token>)', { headers: { 'www-authenticate': REALM } });
+    const presented = presentedToken(req.headers.authorization);
+    if (presented === undefined) {
+      throw new AppError(401, 'invalid_request', 'an access token is required (Authorization: Bearer <token>, or DPoP <token> with a DPoP proof)', {
+        headers: { 'www-authenticate': `${REALM}, ${dpopChallenge()}` },
+      });
     }
     let verified;
     try {
-      verified = await verifier.verify(token);
+      verified = await verifier.verify(presented.token);
     } catch (err) {
       if (!(err instanceof InvalidTokenError)) throw err;
       req.log.info({ reason: err.reason }, 'access token refused');
       throw invalidToken('the access token is invalid, expired or revoked');
     }
     const { claims, scopes } = verified;
+    // RFC 9449 §7: a DPoP-bound token comes with a proof by its key (userinfo is a protected resource too).
+    await checkSenderConstraint(ctx.dpop, ctx.config, req, presented, claims, dpopChallenge);
     // An application's own token (client_credentials) is about no user, and never holds openid.
     if (!scopes.has('openid') || isApplicationToken(claims)) throw new InsufficientScopeError('openid');
     const row = await ctx.db

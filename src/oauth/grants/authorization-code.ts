@@ -33,6 +33,8 @@ interface Presented {
   verifier: string | undefined;
   /** The resource the token request names (RFC 8707): the one the authorization was for, or invalid_target. */
   resource: TokenResource | undefined;
+  /** The key of the request's DPoP proof: the code's dpop_jkt must be it (RFC 9449 §10), and the grant is bound to it. */
+  dpopJkt: string | null;
 }
 
 /**
@@ -62,6 +64,7 @@ async function redeemCode(db: DB, application: Application, presented: Presented
         and c.consumed_at is null and c.expires_at > now() and c.redirect_uri = ${presented.redirectUri}
         and c.code_challenge is not distinct from ${expectedChallenge(presented.verifier)}::text
         and (${presented.resource === undefined}::boolean or c.resource_id is not distinct from ${presented.resource?.id ?? null}::integer)
+        and (c.dpop_jkt is null or c.dpop_jkt = ${presented.dpopJkt}::text)
         -- The application as it is now, not as cached: disabled or narrowed since, it gains no grant.
         and exists (select 1 from applications a where a.id = c.application_id and not a.disabled and ${knownScopesOf(sql`c.scopes`)} <@ a.scopes)
         -- An organization that requires two-step sign-in (as it is now) takes only codes of a two-factor sign-in.
@@ -79,7 +82,7 @@ async function redeemCode(db: DB, application: Application, presented: Presented
       where c.id = found.id and c.consumed_at is null
       returning c.grant_id, c.organization_id, c.user_id, c.scopes, c.identity_scopes, c.nonce, c.auth_time, c.sid, c.amr, c.resource_id
     ),
-    ${grantWithRefreshTokenSql(application.id, refreshToken, ttlSeconds)}
+    ${grantWithRefreshTokenSql(application.id, refreshToken, ttlSeconds, presented.dpopJkt)}
     select c.grant_id, c.resource_id, c.organization_id, o.name as organization_name, c.user_id, c.scopes, (select role_id from member) as role_id,
       c.identity_scopes, c.nonce, c.auth_time, c.sid, c.amr, u.email, u.name, u.email_verified_at is not null as email_verified
     from consumed c join organizations o on o.id = c.organization_id join users u on u.id = c.user_id
@@ -110,6 +113,9 @@ async function refusal(ctx: TokenContext, application: Application, presented: P
     return new InvalidGrantError('the authorization code was already used');
   }
   if (row.expired) return new InvalidGrantError('the authorization code expired');
+  if (row.dpop_jkt !== null && row.dpop_jkt !== presented.dpopJkt) {
+    return new InvalidGrantError(presented.dpopJkt === null ? 'the authorization code is bound to a DPoP key: send a DPoP proof' : 'the authorization code is bound to another DPoP key');
+  }
   if (presented.resource !== undefined && row.resource_id !== presented.resource.id) return new InvalidTargetError('resource is not the one the authorization was for');
   if (row.redirect_uri !== presented.redirectUri) return new InvalidGrantError('redirect_uri does not match the authorization request');
   if (row.code_challenge === null) {
@@ -144,7 +150,7 @@ async function refusal(ctx: TokenContext, application: Application, presented: P
  */
 export const authorizationCode: GrantHandler = {
   grantType: 'authorization_code',
-  async handle(ctx, { application }, params) {
+  async handle(ctx, { application }, params, { dpopJkt }) {
     // Private applications act for their organization only (client_credentials), never for users.
     if (application.type !== 'public') throw new UnauthorizedClientError('this grant type is for public applications');
     const presented: Presented = {
@@ -153,6 +159,7 @@ export const authorizationCode: GrantHandler = {
       redirectUri: requireParam(params, 'redirect_uri'),
       verifier: params.code_verifier,
       resource: params.resource === undefined ? undefined : await ctx.resources.resolve(params.resource),
+      dpopJkt,
     };
     const signingKey = await ctx.keys.signingKey();
     const refreshToken = generateSecret(32);
@@ -161,6 +168,6 @@ export const authorizationCode: GrantHandler = {
     // Deleted since the code was issued: its grant went with it (on delete cascade).
     const resource = await ctx.resources.byId(redeemed.resource_id);
     if (!resource) throw new InvalidGrantError('the resource the authorization was for no longer exists');
-    return redeemedTokenResponse(ctx, signingKey, { clientId: application.client_id, redeemed, resource, refreshToken });
+    return redeemedTokenResponse(ctx, signingKey, { application, redeemed, resource, refreshToken, dpopJkt });
   },
 };

@@ -11,7 +11,7 @@ import type { GrantHandler } from './types.js';
  */
 export const clientCredentials: GrantHandler = {
   grantType: 'client_credentials',
-  async handle(ctx, { application }, params) {
+  async handle(ctx, { application }, params, { dpopJkt }) {
     if (application.type !== 'private') throw new UnauthorizedClientError('client_credentials is only for private applications');
     const organizationId = parseCanonicalId(requireParam(params, 'organization_id'));
     if (organizationId === undefined) throw new InvalidRequestError('organization_id must be a positive integer');
@@ -19,6 +19,6 @@ export const clientCredentials: GrantHandler = {
     // RFC 8707: a token for the named resource, with scopes it lists (the organization acting for
     // itself holds a resource's declared scopes, as its owners and admins do).
     const resource = await ctx.resources.resolve(params.resource);
-    return issueClientToken(ctx, application, resourceScopes(params.scope, resource, application), resource);
+    return issueClientToken(ctx, application, resourceScopes(params.scope, resource, application), resource, dpopJkt);
   },
 };

@@ -66,7 +66,15 @@ interface Redeemed extends GrantIdentity {
  * and the organization, if it requires two-step sign-in, got a two-factor approval. Returns
  * undefined otherwise, changing nothing. Of concurrent redemptions exactly one updates the row.
  */
-async function redeemApproved(db: DB, application: Application, id: number, resource: TokenResource, refreshToken: string, ttlSeconds: number): Promise<Redeemed | undefined> {
+async function redeemApproved(
+  db: DB,
+  application: Application,
+  id: number,
+  resource: TokenResource,
+  refreshToken: string,
+  ttlSeconds: number,
+  dpopJkt: string | null,
+): Promise<Redeemed | undefined> {
   const { rows } = await sql<Redeemed>`
     with found as (
       select d.id, d.organization_id, d.user_id, d.granted_scopes as scopes
@@ -93,7 +101,7 @@ async function redeemApproved(db: DB, application: Application, id: number, reso
       -- No browser session on the device: no sid.
       returning d.grant_id, d.organization_id, d.user_id, d.granted_scopes as scopes, d.identity_scopes, d.auth_time, null::text as sid, d.amr, d.resource_id
     ),
-    ${grantWithRefreshTokenSql(application.id, refreshToken, ttlSeconds)}
+    ${grantWithRefreshTokenSql(application.id, refreshToken, ttlSeconds, dpopJkt)}
     select c.grant_id, c.organization_id, o.name as organization_name, c.user_id, c.scopes, (select role_id from member) as role_id,
       c.identity_scopes, c.auth_time, c.sid, c.amr, u.email, u.name, u.email_verified_at is not null as email_verified
     from consumed c join organizations o on o.id = c.organization_id join users u on u.id = c.user_id
@@ -126,7 +134,7 @@ async function refusal(ctx: TokenContext, id: number): Promise<Error> {
  */
 export const deviceCode: GrantHandler = {
   grantType: DEVICE_CODE_GRANT,
-  async handle(ctx, { application }, params) {
+  async handle(ctx, { application }, params, { dpopJkt }) {
     if (application.type !== 'public' || !application.grant_types.includes(DEVICE_CODE_GRANT)) {
       throw new UnauthorizedClientError('this client is not registered for the device authorization grant');
     }
@@ -150,9 +158,9 @@ export const deviceCode: GrantHandler = {
     if (!resource) throw new InvalidGrantError('the resource the device asked for no longer exists');
     const signingKey = await ctx.keys.signingKey();
     const refreshToken = generateSecret(32);
-    const redeemed = await redeemApproved(ctx.db, application, polled.id, resource, refreshToken, ctx.config.refreshTokenTtl);
+    const redeemed = await redeemApproved(ctx.db, application, polled.id, resource, refreshToken, ctx.config.refreshTokenTtl, dpopJkt);
     if (!redeemed) throw await refusal(ctx, polled.id);
     // No nonce: nothing on the device asked for an ID token bound to one.
-    return redeemedTokenResponse(ctx, signingKey, { clientId: application.client_id, redeemed: { ...redeemed, nonce: null }, resource, refreshToken });
+    return redeemedTokenResponse(ctx, signingKey, { application, redeemed: { ...redeemed, nonce: null }, resource, refreshToken, dpopJkt });
   },
 };

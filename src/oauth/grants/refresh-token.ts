@@ -38,7 +38,15 @@ interface Rotated extends GrantIdentity {
  */
 async function rotateRefreshToken(
   db: DB,
-  input: { presented: string; applicationId: number; asked: Asked | null; resource: TokenResource | undefined; successor: string; ttlSeconds: number },
+  input: {
+    presented: string;
+    applicationId: number;
+    asked: Asked | null;
+    resource: TokenResource | undefined;
+    successor: string;
+    ttlSeconds: number;
+    dpop: { jkt: string | null; sameKey: boolean };
+  },
 ): Promise<Rotated | undefined> {
   const asked = input.asked === null ? null : [...input.asked.scopes];
   const askedIdentity = input.asked === null ? null : [...input.asked.identity];
@@ -71,6 +79,8 @@ async function rotateRefreshToken(
         -- Nor a grant from before the user's removal (they were added back since, and the job
         -- revoking what the removal ended has not reached it yet).
         and not exists (select 1 from removed_members rm where rm.organization_id = r.organization_id and rm.user_id = g.user_id and rm.removed_at >= g.created_at)
+        -- RFC 9449 §5: a DPoP grant is refreshed with a proof, and a public client's with the very key its tokens are bound to.
+        and (g.dpop_jkt is null or (${input.dpop.jkt}::text is not null and (not ${input.dpop.sameKey}::boolean or g.dpop_jkt = ${input.dpop.jkt}::text)))
     ),
     live as (
       update grants set last_used_at = now() from t
@@ -111,6 +121,7 @@ async function refusal(
   presented: string,
   asked: Asked | null,
   resource: TokenResource | undefined,
+  dpop: { jkt: string | null; sameKey: boolean },
 ): Promise<Error | 'retry' | { narrow: { organizationId: number; userId: number } }> {
   const token = await findRefreshToken(ctx.db, presented);
   // RT-1: another client's refresh token is as good as unknown to this one.
@@ -121,6 +132,10 @@ async function refusal(
   }
   if (token.revoked_at !== null || token.grant_revoked_at !== null || token.ended_by_removal) return new InvalidGrantError('the refresh token was revoked');
   if (token.expired) return new InvalidGrantError('the refresh token expired');
+  if (token.dpop_jkt !== null && token.rotated_at === null) {
+    if (dpop.jkt === null) return new InvalidGrantError('the refresh token is bound to a DPoP key: send a DPoP proof');
+    if (dpop.sameKey && dpop.jkt !== token.dpop_jkt) return new InvalidGrantError('the refresh token is bound to another DPoP key');
+  }
   if (token.rotated_at !== null) {
     if ((token.seconds_since_rotation ?? 0) > ctx.config.refreshReuseGrace) {
       await ctx.revocations.revoke(token.grant_id, 'refresh_token_reuse', { actorClientId: application.client_id });
@@ -175,24 +190,27 @@ function askedScopes(params: Params): Asked | null {
  */
 export const refreshToken: GrantHandler = {
   grantType: 'refresh_token',
-  async handle(ctx, { application }, params) {
+  async handle(ctx, { application }, params, { dpopJkt }) {
     // Private applications act for their organization only (client_credentials), never for users.
     if (application.type !== 'public') throw new UnauthorizedClientError('this grant type is for public applications');
     const presented = requireParam(params, 'refresh_token');
+    // A client without credentials proves it holds the refresh token's key; one that authenticates
+    // proves who it is, and may move its tokens to a new key (RFC 9449 §5).
+    const dpop = { jkt: dpopJkt, sameKey: application.token_endpoint_auth_method === 'none' };
     const asked = askedScopes(params);
     const named = params.resource === undefined ? undefined : await ctx.resources.resolve(params.resource);
     const signingKey = await ctx.keys.signingKey();
     const successor = generateSecret(32);
-    const rotate = () => rotateRefreshToken(ctx.db, { presented, applicationId: application.id, asked, resource: named, successor, ttlSeconds: ctx.config.refreshTokenTtl });
+    const rotate = () => rotateRefreshToken(ctx.db, { presented, applicationId: application.id, asked, resource: named, successor, ttlSeconds: ctx.config.refreshTokenTtl, dpop });
     let rotated = await rotate();
     if (!rotated) {
-      const refused = await refusal(ctx, application, presented, asked, named);
+      const refused = await refusal(ctx, application, presented, asked, named, dpop);
       if (refused instanceof Error) throw refused;
       if (refused !== 'retry') await narrowMemberGrants(ctx.db, refused.narrow.organizationId, refused.narrow.userId, { revocations: ctx.revocations });
       rotated = await rotate();
       if (!rotated) {
         // Narrowed to nothing (the role allows none of it), or a concurrent refresh or revocation got there first.
-        const again = await refusal(ctx, application, presented, asked, named);
+        const again = await refusal(ctx, application, presented, asked, named, dpop);
         throw again instanceof Error ? again : new InvalidGrantError('the refresh token was already used');
       }
     }
@@ -214,6 +232,8 @@ export const refreshToken: GrantHandler = {
       refreshToken: successor,
       // OIDC Core §12.2: a new ID token with the same sub and auth_time (and sid), without a nonce.
       identity: { ...rotated, identity_scopes: asked === null ? rotated.identity_scopes : rotated.identity_scopes.filter((s) => asked.identity.includes(s)), nonce: null },
+      idTokenAlg: application.id_token_signed_response_alg,
+      dpopJkt,
     });
   },
 };

@@ -1,6 +1,6 @@
 import type { Config } from '../../config.js';
 import type { DB } from '../../db/connect.js';
-import { type Application, isDeveloperApplication } from '../../db/schema.js';
+import { type Application, type IdTokenAlg, isDeveloperApplication } from '../../db/schema.js';
 import { UnauthorizedClientError } from '../errors.js';
 import { signAccessToken } from '../models/access-tokens.js';
 import { signIdToken } from '../models/id-tokens.js';
@@ -13,7 +13,8 @@ import type { Metrics } from '../../metrics.js';
 
 /** The token endpoint's success body (RFC 6749 §5.1 plus the organization, as the contract shows). */
 export interface TokenResponse {
-  token_type: 'Bearer';
+  /** RFC 9449 §5: DPoP when the access token is bound to the proof's key. */
+  token_type: 'Bearer' | 'DPoP';
   expires_in: number;
   access_token: string;
   refresh_token?: string;
@@ -60,7 +61,7 @@ export interface TokenContext extends SigningContext {
  * statement that consumed the code or retired the previous refresh token (R-5).
  */
 export async function userTokenResponse(
-  ctx: Pick<TokenContext, 'config'>,
+  ctx: Pick<TokenContext, 'config' | 'keys'>,
   signingKey: SigningKeyMaterial,
   input: {
     grantId: number;
@@ -76,6 +77,10 @@ export async function userTokenResponse(
     refreshToken: string;
     /** The grant's OpenID side; `nonce` only on the code's redemption. */
     identity: GrantIdentity & { nonce: string | null };
+    /** The application's id_token_signed_response_alg: the ID token is signed with that algorithm's active key. */
+    idTokenAlg: IdTokenAlg;
+    /** The DPoP key the access token is bound to (RFC 9449), if a proof came with the request. */
+    dpopJkt: string | null;
   },
 ): Promise<TokenResponse> {
   const identityScopes = IDENTITY_SCOPES.filter((s) => input.identity.identity_scopes.includes(s));
@@ -89,10 +94,11 @@ export async function userTokenResponse(
     grantId: input.grantId,
     resource: input.resource,
     roleId: input.roleId,
+    dpopJkt: input.dpopJkt,
   });
   const organization = { id: input.organizationId, name: input.organizationName };
   const idToken = identityScopes.includes('openid')
-    ? await signIdToken(signingKey, ctx.config, {
+    ? await signIdToken(input.idTokenAlg === signingKey.alg ? signingKey : await ctx.keys.signingKey(input.idTokenAlg), ctx.config, {
         clientId: input.clientId,
         user: { userId: input.userId, email: input.identity.email, emailVerified: input.identity.email_verified, name: input.identity.name },
         organization,
@@ -105,7 +111,7 @@ export async function userTokenResponse(
       })
     : undefined;
   return {
-    token_type: 'Bearer',
+    token_type: input.dpopJkt ? 'DPoP' : 'Bearer',
     expires_in: input.resource.accessTokenTtl,
     access_token: token,
     refresh_token: input.refreshToken,
@@ -129,22 +135,24 @@ export interface RedeemedGrant extends GrantIdentity {
 
 /** The first tokens of a redeemed grant: for its resource, with the scopes the resource lists now (one it dropped since the consent is not issued). */
 export function redeemedTokenResponse(
-  ctx: Pick<TokenContext, 'config'>,
+  ctx: Pick<TokenContext, 'config' | 'keys'>,
   signingKey: SigningKeyMaterial,
-  input: { clientId: string; redeemed: RedeemedGrant; resource: TokenResource; refreshToken: string },
+  input: { application: Pick<Application, 'client_id' | 'id_token_signed_response_alg'>; redeemed: RedeemedGrant; resource: TokenResource; refreshToken: string; dpopJkt: string | null },
 ): Promise<TokenResponse> {
   const { redeemed, resource } = input;
   return userTokenResponse(ctx, signingKey, {
     grantId: redeemed.grant_id,
     organizationId: redeemed.organization_id,
     organizationName: redeemed.organization_name,
-    clientId: input.clientId,
+    clientId: input.application.client_id,
     userId: redeemed.user_id,
     roleId: redeemed.role_id,
     accessScopes: redeemed.scopes.filter((s) => resource.id === null || resource.scopes.includes(s)),
     resource,
     refreshToken: input.refreshToken,
     identity: redeemed,
+    idTokenAlg: input.application.id_token_signed_response_alg,
+    dpopJkt: input.dpopJkt,
   });
 }
 
@@ -153,7 +161,13 @@ export function redeemedTokenResponse(
  * `orgauth token create` and the dashboard's "Generate Token" all return. No refresh token; the
  * grant is the application's own, shared by all its tokens (see client-grants.ts).
  */
-export async function issueClientToken(ctx: SigningContext, application: Application, scopes: readonly string[], resource: TokenResource = apiResource(ctx.config)): Promise<TokenResponse> {
+export async function issueClientToken(
+  ctx: SigningContext,
+  application: Application,
+  scopes: readonly string[],
+  resource: TokenResource = apiResource(ctx.config),
+  dpopJkt: string | null = null,
+): Promise<TokenResponse> {
   // Only an organization's own applications act for it; a self-registered client has none.
   if (!isDeveloperApplication(application)) throw new UnauthorizedClientError('this client belongs to no organization');
   const grant = await ctx.clientGrants.forApplication(application, scopes);
@@ -165,9 +179,10 @@ export async function issueClientToken(ctx: SigningContext, application: Applica
     organizationId: application.organization_id,
     grantId: grant.id,
     resource,
+    dpopJkt,
   });
   return {
-    token_type: 'Bearer',
+    token_type: dpopJkt ? 'DPoP' : 'Bearer',
     expires_in: resource.accessTokenTtl,
     access_token: token,
     scope: scopes.join(' '),

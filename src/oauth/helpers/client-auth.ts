@@ -1,10 +1,15 @@
 /**
- * Client authentication at the token, revocation and introspection endpoints (RFC 6749 §2.3.1):
- * client_secret_basic or client_secret_post, never both, never in the query. Secrets are
- * compared as SHA-256 digests in constant time: no slow hash on this path. Repeated failures for
- * one client_id are throttled (TK-6).
+ * Client authentication at the token, PAR, revocation and introspection endpoints (RFC 6749
+ * §2.3.1): client_secret_basic or client_secret_post, or private_key_jwt (RFC 7523 §2.2, OpenID
+ * Connect Core §9) — one of them, never two, never in the query. Secrets are compared as SHA-256
+ * digests in constant time: no slow hash on this path. An assertion is checked against the
+ * application's registered keys (helpers/client-assertion.ts) and its jti is used once, on every
+ * instance (client_assertion_jtis). Repeated failures for one client_id are throttled (TK-6).
  */
+import { sql } from 'kysely';
+import type { DB } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
+import { CLIENT_ASSERTION_TYPE, type ClientAssertionVerifier } from './client-assertion.js';
 import { InvalidRequestError } from '../../errors.js';
 import { secretMatches } from '../../lib/crypto.js';
 import type { FindApplication } from '../models/application-cache.js';
@@ -15,7 +20,15 @@ import type { Params } from './params.js';
 
 
 /** How the client authenticated; `none`: a public client without a secret (RFC 7591 §2), identified by client_id alone. */
-export type ClientAuthMethod = 'client_secret_basic' | 'client_secret_post' | 'none';
+export type ClientAuthMethod = 'client_secret_basic' | 'client_secret_post' | 'none' | 'private_key_jwt';
+
+/** What checking a private_key_jwt assertion needs: the verifier, the database for its jti, and the audiences it may name. */
+export interface ClientAssertions {
+  verifier: ClientAssertionVerifier;
+  db: DB;
+  /** The issuer identifier and the endpoint's URL (RFC 7523 §3 point 3). */
+  audiences: readonly string[];
+}
 
 export interface AuthenticatedClient {
   application: Application;
@@ -42,16 +55,76 @@ function readBasic(header: string): { clientId: string; secret: string } {
   return { clientId: formDecode(decoded.slice(0, colon)), secret: formDecode(decoded.slice(colon + 1)) };
 }
 
+/** The client_id an assertion names (its iss), read before its signature is checked to find the keys; checked against sub by the verifier. */
+function assertedClientId(assertion: string): string {
+  const payload = assertion.split('.')[1];
+  try {
+    const claims = JSON.parse(Buffer.from(payload ?? '', 'base64url').toString('utf8')) as { iss?: unknown };
+    if (typeof claims.iss === 'string' && claims.iss !== '') return claims.iss;
+  } catch {
+    // Refused below.
+  }
+  throw new InvalidClientError({ cause: new Error('the client assertion names no client (iss)') });
+}
+
+/** RFC 7523 §3 point 7: a jti is used once until the assertion expires, on every instance. */
+async function useAssertionJti(db: DB, application: Application, jti: string, exp: number): Promise<boolean> {
+  const { rows } = await sql<{ id: number }>`
+    insert into client_assertion_jtis (application_id, jti, expires_at) values (${application.id}, ${jti}, to_timestamp(${exp}))
+    on conflict (application_id, jti) do update set expires_at = excluded.expires_at where client_assertion_jtis.expires_at < now()
+    returning id`.execute(db);
+  return rows.length > 0;
+}
+
+async function authenticateWithAssertion(
+  findApplication: FindApplication,
+  throttle: FailureThrottle,
+  assertions: ClientAssertions | undefined,
+  request: { body: Params; ip: string },
+): Promise<AuthenticatedClient> {
+  const { body } = request;
+  if (body.client_assertion_type !== CLIENT_ASSERTION_TYPE) throw new InvalidRequestError(`client_assertion_type must be ${CLIENT_ASSERTION_TYPE}`);
+  if (body.client_assertion === undefined) throw new InvalidRequestError('client_assertion is required with client_assertion_type');
+  if (!assertions) throw new InvalidClientError({ cause: new Error('client assertions are not accepted here') });
+  const clientId = assertedClientId(body.client_assertion);
+  if (body.client_id !== undefined && body.client_id !== clientId) throw new InvalidRequestError('client_id does not match the client assertion');
+  if (!CLIENT_ID_PATTERN.test(clientId)) throw new InvalidClientError({ cause: new Error('malformed client_id in the assertion') });
+  const throttleKey = `${clientId}:${request.ip}`;
+  const retryAfter = throttle.retryAfter(throttleKey);
+  if (retryAfter > 0) throw new TooManyAttemptsError(retryAfter);
+  const application = await findApplication(clientId);
+  const fail = (reason: string, cause?: unknown): never => {
+    throttle.recordFailure(throttleKey);
+    throw new InvalidClientError({ cause: cause ?? new Error(reason) });
+  };
+  if (!application || application.disabled) return fail(!application ? 'unknown client_id' : 'application disabled');
+  if (application.token_endpoint_auth_method !== 'private_key_jwt') return fail('the application does not authenticate with private_key_jwt');
+  let verified;
+  try {
+    verified = await assertions.verifier.verify(application, body.client_assertion, assertions.audiences);
+  } catch (err) {
+    if (err instanceof InvalidClientError) return fail('invalid client assertion', err);
+    throw err;
+  }
+  if (!(await useAssertionJti(assertions.db, application, verified.jti, verified.exp))) return fail('the client assertion was used before (its jti was seen)');
+  return { application, method: 'private_key_jwt' };
+}
+
 export async function authenticateClient(
   findApplication: FindApplication,
   throttle: FailureThrottle,
   request: { authorization: string | undefined; query: Params; body: Params; ip: string },
+  assertions?: ClientAssertions,
 ): Promise<AuthenticatedClient> {
   const { authorization, query, body } = request;
-  if (query.client_secret !== undefined || query.client_id !== undefined) {
+  if (query.client_secret !== undefined || query.client_id !== undefined || query.client_assertion !== undefined) {
     throw new InvalidRequestError('client credentials must not be sent in the query string');
   }
   const basic = authorization !== undefined && /^basic /i.test(authorization);
+  if (body.client_assertion !== undefined || body.client_assertion_type !== undefined) {
+    if (basic || body.client_secret !== undefined) throw new InvalidRequestError('use one client authentication method, not both');
+    return authenticateWithAssertion(findApplication, throttle, assertions, request);
+  }
   if (basic && body.client_secret !== undefined) {
     throw new InvalidRequestError('use one client authentication method, not both');
   }
@@ -100,5 +173,7 @@ export async function authenticateClient(
     const reason = !application ? 'unknown client_id' : application.disabled ? 'application disabled' : 'wrong client secret';
     throw new InvalidClientError({ cause: new Error(reason) });
   }
+  // FAPI 2.0 §5.3.2.1: a secret is not enough (an application under it has none; this holds whatever its row says).
+  if (application.fapi2) throw new InvalidClientError({ cause: new Error('a FAPI 2.0 application authenticates with private_key_jwt') });
   return { application, method };
 }

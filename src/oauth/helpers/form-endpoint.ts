@@ -15,6 +15,8 @@ import type { KeyStore } from '../models/key-store.js';
 import type { ResourceRegistry } from '../models/resources.js';
 import type { RevocationList } from '../models/revocation-list.js';
 import { type AuthenticatedClient, authenticateClient } from './client-auth.js';
+import type { ClientAssertionVerifier } from './client-assertion.js';
+import type { DpopProofs } from '../models/dpop-proofs.js';
 import { type Params, readParams } from './params.js';
 
 export const FORM = 'application/x-www-form-urlencoded';
@@ -29,6 +31,10 @@ export interface OAuthEndpointOptions {
   clientGrants: ClientGrants;
   metrics: Metrics;
   resources: ResourceRegistry;
+  /** private_key_jwt (helpers/client-assertion.ts). */
+  assertions: ClientAssertionVerifier;
+  /** DPoP proofs (models/dpop-proofs.ts). */
+  dpop: DpopProofs;
 }
 
 /** RFC 6749 §5.1: token responses (and errors) are never cached. */
@@ -50,7 +56,7 @@ export function mediaType(req: FastifyRequest): string | undefined {
 export async function registerFormEndpoint(
   app: FastifyInstance,
   url: string,
-  handler: (req: FastifyRequest) => Promise<unknown>,
+  handler: (req: FastifyRequest, reply: FastifyReply) => Promise<unknown>,
 ): Promise<void> {
   app.addHook('onSend', noStore);
   app.removeAllContentTypeParsers();
@@ -62,9 +68,9 @@ export async function registerFormEndpoint(
     if (req.method !== 'POST') return reply.code(405).header('allow', 'POST').send({ error: 'invalid_request', error_description: `${url} accepts POST only` });
     if (mediaType(req) !== FORM) throw new InvalidRequestError(`the body must be ${FORM}`);
   });
-  app.post(url, async (req) => {
+  app.post(url, async (req, reply) => {
     if (mediaType(req) !== FORM) throw new InvalidRequestError(`the body must be ${FORM}`);
-    return handler(req);
+    return handler(req, reply);
   });
   app.route({
     method: ['GET', 'PUT', 'PATCH', 'DELETE', 'OPTIONS'],
@@ -88,9 +94,16 @@ export function formParams(body: unknown): Params {
 /** The form parameters of a client-authenticated endpoint, and the client that sent them. */
 export async function authenticatedForm(
   req: FastifyRequest,
-  { applications, clientThrottle }: Pick<OAuthEndpointOptions, 'applications' | 'clientThrottle'>,
+  { applications, clientThrottle, assertions, db, config }: Pick<OAuthEndpointOptions, 'applications' | 'clientThrottle' | 'assertions' | 'db' | 'config'>,
 ): Promise<{ body: Params; client: AuthenticatedClient }> {
   const body = formParams(req.body);
-  const client = await authenticateClient(applications.find, clientThrottle, { authorization: req.headers.authorization, query: readParams(req.query), body, ip: req.ip });
+  // An assertion's audience: the issuer (FAPI 2.0), or this endpoint's URL (OpenID Connect Core §9).
+  const audiences = [config.issuer, `${config.issuer}${req.routeOptions.url ?? ''}`, `${config.issuer}/oauth/token`];
+  const client = await authenticateClient(
+    applications.find,
+    clientThrottle,
+    { authorization: req.headers.authorization, query: readParams(req.query), body, ip: req.ip },
+    { verifier: assertions, db, audiences },
+  );
   return { body, client };
 }

@@ -31,6 +31,8 @@ export interface AccessTokenInput {
   resource: Pick<TokenResource, 'uri' | 'accessTokenTtl'>;
   /** The member's custom role: the API holds the token to that role's permissions as they are now (RoleScopes). */
   roleId?: number | null | undefined;
+  /** RFC 9449 §6: the thumbprint of the DPoP key the token is bound to (its `cnf.jkt`). */
+  dpopJkt?: string | null | undefined;
 }
 
 const claimsSchema = z.object({
@@ -43,6 +45,8 @@ const claimsSchema = z.object({
   grant_id: z.number().int().positive(),
   /** The user's custom role in the organization when the token was issued (absent: a built-in role, or the application itself). */
   role_id: z.number().int().positive().optional(),
+  /** RFC 9449 §6.1 (RFC 7800): bound to a DPoP key; the API then wants a proof by it with every use. */
+  cnf: z.object({ jkt: z.string().min(1) }).optional(),
   jti: z.string().min(1),
   iat: z.number().int(),
   exp: z.number().int(),
@@ -83,6 +87,7 @@ export async function signAccessToken(
     organization_id: input.organizationId,
     grant_id: input.grantId,
     ...(input.roleId != null ? { role_id: input.roleId } : {}),
+    ...(input.dpopJkt ? { cnf: { jkt: input.dpopJkt } } : {}),
     jti: randomUUID(),
     iat,
     exp: iat + input.resource.accessTokenTtl,

@@ -4,8 +4,17 @@ import { z } from 'zod';
 import { type Actor, recordAuditEvent } from '../../audit/events.js';
 import { type DB, inTransaction } from '../../db/connect.js';
 import { isForeignKeyViolation } from '../../db/errors.js';
-import type { Application, ApplicationType, DeveloperApplication, RevocationReason } from '../../db/schema.js';
-import { NotFoundError } from '../../errors.js';
+import {
+  type Application,
+  type ApplicationType,
+  type DeveloperApplication,
+  ID_TOKEN_ALGS,
+  type IdTokenAlg,
+  type RevocationReason,
+  type TokenEndpointAuthMethod,
+} from '../../db/schema.js';
+import { jwksUriProblem, publicJwksSchema } from '../helpers/client-assertion.js';
+import { ConflictError, InvalidRequestError, NotFoundError } from '../../errors.js';
 import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { isWellFormed, parseInput } from '../../lib/validate.js';
 import { redirectUriListSchema } from '../helpers/redirect-uris.js';
@@ -172,14 +181,23 @@ export async function rotateClientSecret(
 ): Promise<{ client_id: string; client_secret: string }> {
   const { secret, hash } = newClientSecret();
   const rotated = await inTransaction(db, async (trx) => {
+    // An application on keys (private_key_jwt) goes back to a secret, its keys forgotten; not one under FAPI 2.0, which needs keys.
     const row = await trx
       .updateTable('applications')
-      .set({ client_secret_hash: hash, secret_rotated_at: sql`now()`, updated_at: sql`now()` })
+      .set({
+        client_secret_hash: hash,
+        token_endpoint_auth_method: sql`case when token_endpoint_auth_method = 'private_key_jwt' then 'client_secret_basic' else token_endpoint_auth_method end`,
+        jwks: null,
+        jwks_uri: null,
+        secret_rotated_at: sql`now()`,
+        updated_at: sql`now()`,
+      })
       .where('organization_id', '=', application.organization_id)
       .where('client_id', '=', application.client_id)
-      .returning(['client_id'])
+      .returning(['client_id', 'fapi2'])
       .executeTakeFirst();
     if (!row) throw new NotFoundError(`no application with client_id ${application.client_id}`);
+    if (row.fapi2) throw new ConflictError('a FAPI 2.0 application authenticates with private_key_jwt and has no secret; turn the profile off first');
     await recordAuditEvent(trx, { actor: options.actor, organizationId: application.organization_id, action: 'application.secret_rotated', details: { client_id: row.client_id } });
     return { client_id: row.client_id, client_secret: secret };
   });
@@ -195,6 +213,8 @@ export async function rotateClientSecret(
  */
 export interface ChangeOptions {
   actor?: Actor | undefined;
+  /** A jwks_uri may be plain http (development: the instance's outbound policy allows it). */
+  allowHttp?: boolean | undefined;
   revocations?: RevokedGrantsMemory | undefined;
   applications?: { forget(clientId: string): void } | undefined;
 }
@@ -251,7 +271,22 @@ export interface ApplicationChanges {
   scopes?: string | readonly string[] | undefined;
   requirePkce?: boolean | undefined;
   disabled?: boolean | undefined;
+  /** RFC 7591 token_endpoint_auth_method: a secret's two ways, or private_key_jwt (with jwks or jwksUri). Back to a secret: rotate it (rotateClientSecret). */
+  tokenEndpointAuthMethod?: DeveloperAuthMethod | undefined;
+  /** The client's public keys for private_key_jwt, inline (null: none); setting it clears jwksUri. */
+  jwks?: unknown;
+  /** Or where they are published (fetched through the guarded outbound client); setting it clears jwks. */
+  jwksUri?: string | null | undefined;
+  dpopBoundAccessTokens?: boolean | undefined;
+  requirePushedAuthorizationRequests?: boolean | undefined;
+  idTokenSignedResponseAlg?: IdTokenAlg | undefined;
+  /** The FAPI 2.0 profile (helpers/fapi.ts); needs private_key_jwt. */
+  fapi2?: boolean | undefined;
 }
+
+/** How a developer's application may authenticate (none is for clients that registered themselves). */
+export const DEVELOPER_AUTH_METHODS = ['client_secret_basic', 'client_secret_post', 'private_key_jwt'] as const;
+export type DeveloperAuthMethod = (typeof DEVELOPER_AUTH_METHODS)[number];
 
 const changesSchema = z.object({
   name: nameSchema.optional(),
@@ -259,7 +294,51 @@ const changesSchema = z.object({
   post_logout_redirect_uris: postLogoutRedirectUrisSchema.optional(),
   require_pkce: z.boolean().optional(),
   disabled: z.boolean().optional(),
+  token_endpoint_auth_method: z.enum(DEVELOPER_AUTH_METHODS, { error: `must be one of ${DEVELOPER_AUTH_METHODS.join(', ')}` }).optional(),
+  jwks: publicJwksSchema.nullable().optional(),
+  jwks_uri: z.string().nullable().optional(),
+  dpop_bound_access_tokens: z.boolean().optional(),
+  require_pushed_authorization_requests: z.boolean().optional(),
+  id_token_signed_response_alg: z.enum(ID_TOKEN_ALGS, { error: `must be one of ${ID_TOKEN_ALGS.join(', ')}` }).optional(),
+  fapi2: z.boolean().optional(),
 });
+
+/** The high-assurance settings as they would be after a change: consistent, or a validation error naming the field. */
+function checkAssurance(
+  type: ApplicationType,
+  next: {
+    token_endpoint_auth_method: TokenEndpointAuthMethod;
+    jwks: unknown;
+    jwks_uri: string | null;
+    require_pushed_authorization_requests: boolean;
+    fapi2: boolean;
+  },
+  current: { token_endpoint_auth_method: TokenEndpointAuthMethod },
+  options: { allowHttp: boolean },
+): void {
+  const problem = (path: string, message: string) => {
+    throw new InvalidRequestError(`${path}: ${message}`, { details: [{ path, message }] });
+  };
+  if (next.jwks_uri !== null) {
+    const uriProblem = jwksUriProblem(next.jwks_uri, options);
+    if (uriProblem !== null) problem('jwks_uri', uriProblem);
+  }
+  if (next.token_endpoint_auth_method === 'private_key_jwt' && next.jwks === null && next.jwks_uri === null) {
+    problem('jwks', 'private_key_jwt needs the public keys: jwks or jwks_uri');
+  }
+  if (next.token_endpoint_auth_method !== 'private_key_jwt' && (next.jwks !== null || next.jwks_uri !== null)) {
+    problem('token_endpoint_auth_method', 'jwks and jwks_uri are for private_key_jwt');
+  }
+  if (current.token_endpoint_auth_method === 'private_key_jwt' && next.token_endpoint_auth_method !== 'private_key_jwt') {
+    problem('token_endpoint_auth_method', 'to go back to a client secret, rotate the secret (the new one is shown once)');
+  }
+  if (type === 'private' && next.require_pushed_authorization_requests) {
+    problem('require_pushed_authorization_requests', 'pushed authorization requests apply to public applications only');
+  }
+  if (next.fapi2 && next.token_endpoint_auth_method !== 'private_key_jwt') {
+    problem('fapi2', 'the FAPI 2.0 profile needs private_key_jwt client authentication: register jwks or jwks_uri and set token_endpoint_auth_method');
+  }
+}
 
 /**
  * Changes an application of its organization, audited, and queues the revocation of what it may
@@ -280,6 +359,13 @@ export async function updateApplication(db: DB, application: DeveloperApplicatio
     post_logout_redirect_uris: changes.postLogoutRedirectUris,
     require_pkce: changes.requirePkce,
     disabled: changes.disabled,
+    token_endpoint_auth_method: changes.tokenEndpointAuthMethod,
+    jwks: changes.jwks,
+    jwks_uri: changes.jwksUri,
+    dpop_bound_access_tokens: changes.dpopBoundAccessTokens,
+    require_pushed_authorization_requests: changes.requirePushedAuthorizationRequests,
+    id_token_signed_response_alg: changes.idTokenSignedResponseAlg,
+    fapi2: changes.fapi2,
   });
   const scopes = changes.scopes === undefined ? undefined : applicationScopes(application.type, changes.scopes, application.type === 'private' ? await declaredScopeNames(db) : undefined);
   const updated = await inTransaction(db, async (trx) => {
@@ -299,16 +385,41 @@ export async function updateApplication(db: DB, application: DeveloperApplicatio
       scopes: scopes ?? current.scopes,
       require_pkce: valid.require_pkce ?? current.require_pkce,
       disabled: valid.disabled ?? current.disabled,
+      token_endpoint_auth_method: valid.token_endpoint_auth_method ?? current.token_endpoint_auth_method,
+      // One of the two: setting either clears the other.
+      jwks: valid.jwks !== undefined ? valid.jwks : valid.jwks_uri != null ? null : current.jwks,
+      jwks_uri: valid.jwks_uri !== undefined ? valid.jwks_uri : valid.jwks != null ? null : current.jwks_uri,
+      dpop_bound_access_tokens: valid.dpop_bound_access_tokens ?? current.dpop_bound_access_tokens,
+      require_pushed_authorization_requests: valid.require_pushed_authorization_requests ?? current.require_pushed_authorization_requests,
+      id_token_signed_response_alg: valid.id_token_signed_response_alg ?? current.id_token_signed_response_alg,
+      fapi2: valid.fapi2 ?? current.fapi2,
     };
     parseInput(shapeSchema, { type: current.type, ...next });
+    checkAssurance(current.type, next, current, { allowHttp: options.allowHttp ?? false });
     const edited = Object.fromEntries(
-      (['name', 'redirect_uris', 'post_logout_redirect_uris', 'scopes', 'require_pkce'] as const).filter((k) => JSON.stringify(next[k]) !== JSON.stringify(current[k])).map((k) => [k, next[k]]),
+      (
+        [
+          'name', 'redirect_uris', 'post_logout_redirect_uris', 'scopes', 'require_pkce', 'token_endpoint_auth_method', 'jwks', 'jwks_uri',
+          'dpop_bound_access_tokens', 'require_pushed_authorization_requests', 'id_token_signed_response_alg', 'fapi2',
+        ] as const
+      )
+        .filter((k) => JSON.stringify(next[k]) !== JSON.stringify(current[k]))
+        .map((k) => [k, next[k]]),
     );
     const toggled = next.disabled !== current.disabled;
     if (Object.keys(edited).length === 0 && !toggled) return current as DeveloperApplication;
+    // Keys instead of a secret: the secret stops working with this change.
+    const toKeys = edited.token_endpoint_auth_method === 'private_key_jwt';
+    const { jwks: editedJwks, ...rest } = edited;
     const row = (await trx
       .updateTable('applications')
-      .set({ ...edited, ...(toggled ? { disabled: next.disabled } : {}), updated_at: sql`now()` })
+      .set({
+        ...rest,
+        ...(editedJwks !== undefined ? { jwks: editedJwks === null ? null : JSON.stringify(editedJwks) } : {}),
+        ...(toKeys ? { client_secret_hash: null } : {}),
+        ...(toggled ? { disabled: next.disabled } : {}),
+        updated_at: sql`now()`,
+      })
       .where('organization_id', '=', current.organization_id)
       .where('id', '=', current.id)
       .returningAll()

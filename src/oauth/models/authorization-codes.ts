@@ -24,6 +24,8 @@ export interface NewAuthorizationCode {
   sid?: string | null;
   /** The resource the token will be for (RFC 8707); null or absent: orgauth's API. */
   resourceId?: number | null;
+  /** RFC 9449 §10: the DPoP key the code must be redeemed with. */
+  dpopJkt?: string | null;
 }
 
 /** Stores a new code and returns it; the plaintext exists only in the redirect to the client. */
@@ -46,6 +48,7 @@ export async function createAuthorizationCode(db: DB, input: NewAuthorizationCod
       amr: [...(input.amr ?? [])],
       sid: input.sid ?? null,
       resource_id: input.resourceId ?? null,
+      dpop_jkt: input.dpopJkt ?? null,
       expires_at: new Date(Date.now() + input.ttlSeconds * 1000),
     })
     .execute();

@@ -515,10 +515,10 @@ export async function findLiveGrant(db: DB, organizationId: number, grantId: num
  * auth_time, sid, amr, resource_id) the grant and its first refresh token, in the same statement,
  * so all or nothing (R-5). The caller's final select reads `consumed` where exists `refresh`.
  */
-export function grantWithRefreshTokenSql(applicationId: number, refreshToken: string, ttlSeconds: number): RawBuilder<unknown> {
+export function grantWithRefreshTokenSql(applicationId: number, refreshToken: string, ttlSeconds: number, dpopJkt: string | null): RawBuilder<unknown> {
   return sql`grant_row as (
-      insert into grants (id, organization_id, application_id, user_id, scopes, identity_scopes, auth_time, sid, amr, resource_id, last_used_at) overriding system value
-      select grant_id, organization_id, ${applicationId}, user_id, scopes, identity_scopes, auth_time, sid, amr, resource_id, now() from consumed
+      insert into grants (id, organization_id, application_id, user_id, scopes, identity_scopes, auth_time, sid, amr, resource_id, last_used_at, dpop_jkt) overriding system value
+      select grant_id, organization_id, ${applicationId}, user_id, scopes, identity_scopes, auth_time, sid, amr, resource_id, now(), ${dpopJkt}::text from consumed
       returning id
     ),
     refresh as (

@@ -51,42 +51,59 @@ interface VerificationKey {
 }
 
 export class KeyStore {
-  private signing: Promise<SigningKeyMaterial> | undefined;
+  /** The active key of each algorithm, decrypted once (a promise, so concurrent first uses share it). */
+  private signing = new Map<SigningAlg, Promise<SigningKeyMaterial>>();
   private signingCheckedAt = 0;
+  private checking: Promise<void> | undefined;
   private verification = new Map<string, VerificationKey>();
   private lastReload = 0;
   private reloading: Promise<void> | undefined;
 
   constructor(
     private readonly db: DB,
-    private readonly options: { secretKey: string; accessTokenTtl: number },
+    private readonly options: { secretKey: string; accessTokenTtl: number; signingAlg: SigningAlg },
   ) {}
 
   /**
-   * The active key, decrypted once and cached. At most once a second the active kid is read
-   * again, so a key rotated by another instance (or the CLI) is signed with within a second.
+   * The active key of `alg` (SIGNING_ALG's, for access tokens, when none is named), decrypted
+   * once and cached. At most twice a second the active kids are read again (one query for every
+   * algorithm), so a key rotated by another instance (or the CLI) is signed with within a second.
    */
-  async signingKey(): Promise<SigningKeyMaterial> {
-    if (this.signing && Date.now() - this.signingCheckedAt > ACTIVE_CHECK_MS) {
+  async signingKey(alg: SigningAlg = this.options.signingAlg): Promise<SigningKeyMaterial> {
+    if (this.signing.size > 0 && Date.now() - this.signingCheckedAt > ACTIVE_CHECK_MS) {
       this.signingCheckedAt = Date.now();
-      const [current, active] = await Promise.all([
-        this.signing.catch(() => undefined),
-        this.db.selectFrom('signing_keys').select('kid').where('retired_at', 'is', null).executeTakeFirst(),
-      ]);
-      if (current?.kid !== active?.kid) this.signing = undefined;
+      this.checking ??= this.checkActive().finally(() => {
+        this.checking = undefined;
+      });
+      await this.checking;
     }
     this.signingCheckedAt ||= Date.now();
-    this.signing ??= (async () => {
-      const row = await this.db.selectFrom('signing_keys').selectAll().where('retired_at', 'is', null).executeTakeFirst();
-      if (!row) throw new Error('no active signing key: the server creates one at start, `orgauth keys rotate` makes a new one');
-      const key = await importPrivateKey(row, this.options.secretKey);
-      const header = (typ: string) => Buffer.from(JSON.stringify({ alg: row.alg, kid: row.kid, typ })).toString('base64url');
-      return { kid: row.kid, alg: row.alg, key, keyObject: KeyObject.from(key), header: header('at+jwt'), idTokenHeader: header('JWT') };
-    })().catch((err: unknown) => {
-      this.signing = undefined;
-      throw err;
-    });
-    return this.signing;
+    let material = this.signing.get(alg);
+    if (!material) {
+      material = this.load(alg).catch((err: unknown) => {
+        this.signing.delete(alg);
+        throw err;
+      });
+      this.signing.set(alg, material);
+    }
+    return material;
+  }
+
+  /** Drops a cached key that is no longer its algorithm's active one. */
+  private async checkActive(): Promise<void> {
+    const active = await this.db.selectFrom('signing_keys').select(['kid', 'alg']).where('retired_at', 'is', null).execute();
+    for (const [alg, material] of this.signing) {
+      const current = await material.catch(() => undefined);
+      if (current?.kid !== active.find((k) => k.alg === alg)?.kid && this.signing.get(alg) === material) this.signing.delete(alg);
+    }
+  }
+
+  private async load(alg: SigningAlg): Promise<SigningKeyMaterial> {
+    const row = await this.db.selectFrom('signing_keys').selectAll().where('retired_at', 'is', null).where('alg', '=', alg).executeTakeFirst();
+    if (!row) throw new Error(`no active ${alg} signing key: the server creates one at start, \`orgauth keys rotate\` makes a new one`);
+    const key = await importPrivateKey(row, this.options.secretKey);
+    const header = (typ: string) => Buffer.from(JSON.stringify({ alg: row.alg, kid: row.kid, typ })).toString('base64url');
+    return { kid: row.kid, alg: row.alg, key, keyObject: KeyObject.from(key), header: header('at+jwt'), idTokenHeader: header('JWT') };
   }
 
   /** The public key for `kid`, or undefined for a kid we never issued (or whose tokens have all expired). */

@@ -24,6 +24,7 @@ export async function findRefreshToken(db: DB, token: string) {
       'g.application_id',
       'g.user_id',
       'g.revoked_at as grant_revoked_at',
+      'g.dpop_jkt',
       sql<boolean>`r.expires_at <= now()`.as('expired'),
       // Its user was removed from the organization after the grant was made (the grant is being revoked).
       sql<boolean>`exists (select 1 from removed_members rm where rm.organization_id = r.organization_id and rm.user_id = g.user_id and rm.removed_at >= g.created_at)`.as('ended_by_removal'),

@@ -1,5 +1,5 @@
 /**
- * Signing keys for access tokens. Kept in the database so every instance signs and verifies with
+ * Signing keys for access tokens and ID tokens, one active key per algorithm in use. Kept in the database so every instance signs and verifies with
  * the same keys; the private half is stored as a compact JWE (dir + A256GCM) under a key derived
  * from SECRET_KEY, so a database dump alone cannot mint tokens.
  */
@@ -17,7 +17,7 @@ import { sql } from 'kysely';
 import { ConfigError, type SigningAlg } from '../../config.js';
 import type { DB } from '../../db/connect.js';
 import { isUniqueViolation } from '../../db/errors.js';
-import type { SigningKey } from '../../db/schema.js';
+import { ID_TOKEN_ALGS, type SigningKey } from '../../db/schema.js';
 import { deriveKey } from '../../lib/crypto.js';
 
 const ENCRYPTION_PURPOSE = 'signing-key-encryption';
@@ -40,41 +40,55 @@ async function createKeyRow(alg: SigningAlg, secretKey: string) {
 }
 
 /**
- * Makes a new key the signing key and retires the current one. Retired keys stay available for
- * verification (and in the JWKS) until every token they signed has expired.
+ * Makes a new key the signing key of its algorithm and retires that algorithm's current one.
+ * Retired keys stay available for verification (and in the JWKS) until every token they signed
+ * has expired.
  */
 export async function rotateSigningKey(db: DB, options: { alg: SigningAlg; secretKey: string }): Promise<{ kid: string; alg: SigningAlg }> {
   const row = await createKeyRow(options.alg, options.secretKey);
-  // Two instances rotating at once: the one-active-key index refuses the second insert; retry.
+  // Two instances rotating at once: the one-active-key-per-algorithm index refuses the second insert; retry.
   for (let attempt = 0; ; attempt++) {
     try {
       await db.transaction().execute(async (trx) => {
-        const retired = await trx.updateTable('signing_keys').set({ retired_at: new Date() }).where('retired_at', 'is', null).returning('kid').execute();
-        await trx.insertInto('signing_keys').values(row).execute();
-        // Keys sign every organization's tokens, so the rotation goes into every organization's log.
-        await trx
-          .insertInto('audit_events')
-          .columns(['organization_id', 'action', 'details'])
-          .expression((eb) =>
-            eb
-              .selectFrom('organizations')
-              .select([
-                'id',
-                sql<string>`'signing_key.rotated'`.as('action'),
-                sql<string>`jsonb_build_object('kid', ${row.kid}::text, 'alg', ${row.alg}::text, 'retired', ${retired.map((k) => k.kid).join(' ')}::text)`.as('details'),
-              ]),
-          )
+        const retired = await trx
+          .updateTable('signing_keys')
+          .set({ retired_at: new Date() })
+          .where('retired_at', 'is', null)
+          .where('alg', '=', options.alg)
+          .returning('kid')
           .execute();
+        await trx.insertInto('signing_keys').values(row).execute();
+        await auditKeyChange(trx, { kid: row.kid, alg: row.alg, retired: retired.map((k) => k.kid) });
       });
       return { kid: row.kid, alg: options.alg };
     } catch (err) {
-      if (!isUniqueViolation(err, 'signing_keys_one_active_key') || attempt >= 2) throw err;
+      if (!isUniqueViolation(err, ACTIVE_KEY_INDEX) || attempt >= 2) throw err;
     }
   }
 }
 
-export async function getActiveSigningKey(db: DB): Promise<SigningKey | undefined> {
-  return db.selectFrom('signing_keys').selectAll().where('retired_at', 'is', null).executeTakeFirst();
+/** Keys sign every organization's tokens, so a new or retired key goes into every organization's log. */
+async function auditKeyChange(trx: DB, change: { kid: string | null; alg: string; retired: readonly string[] }): Promise<void> {
+  await trx
+    .insertInto('audit_events')
+    .columns(['organization_id', 'action', 'details'])
+    .expression((eb) =>
+      eb
+        .selectFrom('organizations')
+        .select([
+          'id',
+          sql<string>`${change.kid === null ? 'signing_key.retired' : 'signing_key.rotated'}::text`.as('action'),
+          sql<string>`jsonb_strip_nulls(jsonb_build_object('kid', ${change.kid}::text, 'alg', ${change.alg}::text, 'retired', ${change.retired.join(' ')}::text))`.as('details'),
+        ]),
+    )
+    .execute();
+}
+
+const ACTIVE_KEY_INDEX = 'signing_keys_one_active_key_per_alg';
+
+/** The active key of `alg`: each algorithm in use has one (SIGNING_ALG's signs access tokens, ID tokens use their application's). */
+export async function getActiveSigningKey(db: DB, alg: SigningAlg): Promise<SigningKey | undefined> {
+  return db.selectFrom('signing_keys').selectAll().where('retired_at', 'is', null).where('alg', '=', alg).executeTakeFirst();
 }
 
 /** A SECRET_KEY that cannot decrypt the keys would let the server start and then fail every token. */
@@ -90,28 +104,49 @@ async function assertDecryptable(key: SigningKey, secretKey: string): Promise<vo
 }
 
 /**
- * At start-up: make sure there is an active key of the configured algorithm. Creates the first
- * key, or rotates when SIGNING_ALG was changed. Returns the active key's kid.
+ * The algorithms with an active key: SIGNING_ALG (access tokens) and the ID token algorithms an
+ * application may ask for (RS256, which OpenID Connect Discovery requires, and ES256).
+ */
+export function activeAlgorithms(signingAlg: SigningAlg): SigningAlg[] {
+  return [...new Set<SigningAlg>([signingAlg, ...ID_TOKEN_ALGS])];
+}
+
+/**
+ * At start-up: make sure each algorithm in use (activeAlgorithms) has an active key, creating the
+ * missing ones, and retire the active key of an algorithm no longer in use (SIGNING_ALG changed:
+ * its tokens still verify until they expire). Returns the kid of `alg`'s key.
  */
 export async function ensureSigningKey(db: DB, options: { alg: SigningAlg; secretKey: string }): Promise<string> {
+  const wanted = activeAlgorithms(options.alg);
+  let kid: string | undefined;
+  for (const alg of wanted) {
+    const ensured = await ensureKeyOf(db, alg, options.secretKey);
+    if (alg === options.alg) kid = ensured;
+  }
+  await db.transaction().execute(async (trx) => {
+    const retired = await trx.updateTable('signing_keys').set({ retired_at: new Date() }).where('retired_at', 'is', null).where('alg', 'not in', wanted).returning(['kid', 'alg']).execute();
+    for (const key of retired) await auditKeyChange(trx, { kid: null, alg: key.alg, retired: [key.kid] });
+  });
+  return kid!;
+}
+
+async function ensureKeyOf(db: DB, alg: SigningAlg, secretKey: string): Promise<string> {
   for (let attempt = 0; attempt < 3; attempt++) {
-    const active = await getActiveSigningKey(db);
-    if (active) await assertDecryptable(active, options.secretKey);
-    if (active?.alg === options.alg) return active.kid;
-    if (active === undefined) {
-      const row = await createKeyRow(options.alg, options.secretKey);
-      try {
-        await db.insertInto('signing_keys').values(row).execute();
-        return row.kid;
-      } catch (err) {
-        // Another instance created the first key at the same moment: use theirs.
-        if (!isUniqueViolation(err, 'signing_keys_one_active_key')) throw err;
-      }
-    } else {
-      return (await rotateSigningKey(db, options)).kid;
+    const active = await getActiveSigningKey(db, alg);
+    if (active) {
+      await assertDecryptable(active, secretKey);
+      return active.kid;
+    }
+    const row = await createKeyRow(alg, secretKey);
+    try {
+      await db.insertInto('signing_keys').values(row).execute();
+      return row.kid;
+    } catch (err) {
+      // Another instance created it at the same moment: use theirs.
+      if (!isUniqueViolation(err, ACTIVE_KEY_INDEX)) throw err;
     }
   }
-  throw new Error('could not establish an active signing key');
+  throw new Error(`could not establish an active ${alg} signing key`);
 }
 
 function isJwk(value: unknown): value is JWK {
