@@ -16,6 +16,7 @@
  * generator settings.
  */
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
+import { createHash, generateKeyPairSync, type KeyObject, randomUUID, sign as cryptoSign } from 'node:crypto';
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -27,9 +28,12 @@ import { createUser } from '../src/accounts/users.js';
 import { connectDatabase, type DB } from '../src/db/connect.js';
 import { migrateToLatest } from '../src/db/migrate.js';
 import { generateSecret, sha256Hex } from '../src/lib/crypto.js';
-import { createApplication } from '../src/oauth/models/applications.js';
+import { createApplication, updateApplication } from '../src/oauth/models/applications.js';
+import type { DeveloperApplication } from '../src/db/schema.js';
+import { dpopThumbprint } from '../src/oauth/helpers/dpop.js';
+import { CLIENT_ASSERTION_TYPE } from '../src/oauth/helpers/client-assertion.js';
 import { signAccessToken } from '../src/oauth/models/access-tokens.js';
-import { apiResourceUri } from '../src/oauth/models/resources.js';
+import { apiResource, apiResourceUri } from '../src/oauth/models/resources.js';
 import { encodeCursor } from '../src/api/pagination.js';
 import { KeyStore } from '../src/oauth/models/key-store.js';
 import { ensureSigningKey } from '../src/oauth/models/signing-keys.js';
@@ -192,6 +196,29 @@ interface Fixture {
   deepCursor: string;
   refreshTokens: string[];
   codes: string[];
+  /** A DPoP key, and the small organization's token bound to it (RFC 9449). */
+  dpop: { key: KeyObject; jwk: JsonWebKey; token: string };
+  /** A private application authenticating with private_key_jwt: its client_id, signing key and kid. */
+  keyClient: { clientId: string; key: KeyObject; kid: string };
+}
+
+/** A compact ES256 JWS over `header` and `payload` with node:crypto (the load generator shares the machine: cheap signatures). */
+function es256(header: object, payload: object, key: KeyObject): string {
+  const input = `${Buffer.from(JSON.stringify(header)).toString('base64url')}.${Buffer.from(JSON.stringify(payload)).toString('base64url')}`;
+  return `${input}.${cryptoSign('sha256', Buffer.from(input), { key, dsaEncoding: 'ieee-p1363' }).toString('base64url')}`;
+}
+
+/** A fresh DPoP proof for `method` `url` (and the token's hash, at a resource). */
+function dpopProof(f: Fixture, method: string, url: string, token?: string): string {
+  const ath = token === undefined ? {} : { ath: createHash('sha256').update(token, 'ascii').digest('base64url') };
+  return es256({ typ: 'dpop+jwt', alg: 'ES256', jwk: f.dpop.jwk }, { jti: randomUUID(), htm: method, htu: url, iat: Math.floor(Date.now() / 1000), ...ath }, f.dpop.key);
+}
+
+/** A fresh private_key_jwt assertion of the fixture's key client for `issuer`. */
+function clientAssertion(f: Fixture, issuer: string): string {
+  const iat = Math.floor(Date.now() / 1000);
+  const { clientId, key, kid } = f.keyClient;
+  return es256({ alg: 'ES256', kid, typ: 'JWT' }, { iss: clientId, sub: clientId, aud: issuer, jti: randomUUID(), iat, exp: iat + 60 }, key);
 }
 
 /** Per run: applications, a token for the API scenarios, and distinct refresh tokens and codes. */
@@ -212,6 +239,16 @@ async function seedRun(db: DB, port: number): Promise<Fixture> {
   const privRow = await db.selectFrom('applications').selectAll().where('client_id', '=', priv.client_id).executeTakeFirstOrThrow();
   const bigRow = await db.selectFrom('applications').selectAll().where('client_id', '=', privBig.client_id).executeTakeFirstOrThrow();
   const accessToken = (await issueClientToken(ctx, privRow, ['contacts.read'])).access_token;
+  // DPoP: a key, and a token bound to it.
+  const dpopKeys = generateKeyPairSync('ec', { namedCurve: 'P-256' });
+  const dpopJwk = dpopKeys.publicKey.export({ format: 'jwk' });
+  const dpopToken = (await issueClientToken(ctx, privRow, ['contacts.read'], apiResource(ctx.config), dpopThumbprint(dpopJwk))).access_token;
+  // private_key_jwt: a private application with a registered public key.
+  const keyed = await createApplication(db, { organizationId: smallOrg, type: 'private', name: 'Bench Keys' });
+  const clientKeys = generateKeyPairSync('ec', { namedCurve: 'P-256' });
+  const kid = 'bench-key-1';
+  const keyedRow = (await db.selectFrom('applications').selectAll().where('client_id', '=', keyed.client_id).executeTakeFirstOrThrow()) as DeveloperApplication;
+  await updateApplication(db, keyedRow, { tokenEndpointAuthMethod: 'private_key_jwt', jwks: { keys: [{ ...clientKeys.publicKey.export({ format: 'jwk' }), kid, alg: 'ES256', use: 'sig' }] } });
   const bigToken = (await issueClientToken(ctx, bigRow, ['contacts.read'])).access_token;
 
   // Page 40,000 of 25 in the big organization starts after its 999,975th contact.
@@ -256,6 +293,8 @@ async function seedRun(db: DB, port: number): Promise<Fixture> {
     deepCursor: encodeCursor(deep[0]!.id),
     refreshTokens,
     codes,
+    dpop: { key: dpopKeys.privateKey, jwk: dpopJwk, token: dpopToken },
+    keyClient: { clientId: keyed.client_id, key: clientKeys.privateKey, kid },
   };
 }
 
@@ -438,6 +477,8 @@ interface Load {
   headers?: Record<string, string>;
   /** A body per request (distinct tokens), or none. */
   body?: () => string;
+  /** Headers made per request (a fresh DPoP proof each), on top of `headers`. */
+  headersPerRequest?: () => Record<string, string>;
 }
 
 interface Measured {
@@ -461,7 +502,15 @@ async function measure(load: Load, seconds: number): Promise<Measured> {
         method: load.method,
         path: load.path,
         headers: { ...(load.body ? form : {}), ...load.headers },
-        ...(load.body ? { setupRequest: (req: autocannon.Request) => ({ ...req, body: load.body!() }) } : {}),
+        ...(load.body || load.headersPerRequest
+          ? {
+              setupRequest: (req: autocannon.Request) => ({
+                ...req,
+                ...(load.body ? { body: load.body() } : {}),
+                ...(load.headersPerRequest ? { headers: { ...req.headers, ...load.headersPerRequest() } } : {}),
+              }),
+            }
+          : {}),
         // The first refused answer of a run, so a failing scenario says why.
         onResponse: (status: number, body: string) => {
           if ((status < 200 || status > 299) && !refusals.has(load.name)) {
@@ -653,6 +702,47 @@ async function main(): Promise<void> {
         'throughput',
         2,
         { p99NoWorse: true },
+      ),
+    );
+    // DPoP (RFC 9449): the API with a proof per request (signed here, by the load generator, on
+    // the same cores) against the same API with the bearer token; the token endpoint with a proof
+    // and without; private_key_jwt against client_secret_basic.
+    const issuer = `http://127.0.0.1:${PORT}`;
+    const contactsPath = `/api/v1/${fx.smallOrg}/contacts?limit=50`;
+    add(
+      await runScenario(
+        {
+          name: 'GET contacts?limit=50 with a DPoP-bound token and a proof',
+          method: 'GET',
+          path: contactsPath,
+          headers: { authorization: `DPoP ${fx.dpop.token}`, accept: 'application/json' },
+          headersPerRequest: () => ({ dpop: dpopProof(fx, 'GET', `${issuer}${contactsPath}`, fx.dpop.token) }),
+        },
+        contactsLoad('GET contacts?limit=50 with a bearer token', PORT, fx),
+        'throughput',
+        0.8,
+      ),
+    );
+    add(
+      await runScenario(
+        { ...clientCredentials('POST /oauth/token client_credentials with a DPoP proof', PORT, fx), headersPerRequest: () => ({ dpop: dpopProof(fx, 'POST', `${issuer}/oauth/token`) }) },
+        clientCredentials('POST /oauth/token client_credentials without DPoP', PORT, fx),
+        'throughput',
+        0.8,
+      ),
+    );
+    add(
+      await runScenario(
+        {
+          name: 'client_credentials with private_key_jwt',
+          method: 'POST',
+          path: '/oauth/token',
+          body: () =>
+            `grant_type=client_credentials&organization_id=${fx.smallOrg}&scope=contacts.read&client_assertion_type=${encodeURIComponent(CLIENT_ASSERTION_TYPE)}&client_assertion=${clientAssertion(fx, issuer)}`,
+        },
+        clientCredentials('client_credentials with client_secret_basic', PORT, fx),
+        'throughput',
+        0.7,
       ),
     );
     const rssMb = peakRssMb(server.pid!);

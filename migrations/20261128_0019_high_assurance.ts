@@ -11,8 +11,9 @@ import { type Kysely, sql } from 'kysely';
  *   kept.
  * - applications: the RFC 7591 / RFC 9449 / RFC 9126 fields. A private_key_jwt application has
  *   no secret (the secret check is widened to it) and exactly one of jwks and jwks_uri. The
- *   existing applications keep the ID token algorithm they had (ES256, the default signing
- *   algorithm); new ones get RS256, the OpenID Connect registration default.
+ *   existing applications keep the ID token algorithm they had, the active key's (SIGNING_ALG):
+ *   RS256 stays RS256, ES256 stays ES256; EdDSA, which an application can no longer ask for,
+ *   becomes ES256. New ones get RS256, the OpenID Connect registration default.
  * - authorization_codes.dpop_jkt, grants.dpop_jkt: the key a code (dpop_jkt, RFC 9449 §10) and a
  *   grant's tokens are bound to.
  * - pushed_authorization_requests: a request_uri's parameters, 60 s to first use, one code.
@@ -40,6 +41,8 @@ export async function up(db: Kysely<any>): Promise<void> {
     add column require_pushed_authorization_requests boolean not null default false,
     add column id_token_signed_response_alg text not null default 'ES256' check (id_token_signed_response_alg in ('RS256', 'ES256')),
     add column fapi2 boolean not null default false`.execute(db);
+  await sql`update applications set id_token_signed_response_alg = 'RS256'
+    where exists (select 1 from signing_keys where retired_at is null and alg = 'RS256')`.execute(db);
   await sql`alter table applications alter column id_token_signed_response_alg set default 'RS256'`.execute(db);
 
   await sql`alter table authorization_codes add column dpop_jkt text`.execute(db);
@@ -80,18 +83,23 @@ export async function down(db: Kysely<any>): Promise<void> {
   await sql`drop table pushed_authorization_requests`.execute(db);
   await sql`alter table grants drop column dpop_jkt`.execute(db);
   await sql`alter table authorization_codes drop column dpop_jkt`.execute(db);
-  // Keys cannot be given back a secret: a private_key_jwt application is left disabled.
-  await sql`update applications set disabled = true, token_endpoint_auth_method = 'none' where token_endpoint_auth_method = 'private_key_jwt'`.execute(db);
+  // Keys cannot be given back a secret: a private_key_jwt application gets one nobody knows and is
+  // left disabled, until an administrator rotates its secret (none: the old code would let anyone
+  // with its client_id in, as a public client).
+  await sql`alter table applications drop constraint applications_client_keys_check, drop constraint applications_secret_check`.execute(db);
+  await sql`update applications set disabled = true, token_endpoint_auth_method = 'client_secret_basic', jwks = null, jwks_uri = null,
+      client_secret_hash = encode(sha256(gen_random_uuid()::text::bytea), 'hex')
+    where token_endpoint_auth_method = 'private_key_jwt'`.execute(db);
   await sql`alter table applications
     drop column fapi2, drop column id_token_signed_response_alg, drop column require_pushed_authorization_requests,
-    drop column dpop_bound_access_tokens, drop constraint applications_client_keys_check, drop column jwks_uri, drop column jwks,
-    drop constraint applications_secret_check,
+    drop column dpop_bound_access_tokens, drop column jwks_uri, drop column jwks,
     add constraint applications_secret_check check ((client_secret_hash is null) = (token_endpoint_auth_method = 'none')),
     drop constraint applications_token_endpoint_auth_method_check,
     add constraint applications_token_endpoint_auth_method_check check (token_endpoint_auth_method in ('client_secret_basic', 'client_secret_post', 'none'))`.execute(db);
-  // One active key again: the access tokens' algorithm's is the newest; retire the others.
+  // One active key again: the oldest, the one from before this migration (the ID tokens' keys
+  // came with it); the others are retired.
   await sql`update signing_keys set retired_at = now() where retired_at is null
-    and kid <> (select kid from signing_keys where retired_at is null order by created_at desc limit 1)`.execute(db);
+    and kid <> (select kid from signing_keys where retired_at is null order by created_at, kid limit 1)`.execute(db);
   await sql`drop index signing_keys_one_active_key_per_alg`.execute(db);
   await sql`create unique index signing_keys_one_active_key on signing_keys ((retired_at is null)) where retired_at is null`.execute(db);
 }

@@ -58,7 +58,7 @@ async function main(): Promise<void> {
   handle = opened.handle;
   const { db } = handle;
   if (opened.applied.length > 0) logger.info({ applied: opened.applied }, 'database migrated');
-  const kid = await ensureSigningKey(db, { alg: config.signingAlg, secretKey: config.secretKey });
+  const kid = await ensureSigningKey(db, { alg: config.signingAlg, secretKey: config.secretKey, retireUnused: true });
   logger.info({ kid, alg: config.signingAlg }, 'signing key ready');
 
   // Zero set-up: a fresh embedded database gets demo data, printed at once (its secrets exist

@@ -99,8 +99,8 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
       await db.insertInto('sso_sign_ins').values({ handle_hash: handle, connection_id: connectionId, browser_hash: null, return_to: '/', expires_at: at(expiresIn) }).execute();
       await db.insertInto('saml_assertion_ids').values({ connection_id: connectionId, assertion_id: handle, expires_at: at(expiresIn) }).execute();
     }
-    // Replay stores go once their entries could no longer be accepted; a pushed request an hour past its expiry.
-    for (const [key, expiresIn] of [['dpop-gone', -10], ['dpop-live', 300]] as const) {
+    // Replay stores go five minutes after their entries could no longer be accepted (clocks differ); a pushed request an hour past its expiry.
+    for (const [key, expiresIn] of [['dpop-gone', -310], ['dpop-live', -60]] as const) {
       await db.insertInto('dpop_proof_jtis').values({ key, expires_at: at(expiresIn) }).execute();
       await db.insertInto('client_assertion_jtis').values({ application_id: applicationId, jti: key, expires_at: at(expiresIn) }).execute();
     }

@@ -3,7 +3,7 @@
  * id in the path, a live bearer token (RFC 6750) for that organization, JSON accepted, and the
  * route's scope. Routes inside the plugin cannot forget any of it.
  */
-import type { FastifyRequest } from 'fastify';
+import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Config } from '../config.js';
 import { AppError, NotFoundError } from '../errors.js';
 import { type AccessTokenClaims, AccessTokenVerifier, InvalidTokenError, type VerifiedToken } from '../oauth/models/access-tokens.js';
@@ -91,6 +91,7 @@ export async function checkSenderConstraint(
   presented: { scheme: 'Bearer' | 'DPoP'; token: string },
   claims: Pick<AccessTokenClaims, 'cnf'>,
   challenge: (fields: { error: string; description?: string }) => string,
+  reply: FastifyReply,
 ): Promise<void> {
   const refuse = (error: string, description: string, headers: Record<string, string> = {}) =>
     new AppError(401, error, description, { headers: { 'www-authenticate': challenge({ error, description }), ...headers } });
@@ -110,6 +111,8 @@ export async function checkSenderConstraint(
     throw refuse(err.error, err.message, err.error === 'use_dpop_nonce' ? { 'dpop-nonce': dpop.nonce() } : {});
   }
   if (jkt !== bound) throw refuse('invalid_dpop_proof', 'the DPoP proof is signed by another key than the one the token is bound to');
+  // RFC 9449 §9: a fresh nonce with the answer, so the client's next proof has one without a 401 first.
+  if (dpop.requireNonce) reply.header('dpop-nonce', dpop.nonce());
 }
 
 /** A `DPoP` challenge (RFC 9449 §7.1) with the algorithms accepted, and the error when there is one. */
@@ -152,7 +155,7 @@ export function authenticateApiRequest(ctx: {
   dpop: DpopProofs;
 }) {
   const verifier = new AccessTokenVerifier(ctx);
-  return async (req: FastifyRequest): Promise<void> => {
+  return async (req: FastifyRequest, reply: FastifyReply): Promise<void> => {
     const params = req.params as { organization_id?: unknown };
     const organizationId = parsePathId(params.organization_id);
     if (organizationId === undefined) throw new NotFoundError('no such organization');
@@ -175,7 +178,7 @@ export function authenticateApiRequest(ctx: {
       throw new AppError(401, 'invalid_token', 'the access token is invalid, expired or revoked', { headers: { 'www-authenticate': challenge } });
     }
     const { claims, scopes, application } = verified;
-    await checkSenderConstraint(ctx.dpop, ctx.config, req, presented, claims, dpopChallenge);
+    await checkSenderConstraint(ctx.dpop, ctx.config, req, presented, claims, dpopChallenge, reply);
     // The contract: the organization in the token is the organization in the path (BR-3).
     if (claims.organization_id !== organizationId) {
       throw new AppError(403, 'organization_mismatch', 'the access token was issued for another organization');

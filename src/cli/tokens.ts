@@ -1,4 +1,5 @@
 import { issueClientToken } from '../oauth/grants/token-response.js';
+import { requiresDpop } from '../oauth/helpers/fapi.js';
 import { UnauthorizedClientError } from '../oauth/errors.js';
 import { grantableScopes } from '../oauth/helpers/scopes.js';
 import { ClientGrants } from '../oauth/models/client-grants.js';
@@ -15,6 +16,8 @@ export const tokenCommands: Record<string, Command> = {
       const application = await applicationByClientId(db, required(v, 'client-id'));
       if (application.type !== 'private') throw new UnauthorizedClientError('tokens are issued directly only to private applications');
       if (application.disabled) throw new UnauthorizedClientError('the application is disabled');
+      // Its tokens must be bound to a key only the application holds: none can be made here.
+      if (requiresDpop(application)) throw new UnauthorizedClientError("the application's tokens are DPoP-bound: it gets them itself, with client credentials and a DPoP proof");
       const scopes = grantableScopes(optionalString(v, 'scopes'), application.scopes);
       await ensureSigningKey(db, { alg: config.signingAlg, secretKey: config.secretKey });
       const response = await issueClientToken({ db, keys: new KeyStore(db, config), config, clientGrants: new ClientGrants(db) }, application, scopes);

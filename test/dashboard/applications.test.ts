@@ -1,3 +1,4 @@
+import { exportJWK, generateKeyPair } from 'jose';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { BACKEND } from '../helpers/db.js';
 import { changeMemberRole } from '../../src/accounts/organizations.js';
@@ -226,6 +227,63 @@ describe(`dashboard applications on ${BACKEND}`, () => {
     expect(accessTokenIn(res.body)).toBeUndefined();
     expect((await submit(w.browsers.owner, `/dashboard/applications/${org.publicApp.client_id}/token`, { scopes: ['contacts.read'] })).statusCode).toBe(404);
     expect(await w.db.selectFrom('grants').select('id').where('organization_id', '=', org.id).execute()).toEqual([]);
+  });
+
+  it('sets the security settings: keys for private_key_jwt (the secret stops), DPoP, PAR, the ID token algorithm, FAPI 2.0; refused settings change nothing', async () => {
+    const org = await newOrganization(w);
+    const url = `/dashboard/applications/${org.publicApp.client_id}/security`;
+    const page = await w.browsers.owner.get(`/dashboard/applications/${org.publicApp.client_id}`);
+    expect(page.body).toContain(`action="${url}"`);
+    expect(page.body).toContain('Signed with <code>RS256</code>');
+    const row = () => w.db.selectFrom('applications').selectAll().where('client_id', '=', org.publicApp.client_id).executeTakeFirstOrThrow();
+    // FAPI 2.0 with a secret: refused, with the reason, nothing changed.
+    const refused = await submit(w.browsers.owner, url, { token_endpoint_auth_method: 'client_secret_basic', fapi2: 'on', dpop_bound_access_tokens: 'on' });
+    expect(refused.statusCode).toBe(400);
+    expect(refused.body).toContain('private_key_jwt');
+    expect(await row()).toMatchObject({ fapi2: false, dpop_bound_access_tokens: false });
+    // Not JSON, or a private key: refused.
+    expect((await submit(w.browsers.owner, url, { token_endpoint_auth_method: 'private_key_jwt', jwks: 'not json' })).statusCode).toBe(400);
+    const { privateKey, publicKey } = await generateKeyPair('ES256', { extractable: true });
+    const privateRefused = await submit(w.browsers.owner, url, { token_endpoint_auth_method: 'private_key_jwt', jwks: JSON.stringify({ keys: [await exportJWK(privateKey)] }) });
+    expect(privateRefused.statusCode).toBe(400);
+    expect((await row()).token_endpoint_auth_method).toBe('client_secret_basic');
+    // Keys, DPoP, PAR, ES256 ID tokens and FAPI 2.0 together.
+    const saved = await submit(w.browsers.owner, url, {
+      token_endpoint_auth_method: 'private_key_jwt',
+      jwks: JSON.stringify({ keys: [{ ...(await exportJWK(publicKey)), kid: 'dash-1' }] }),
+      jwks_uri: '',
+      dpop_bound_access_tokens: 'on',
+      require_pushed_authorization_requests: 'on',
+      id_token_signed_response_alg: 'ES256',
+      fapi2: 'on',
+    });
+    expect(saved.statusCode, saved.body).toBe(303);
+    expect(await row()).toMatchObject({
+      token_endpoint_auth_method: 'private_key_jwt', client_secret_hash: null, jwks_uri: null, dpop_bound_access_tokens: true,
+      require_pushed_authorization_requests: true, id_token_signed_response_alg: 'ES256', fapi2: true,
+    });
+    expect((await row()).jwks?.keys[0]).toMatchObject({ kid: 'dash-1', kty: 'EC' });
+    const shown = (await w.browsers.owner.get(`/dashboard/applications/${org.publicApp.client_id}`)).body;
+    expect(shown).toContain('<code>private_key_jwt</code>, 1 registered key');
+    expect(shown).toContain('DPoP-bound (a proof is required)');
+    // The old secret no longer authenticates.
+    const token = await w.app.inject({
+      method: 'POST', url: '/oauth/token',
+      headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: `Basic ${Buffer.from(`${org.publicApp.client_id}:${org.publicApp.client_secret}`).toString('base64')}` },
+      payload: 'grant_type=refresh_token&refresh_token=x',
+    });
+    expect(token.statusCode).toBe(401);
+    expect(await auditActions(org.id)).toContain('application.updated');
+  });
+
+  it('generates no token for an application whose tokens must be DPoP-bound', async () => {
+    const org = await newOrganization(w);
+    const url = `/dashboard/applications/${org.privateApp.client_id}`;
+    expect((await submit(w.browsers.owner, `${url}/security`, { token_endpoint_auth_method: 'client_secret_basic', dpop_bound_access_tokens: 'on' })).statusCode).toBe(303);
+    const res = await submit(w.browsers.owner, `${url}/token`, { scopes: ['contacts.read'] });
+    expect(res.statusCode).toBe(400);
+    expect(res.body).toContain('DPoP-bound');
+    expect(accessTokenIn(res.body)).toBeUndefined();
   });
 
   it('edits name and redirect URIs without revoking anything when no scope is removed', async () => {

@@ -2,7 +2,7 @@ import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectDatabase, type DatabaseHandle } from '../../src/db/connect.js';
 import { isForeignKeyViolation, isUniqueViolation } from '../../src/db/errors.js';
-import { migrateDownAll, migrateToLatest } from '../../src/db/migrate.js';
+import { createMigrator, migrateDownAll, migrateToLatest } from '../../src/db/migrate.js';
 import { BACKEND, createEmptyDatabase, type TestDatabase } from '../helpers/db.js';
 
 /** The data model as schema.ts declares it; a column added to one must be added to the other. */
@@ -134,6 +134,33 @@ describe(`migrations on ${BACKEND}`, () => {
 
     expect(await migrateToLatest(handle.db)).toEqual(MIGRATIONS);
     expect(await tables()).toEqual(EXPECTED_COLUMNS);
+  });
+
+  it('0019 down: an application on keys gets a secret nobody knows and is disabled; the key from before stays the one active key', async () => {
+    await migrateToLatest(handle.db);
+    const { id: org } = await handle.db.insertInto('organizations').values({ name: 'Keys' }).returning('id').executeTakeFirstOrThrow();
+    await handle.db
+      .insertInto('applications')
+      .values({
+        organization_id: org, client_id: 'k'.repeat(32), client_secret_hash: null, type: 'private', name: 'On keys', scopes: ['contacts.read'],
+        grant_types: ['client_credentials'], token_endpoint_auth_method: 'private_key_jwt', jwks: JSON.stringify({ keys: [{ kty: 'OKP', crv: 'Ed25519', x: 'x' }] }),
+      })
+      .execute();
+    const key = (kid: string, alg: 'ES256' | 'RS256') => ({ kid, alg, public_jwk: '{}', private_jwk_encrypted: 'x' });
+    await handle.db.insertInto('signing_keys').values(key('before', 'ES256')).execute();
+    await sql`select pg_sleep(0.01)`.execute(handle.db);
+    await handle.db.insertInto('signing_keys').values(key('id-tokens', 'RS256')).execute();
+    const { error } = await createMigrator(handle.db).migrateTo('20261127_0018_member_removal_job');
+    expect(error).toBeUndefined();
+    const { rows } = await sql<{ disabled: boolean; token_endpoint_auth_method: string; client_secret_hash: string | null }>`
+      select disabled, token_endpoint_auth_method, client_secret_hash from applications where organization_id = ${org}`.execute(handle.db);
+    expect(rows).toEqual([{ disabled: true, token_endpoint_auth_method: 'client_secret_basic', client_secret_hash: expect.stringMatching(/^[0-9a-f]{64}$/) }]);
+    const { rows: active } = await sql<{ kid: string }>`select kid from signing_keys where retired_at is null`.execute(handle.db);
+    expect(active).toEqual([{ kid: 'before' }]);
+    expect(await migrateToLatest(handle.db)).toEqual(['20261128_0019_high_assurance']);
+    await sql`delete from applications where organization_id = ${org}`.execute(handle.db);
+    await sql`delete from organizations where id = ${org}`.execute(handle.db);
+    await sql`delete from signing_keys`.execute(handle.db);
   });
 
   it('give every org-owned table a NOT NULL organization_id, a foreign key to organizations (or through a composite key to an org-owned table that has one) and an index led by it', async () => {

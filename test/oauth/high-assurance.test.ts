@@ -18,6 +18,7 @@ import * as client from 'openid-client';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { DeveloperApplication } from '../../src/db/schema.js';
 import { type ApplicationWithSecret, getApplication, updateApplication } from '../../src/oauth/models/applications.js';
+import { changeMemberRole } from '../../src/accounts/organizations.js';
 import { authorizationRequest, createRelyingParty, hiddenFields, oidcPerson, type OidcWorld, type Person, RP_REDIRECT, startOidcWorld } from '../helpers/oidc-world.js';
 
 const PASSWORD = 'assurance-password-12';
@@ -214,6 +215,37 @@ describe('DPoP, PAR and private_key_jwt with oauth4webapi', () => {
   );
 
   it(
+    'turning on DPoP for an application refuses its bearer tokens from before at once; a refresh with a proof gets a bound one',
+    async () => {
+      const { created, app: rp } = await relyingParty({});
+      const rpClient: oauth.Client = { client_id: rp.client_id };
+      const clientAuth = oauth.ClientSecretBasic(created.client_secret);
+      const verifier = oauth.generateRandomCodeVerifier();
+      const state = oauth.generateRandomState();
+      const url = new URL(as.authorization_endpoint!);
+      for (const [k, v] of Object.entries({
+        client_id: rp.client_id, redirect_uri: RP_REDIRECT, response_type: 'code', scope: 'contacts.read', state,
+        code_challenge: await oauth.calculatePKCECodeChallenge(verifier), code_challenge_method: 'S256',
+      })) url.searchParams.set(k, v);
+      const params = oauth.validateAuthResponse(as, rpClient, await browse(await oidcPerson(world, PASSWORD), url), state);
+      const bearer = await oauth.processAuthorizationCodeResponse(as, rpClient, await oauth.authorizationCodeGrantRequest(as, rpClient, clientAuth, params, RP_REDIRECT, verifier, insecure));
+      expect(bearer.token_type).toBe('bearer');
+      const contacts = `/api/v1/${world.org.organizationId}/contacts`;
+      expect((await app.inject({ method: 'GET', url: contacts, headers: { authorization: `Bearer ${bearer.access_token}` } })).statusCode).toBe(200);
+      await updateApplication(world.t.handle.db, await getApplication(world.t.handle.db, world.org.organizationId, rp.client_id), { dpopBoundAccessTokens: true }, {
+        applications: { forget: () => undefined },
+      });
+      await expect.poll(async () => (await app.inject({ method: 'GET', url: contacts, headers: { authorization: `Bearer ${bearer.access_token}` } })).statusCode, { timeout: 2000 }).toBe(401);
+      const DPoP = oauth.DPoP(rpClient, await oauth.generateKeyPair('ES256'));
+      const refreshed = await oauth.processRefreshTokenResponse(as, rpClient, await oauth.refreshTokenGrantRequest(as, rpClient, clientAuth, bearer.refresh_token!, { DPoP, ...insecure }));
+      expect(refreshed.token_type).toBe('dpop');
+      const ok = await oauth.protectedResourceRequest(refreshed.access_token, 'GET', new URL(`${issuer}${contacts}`), new Headers({ accept: 'application/json' }), null, { DPoP, ...insecure });
+      expect(ok.status).toBe(200);
+    },
+    ASYNC,
+  );
+
+  it(
     "a public client's refresh token is bound to its key: another key, or none, is invalid_grant",
     async () => {
       const { app: rp } = await relyingParty({});
@@ -227,7 +259,7 @@ describe('DPoP, PAR and private_key_jwt with oauth4webapi', () => {
       const state = oauth.generateRandomState();
       const url = new URL(as.authorization_endpoint!);
       for (const [k, v] of Object.entries({
-        client_id: rp.client_id, redirect_uri: RP_REDIRECT, response_type: 'code', scope: 'contacts.read', state,
+        client_id: rp.client_id, redirect_uri: RP_REDIRECT, response_type: 'code', scope: 'contacts.read contacts.write', state,
         code_challenge: await oauth.calculatePKCECodeChallenge(verifier), code_challenge_method: 'S256',
         dpop_jkt: await calculateJwkThumbprint((await exportJWK(dpopKeys.publicKey)) as JWK),
       })) url.searchParams.set(k, v);
@@ -253,6 +285,15 @@ describe('DPoP, PAR and private_key_jwt with oauth4webapi', () => {
       expect(await none.json()).toMatchObject({ error: 'invalid_grant' });
       const refreshed = await oauth.processRefreshTokenResponse(as, rpClient, await refresh({ DPoP }));
       expect(refreshed.token_type).toBe('dpop');
+
+      // A role change narrows the grant into a new one: still bound to the key.
+      await changeMemberRole(world.t.handle.db, { organizationId: world.org.organizationId, userId: ada.id, role: 'viewer' });
+      const narrowedRefresh = (options: oauth.TokenEndpointRequestOptions) => oauth.refreshTokenGrantRequest(as, rpClient, oauth.None(), refreshed.refresh_token!, { ...options, ...insecure });
+      const unproved = await narrowedRefresh({});
+      expect(unproved.status).toBe(400);
+      expect(await unproved.json()).toMatchObject({ error: 'invalid_grant' });
+      const narrowed = await oauth.processRefreshTokenResponse(as, rpClient, await narrowedRefresh({ DPoP }));
+      expect(narrowed).toMatchObject({ token_type: 'dpop', scope: 'contacts.read' });
     },
     ASYNC,
   );

@@ -128,8 +128,11 @@ describe(`signing keys on ${BACKEND}`, () => {
     const active = await getActiveSigningKey(t.handle.db, 'EdDSA');
     expect(active).toMatchObject({ kid, alg: 'EdDSA' });
     expect(active!.public_jwk).toMatchObject({ kty: 'OKP', crv: 'Ed25519' });
-    // Back to ES256: the EdDSA key is retired (its tokens verify until they expire); RS256 and ES256 stay.
+    // Back to ES256 in a CLI's environment: nothing is retired (it may not be the server's).
     await ensureSigningKey(t.handle.db, { alg: 'ES256', secretKey: SECRET_KEY });
+    expect(await getActiveSigningKey(t.handle.db, 'EdDSA')).toMatchObject({ kid });
+    // At the server's start: the EdDSA key is retired (its tokens verify until they expire); RS256 and ES256 stay.
+    await ensureSigningKey(t.handle.db, { alg: 'ES256', secretKey: SECRET_KEY, retireUnused: true });
     expect(await getActiveSigningKey(t.handle.db, 'EdDSA')).toBeUndefined();
     const algs = await t.handle.db.selectFrom('signing_keys').select('alg').where('retired_at', 'is', null).orderBy('alg').execute();
     expect(algs.map((k) => k.alg)).toEqual(['ES256', 'RS256']);

@@ -15,8 +15,11 @@ import { pushAuthorizationRequest } from '../models/pushed-requests.js';
 import { checkPushedRequest } from './authorize.js';
 import { UnauthorizedClientError } from '../errors.js';
 
-/** Client authentication, not part of the authorization request kept. */
-const CLIENT_AUTHENTICATION = new Set(['client_secret', 'client_assertion', 'client_assertion_type']);
+/**
+ * Not kept with the request: client authentication, and what only the consent form or the
+ * sign-in adds (the authorization endpoint takes those from the browser, never from a push).
+ */
+const NOT_KEPT = new Set(['client_secret', 'client_assertion', 'client_assertion_type', 'csrf_token', 'decision', 'organization_id', 'signed_in_after']);
 
 export async function parEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
   const { config, resources, db } = options;
@@ -34,7 +37,7 @@ export async function parEndpoint(app: FastifyInstance, options: OAuthEndpointOp
     if (body.dpop_jkt !== undefined && proofJkt !== null && body.dpop_jkt !== proofJkt) {
       throw new AppError(400, 'invalid_dpop_proof', 'dpop_jkt is not the thumbprint of the DPoP proof’s key');
     }
-    const params = Object.fromEntries(Object.entries(body).filter(([name, value]) => !CLIENT_AUTHENTICATION.has(name) && typeof value === 'string')) as Record<string, string>;
+    const params = Object.fromEntries(Object.entries(body).filter(([name, value]) => !NOT_KEPT.has(name) && typeof value === 'string')) as Record<string, string>;
     params.client_id = application.client_id;
     const dpopJkt = proofJkt ?? body.dpop_jkt ?? null;
     const problem = await checkPushedRequest(config, resources, application, params, dpopJkt);

@@ -4,7 +4,7 @@
  * they are now. The token comes in the Authorization header (RFC 6750 §2.1), as the API takes it;
  * problems are RFC 6750 §3 challenges: 401 invalid_token, 403 insufficient_scope without openid.
  */
-import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Config } from '../../config.js';
 import type { DB } from '../../db/connect.js';
 import { AppError } from '../../errors.js';
@@ -25,7 +25,7 @@ export async function userinfoEndpoint(
 ): Promise<void> {
   const verifier = new AccessTokenVerifier(ctx);
 
-  async function userinfo(req: FastifyRequest) {
+  async function userinfo(req: FastifyRequest, reply: FastifyReply) {
     const presented = presentedToken(req.headers.authorization);
     if (presented === undefined) {
       throw new AppError(401, 'invalid_request', 'an access token is required (Authorization: Bearer <token>, or DPoP <token> with a DPoP proof)', {
@@ -42,7 +42,7 @@ export async function userinfoEndpoint(
     }
     const { claims, scopes } = verified;
     // RFC 9449 §7: a DPoP-bound token comes with a proof by its key (userinfo is a protected resource too).
-    await checkSenderConstraint(ctx.dpop, ctx.config, req, presented, claims, dpopChallenge);
+    await checkSenderConstraint(ctx.dpop, ctx.config, req, presented, claims, dpopChallenge, reply);
     // An application's own token (client_credentials) is about no user, and never holds openid.
     if (!scopes.has('openid') || isApplicationToken(claims)) throw new InsufficientScopeError('openid');
     const row = await ctx.db
@@ -66,7 +66,7 @@ export async function userinfoEndpoint(
       url: '/oauth/userinfo',
       handler: async (req, reply) => {
         reply.header('cache-control', 'no-store').header('pragma', 'no-cache');
-        return userinfo(req);
+        return userinfo(req, reply);
       },
     });
   }

@@ -83,7 +83,10 @@ async function rotateRefreshToken(
         and (g.dpop_jkt is null or (${input.dpop.jkt}::text is not null and (not ${input.dpop.sameKey}::boolean or g.dpop_jkt = ${input.dpop.jkt}::text)))
     ),
     live as (
-      update grants set last_used_at = now() from t
+      -- The grant is bound to the key of this refresh's proof (a public client's was that key or
+      -- none; a confidential client may have moved to a new one), so introspection's cnf and the
+      -- next refresh follow it.
+      update grants set last_used_at = now(), dpop_jkt = coalesce(${input.dpop.jkt}::text, grants.dpop_jkt) from t
       where grants.id = t.grant_id and grants.revoked_at is null
       returning grants.id
     ),

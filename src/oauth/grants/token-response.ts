@@ -6,6 +6,7 @@ import { signAccessToken } from '../models/access-tokens.js';
 import { signIdToken } from '../models/id-tokens.js';
 import { apiResource, type ResourceRegistry, type TokenResource } from '../models/resources.js';
 import { IDENTITY_SCOPES } from '../helpers/scopes.js';
+import { requiresDpop } from '../helpers/fapi.js';
 import type { ClientGrants } from '../models/client-grants.js';
 import type { KeyStore, SigningKeyMaterial } from '../models/key-store.js';
 import type { RevocationList } from '../models/revocation-list.js';
@@ -170,6 +171,8 @@ export async function issueClientToken(
 ): Promise<TokenResponse> {
   // Only an organization's own applications act for it; a self-registered client has none.
   if (!isDeveloperApplication(application)) throw new UnauthorizedClientError('this client belongs to no organization');
+  // Every path to a client token (the grant, the CLI, the dashboard) holds to the application's DPoP rule.
+  if (dpopJkt === null && requiresDpop(application)) throw new UnauthorizedClientError("this application's access tokens are DPoP-bound: request them with a DPoP proof");
   const grant = await ctx.clientGrants.forApplication(application, scopes);
   const signingKey = await ctx.keys.signingKey();
   const { token } = await signAccessToken(signingKey, ctx.config, {

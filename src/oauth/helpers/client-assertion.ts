@@ -386,11 +386,13 @@ export class ClientAssertionVerifier {
   /**
    * Verifies `assertion` for `client` (the application already looked up by client_id).
    * `endpoints`: the audiences accepted besides the issuer, the token endpoint URL (and the PAR
-   * endpoint URL). Throws InvalidClientError, with a `cause` saying why, for every failure.
+   * endpoint URL). `issuerOnly`: aud must be the issuer identifier as a single string, as FAPI 2.0
+   * requires (§5.3.2.1: against audience injection, an assertion made for another server's
+   * endpoint). Throws InvalidClientError, with a `cause` saying why, for every failure.
    */
-  async verify(client: AssertionClient, assertion: string, endpoints: readonly string[]): Promise<VerifiedAssertion> {
+  async verify(client: AssertionClient, assertion: string, endpoints: readonly string[], options: { issuerOnly?: boolean } = {}): Promise<VerifiedAssertion> {
     try {
-      const { alg, kid, jti, exp } = this.inspect(client, assertion, endpoints);
+      const { alg, kid, jti, exp } = this.inspect(client, assertion, options.issuerOnly ? [] : endpoints, options.issuerOnly ?? false);
       const { entry, uri } = this.entryFor(client);
       let set = uri === null ? entry.set! : await this.remoteSet(entry, uri);
       let attempt = await this.tryKeys(set, assertion, alg, kid);
@@ -421,7 +423,7 @@ export class ClientAssertionVerifier {
   }
 
   /** Every check that needs no key: the form, the header and the claims. Throws an Error naming the first failure. */
-  private inspect(client: AssertionClient, assertion: string, endpoints: readonly string[]) {
+  private inspect(client: AssertionClient, assertion: string, endpoints: readonly string[], issuerOnly = false) {
     if (typeof assertion !== 'string' || assertion === '') throw new Error('the client_assertion is empty');
     if (assertion.length > MAX_ASSERTION_LENGTH) throw new Error(`the client_assertion is longer than ${MAX_ASSERTION_LENGTH} characters`);
     if (!COMPACT_JWS.test(assertion)) throw new Error('the client_assertion is not a compact JWS (three base64url parts)');
@@ -446,6 +448,7 @@ export class ClientAssertionVerifier {
     if (claims.iss !== clientId) throw new Error(`its iss ${show(claims.iss)} is not the client_id`);
     if (claims.sub !== clientId) throw new Error(`its sub ${show(claims.sub)} is not the client_id`);
     const { aud } = claims;
+    if (issuerOnly && aud !== this.issuer) throw new Error(`its aud ${show(aud)} is not the issuer identifier ${this.issuer} as a single string (FAPI 2.0)`);
     const audiences = typeof aud === 'string' ? [aud] : Array.isArray(aud) && aud.every((a) => typeof a === 'string') ? aud : undefined;
     if (audiences === undefined || audiences.length === 0) throw new Error(`its aud ${show(aud)} is not a string or a non-empty array of strings`);
     const accepted = new Set([this.issuer, ...endpoints]);

@@ -71,7 +71,7 @@ function assertedClientId(assertion: string): string {
 async function useAssertionJti(db: DB, application: Application, jti: string, exp: number): Promise<boolean> {
   const { rows } = await sql<{ id: number }>`
     insert into client_assertion_jtis (application_id, jti, expires_at) values (${application.id}, ${jti}, to_timestamp(${exp}))
-    on conflict (application_id, jti) do update set expires_at = excluded.expires_at where client_assertion_jtis.expires_at < now()
+    on conflict (application_id, jti) do update set expires_at = excluded.expires_at where client_assertion_jtis.expires_at < now() - interval '5 minutes'
     returning id`.execute(db);
   return rows.length > 0;
 }
@@ -101,7 +101,7 @@ async function authenticateWithAssertion(
   if (application.token_endpoint_auth_method !== 'private_key_jwt') return fail('the application does not authenticate with private_key_jwt');
   let verified;
   try {
-    verified = await assertions.verifier.verify(application, body.client_assertion, assertions.audiences);
+    verified = await assertions.verifier.verify(application, body.client_assertion, assertions.audiences, { issuerOnly: application.fapi2 });
   } catch (err) {
     if (err instanceof InvalidClientError) return fail('invalid client assertion', err);
     throw err;

@@ -12,6 +12,7 @@ import { type KeyStore, type SigningKeyMaterial, signJws } from './key-store.js'
 import type { FindApplication } from './application-cache.js';
 import type { Application } from '../../db/schema.js';
 import { isIdentityScope, isKnownScope } from '../helpers/scopes.js';
+import { requiresDpop } from '../helpers/fapi.js';
 import { apiResourceUri, LEGACY_API_PATH, type TokenResource } from './resources.js';
 
 export const ACCESS_TOKEN_TYPE = 'at+jwt';
@@ -193,6 +194,9 @@ export class AccessTokenVerifier {
     // deleted) still learns it here within the cache's 500 ms.
     const application = await this.ctx.applications.find(claims.client_id);
     if (!application || application.disabled) throw new InvalidTokenError('application disabled or deleted');
+    // An application that now requires DPoP-bound tokens (or FAPI 2.0): its bearer tokens from
+    // before are refused on every instance within the cache's 500 ms; its clients refresh, with a proof.
+    if (claims.cnf === undefined && requiresDpop(application)) throw new InvalidTokenError('bearer token of an application that requires DPoP');
     // Nor may it carry a scope its application no longer has: narrowing an application's scopes
     // revokes the grants that hold a removed one, and this refuses their tokens on every
     // instance at once, while those revocations are still being written.

@@ -319,6 +319,7 @@ function checkAssurance(
   const problem = (path: string, message: string) => {
     throw new InvalidRequestError(`${path}: ${message}`, { details: [{ path, message }] });
   };
+  if (next.jwks !== null && next.jwks_uri !== null) problem('jwks', 'register the keys inline (jwks) or at a URL (jwks_uri), not both');
   if (next.jwks_uri !== null) {
     const uriProblem = jwksUriProblem(next.jwks_uri, options);
     if (uriProblem !== null) problem('jwks_uri', uriProblem);

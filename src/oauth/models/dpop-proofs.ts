@@ -27,6 +27,8 @@ import { DPOP_ALGS, DpopProofError, verifyDpopProof, type VerifiedDpopProof } fr
 export { DpopProofError };
 
 const NONCE_WINDOW_S = 60;
+/** Expiry times come from an instance's clock, and are compared with the database's: a row is let go only this much later. */
+export const CLOCK_MARGIN_S = 300;
 const MAX_SKEW_S = 5;
 /** The statement's batch: at most this many proofs in one insert. */
 const MAX_BATCH = 500;
@@ -89,7 +91,7 @@ class RemembersJtis {
       const { rows } = await sql<{ key: string }>`
         insert into dpop_proof_jtis (key, expires_at)
         select * from unnest(${keys}::text[], ${expiries}::timestamptz[])
-        on conflict (key) do update set expires_at = excluded.expires_at where dpop_proof_jtis.expires_at < now()
+        on conflict (key) do update set expires_at = excluded.expires_at where dpop_proof_jtis.expires_at < now() - make_interval(secs => ${CLOCK_MARGIN_S})
         returning key`.execute(this.db);
       const fresh = new Set(rows.map((r) => r.key));
       for (const p of batch) p.resolve(first.get(p.key) === p && fresh.has(p.key));

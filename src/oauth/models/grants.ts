@@ -259,7 +259,7 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
   const kept = (s: string) => allowance.permissions.includes(s) || (allowance.declared && isDeclaredScope(s));
   const old = await trx
     .selectFrom('grants')
-    .select(['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'identity_scopes', 'auth_time', 'sid', 'amr', 'created_at', 'last_used_at', 'resource_id'])
+    .select(['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'identity_scopes', 'auth_time', 'sid', 'amr', 'created_at', 'last_used_at', 'resource_id', 'dpop_jkt'])
     .where('organization_id', '=', selection.organizationId)
     .where('revoked_at', 'is', null)
     .$if('userId' in selection, (qb) => qb.where('user_id', '=', 'userId' in selection ? selection.userId : 0))
@@ -306,6 +306,8 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
               last_used_at: g.last_used_at,
               narrowed_from_grant_id: g.id,
               resource_id: g.resource_id,
+              // Still bound to the key its tokens were (RFC 9449 §5): narrowing is no way out of DPoP.
+              dpop_jkt: g.dpop_jkt,
             })),
           )
           .returning(['id', 'narrowed_from_grant_id'])

@@ -9,7 +9,7 @@ import { type CryptoKey, importJWK, type JWK } from 'jose';
 import type { SigningAlg } from '../../config.js';
 import type { DB } from '../../db/connect.js';
 import type { SigningKey } from '../../db/schema.js';
-import { importPrivateKey } from './signing-keys.js';
+import { ensureActiveKey, importPrivateKey } from './signing-keys.js';
 
 const RELOAD_INTERVAL_MS = 1000;
 const ACTIVE_CHECK_MS = 500;
@@ -99,7 +99,13 @@ export class KeyStore {
   }
 
   private async load(alg: SigningAlg): Promise<SigningKeyMaterial> {
-    const row = await this.db.selectFrom('signing_keys').selectAll().where('retired_at', 'is', null).where('alg', '=', alg).executeTakeFirst();
+    const active = () => this.db.selectFrom('signing_keys').selectAll().where('retired_at', 'is', null).where('alg', '=', alg).executeTakeFirst();
+    // None (an older instance of a rolling deploy retired every key at once): made now, once for all instances.
+    let row = await active();
+    if (!row) {
+      await ensureActiveKey(this.db, alg, this.options.secretKey);
+      row = await active();
+    }
     if (!row) throw new Error(`no active ${alg} signing key: the server creates one at start, \`orgauth keys rotate\` makes a new one`);
     const key = await importPrivateKey(row, this.options.secretKey);
     const header = (typ: string) => Buffer.from(JSON.stringify({ alg: row.alg, kid: row.kid, typ })).toString('base64url');

@@ -112,17 +112,19 @@ export function activeAlgorithms(signingAlg: SigningAlg): SigningAlg[] {
 }
 
 /**
- * At start-up: make sure each algorithm in use (activeAlgorithms) has an active key, creating the
- * missing ones, and retire the active key of an algorithm no longer in use (SIGNING_ALG changed:
- * its tokens still verify until they expire). Returns the kid of `alg`'s key.
+ * Make sure each algorithm in use (activeAlgorithms) has an active key, creating the missing
+ * ones. At the server's start (`retireUnused`), also retire the active key of an algorithm no
+ * longer in use (SIGNING_ALG changed: its tokens still verify until they expire); never from a
+ * CLI beside it, whose environment may not be the server's. Returns the kid of `alg`'s key.
  */
-export async function ensureSigningKey(db: DB, options: { alg: SigningAlg; secretKey: string }): Promise<string> {
+export async function ensureSigningKey(db: DB, options: { alg: SigningAlg; secretKey: string; retireUnused?: boolean }): Promise<string> {
   const wanted = activeAlgorithms(options.alg);
   let kid: string | undefined;
   for (const alg of wanted) {
-    const ensured = await ensureKeyOf(db, alg, options.secretKey);
+    const ensured = await ensureActiveKey(db, alg, options.secretKey);
     if (alg === options.alg) kid = ensured;
   }
+  if (!options.retireUnused) return kid!;
   await db.transaction().execute(async (trx) => {
     const retired = await trx.updateTable('signing_keys').set({ retired_at: new Date() }).where('retired_at', 'is', null).where('alg', 'not in', wanted).returning(['kid', 'alg']).execute();
     for (const key of retired) await auditKeyChange(trx, { kid: null, alg: key.alg, retired: [key.kid] });
@@ -130,7 +132,8 @@ export async function ensureSigningKey(db: DB, options: { alg: SigningAlg; secre
   return kid!;
 }
 
-async function ensureKeyOf(db: DB, alg: SigningAlg, secretKey: string): Promise<string> {
+/** The kid of `alg`'s active key, created when there is none (concurrent creations settle on one). */
+export async function ensureActiveKey(db: DB, alg: SigningAlg, secretKey: string): Promise<string> {
   for (let attempt = 0; attempt < 3; attempt++) {
     const active = await getActiveSigningKey(db, alg);
     if (active) {

@@ -9,7 +9,7 @@ import type { Config } from '../../config.js';
 import type { DB } from '../../db/connect.js';
 import type { MailOutbox } from '../../mail/outbox.js';
 import type { Application, ApplicationType } from '../../db/schema.js';
-import { ForbiddenError, NotFoundError } from '../../errors.js';
+import { ForbiddenError, InvalidRequestError, NotFoundError } from '../../errors.js';
 import type { ApplicationCache } from '../../oauth/models/application-cache.js';
 import {
   type ChangeOptions,
@@ -20,6 +20,7 @@ import {
   listApplications,
   rotateClientSecret,
   updateApplication,
+  type DeveloperAuthMethod,
 } from '../../oauth/models/applications.js';
 import type { ClientGrants } from '../../oauth/models/client-grants.js';
 import type { Metrics } from '../../metrics.js';
@@ -30,6 +31,8 @@ import type { RevocationList } from '../../oauth/models/revocation-list.js';
 import { DATA_SCOPES, grantableScopes, mayHold, SCOPE_DESCRIPTIONS, type Scope, scopesForType } from '../../oauth/helpers/scopes.js';
 import { issueClientToken, type TokenResponse } from '../../oauth/grants/token-response.js';
 import { renderPage } from '../render.js';
+import { requiresDpop } from '../../oauth/helpers/fapi.js';
+import type { IdTokenAlg } from '../../db/schema.js';
 import { type ActionContext, DASHBOARD_PAGE_SIZE, dashboardContext, type DashboardContext, parseId, readForm, requireAction, requireView } from './context.js';
 
 export interface DashboardDeps {
@@ -154,6 +157,8 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
     token?: TokenResponse;
     errors?: string[];
     edit?: { name: string; redirectUris: string; postLogoutRedirectUris: string; scopes: string[] };
+    /** The security form as sent, shown again with its errors. */
+    security?: SecurityForm;
     message?: string;
   }
 
@@ -172,6 +177,7 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
         postLogoutRedirectUris: application.post_logout_redirect_uris.join('\n'),
         scopes: application.scopes,
       },
+      security: view.security ?? securityFormOf(application),
       secret: view.secret ?? '',
       token: view.token,
       tokenJson: view.token ? JSON.stringify(view.token, null, 2) : '',
@@ -285,10 +291,61 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
     return reply.redirect(`/dashboard/applications/${application.client_id}`, 303);
   });
 
+  /**
+   * The security settings (issue 28): how the application authenticates (a secret or its keys
+   * for private_key_jwt, inline or at a URL), DPoP-bound tokens, pushed authorization requests,
+   * its ID tokens' algorithm, the FAPI 2.0 profile. The domain checks them (the API's rules).
+   */
+  app.post<{ Params: { clientId: string } }>('/dashboard/applications/:clientId/security', async (req, reply) => {
+    const { ctx, application, params } = await managedApplication(req);
+    const form: SecurityForm = {
+      method: params.token_endpoint_auth_method ?? application.token_endpoint_auth_method,
+      jwks: params.jwks ?? '',
+      jwksUri: params.jwks_uri ?? '',
+      dpop: params.dpop_bound_access_tokens === 'on',
+      par: params.require_pushed_authorization_requests === 'on',
+      idTokenAlg: params.id_token_signed_response_alg ?? application.id_token_signed_response_alg,
+      fapi2: params.fapi2 === 'on',
+    };
+    let jwks: unknown;
+    if (form.method === 'private_key_jwt' && form.jwks.trim() !== '') {
+      try {
+        jwks = JSON.parse(form.jwks);
+      } catch {
+        return renderApplication(reply, ctx, application, 400, { security: form, errors: ['The public keys must be a JWK Set in JSON: {"keys": [...]}'] });
+      }
+    }
+    const usesKeys = form.method === 'private_key_jwt';
+    try {
+      await updateApplication(
+        db,
+        application,
+        {
+          ...(form.method !== application.token_endpoint_auth_method ? { tokenEndpointAuthMethod: form.method as DeveloperAuthMethod } : {}),
+          // Keys: the ones given (inline or a URL); none given, those it has stay.
+          ...(usesKeys && jwks !== undefined ? { jwks } : {}),
+          ...(usesKeys && form.jwksUri.trim() !== '' ? { jwksUri: form.jwksUri.trim() } : {}),
+          dpopBoundAccessTokens: form.dpop,
+          ...(application.type === 'public' ? { requirePushedAuthorizationRequests: form.par, idTokenSignedResponseAlg: form.idTokenAlg as IdTokenAlg } : {}),
+          fapi2: form.fapi2,
+        },
+        { ...changeOptions(ctx), allowHttp: config.outbound.allowHttp },
+      );
+    } catch (err) {
+      if (!(err instanceof InvalidRequestError)) throw err;
+      return renderApplication(reply, ctx, application, 400, { security: form, errors: err.details?.map((d) => d.message) ?? [err.description] });
+    }
+    return reply.redirect(`/dashboard/applications/${application.client_id}`, 303);
+  });
+
   app.post<{ Params: { clientId: string } }>('/dashboard/applications/:clientId/token', async (req, reply) => {
     const { ctx, application, scopes: chosen } = await managedApplication(req);
     if (application.type !== 'private') throw new NotFoundError('Tokens are generated here only for private applications.');
     if (application.disabled) return renderApplication(reply, ctx, application, 400, { errors: ['The application is disabled.'] });
+    // Its tokens must be bound to a key only the application holds: none can be made here.
+    if (requiresDpop(application)) {
+      return renderApplication(reply, ctx, application, 400, { errors: ['This application’s tokens are DPoP-bound to its own key: it gets them itself, with client credentials and a DPoP proof.'] });
+    }
     let scopes: Scope[];
     try {
       scopes = grantableScopes(chosen.join(' '), application.scopes);
@@ -320,4 +377,27 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
     await deleteApplication(db, application, changeOptions(ctx));
     return reply.redirect('/dashboard/applications', 303);
   });
+}
+
+/** The security form's fields, as shown and as sent. */
+interface SecurityForm {
+  method: string;
+  jwks: string;
+  jwksUri: string;
+  dpop: boolean;
+  par: boolean;
+  idTokenAlg: string;
+  fapi2: boolean;
+}
+
+function securityFormOf(application: Application): SecurityForm {
+  return {
+    method: application.token_endpoint_auth_method,
+    jwks: application.jwks ? JSON.stringify(application.jwks, null, 2) : '',
+    jwksUri: application.jwks_uri ?? '',
+    dpop: application.dpop_bound_access_tokens,
+    par: application.require_pushed_authorization_requests,
+    idTokenAlg: application.id_token_signed_response_alg,
+    fapi2: application.fapi2,
+  };
 }
