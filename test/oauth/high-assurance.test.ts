@@ -411,6 +411,15 @@ describe('the FAPI 2.0 profile', () => {
       const DPoP = oauth.DPoP(rpClient, await oauth.generateKeyPair('ES256'));
       const tokens = await oauth.processAuthorizationCodeResponse(as, rpClient, await oauth.authorizationCodeGrantRequest(as, rpClient, clientAuth, params, RP_REDIRECT, verifier, { DPoP, ...insecure }));
       expect(tokens.token_type).toBe('dpop');
+
+      // No rotation (FAPI 2.0 §5.3.2.1): the refresh token stays the same, and works again (a retry
+      // after a lost response succeeds); bound to the key and the client's private_key_jwt.
+      for (let i = 0; i < 2; i++) {
+        const refreshed = await oauth.processRefreshTokenResponse(as, rpClient, await oauth.refreshTokenGrantRequest(as, rpClient, clientAuth, tokens.refresh_token!, { DPoP, ...insecure }));
+        expect(refreshed).toMatchObject({ token_type: 'dpop', refresh_token: tokens.refresh_token });
+      }
+      const thief = await oauth.refreshTokenGrantRequest(as, rpClient, clientAuth, tokens.refresh_token!, insecure);
+      expect(thief.status).toBe(400);
     },
     ASYNC,
   );

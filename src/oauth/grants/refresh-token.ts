@@ -46,6 +46,8 @@ async function rotateRefreshToken(
     successor: string;
     ttlSeconds: number;
     dpop: { jkt: string | null; sameKey: boolean };
+    /** False for a FAPI 2.0 application: the token is kept (sender-constrained, not rotated; FAPI 2.0 §5.3.2.1). */
+    rotate: boolean;
   },
 ): Promise<Rotated | undefined> {
   const asked = input.asked === null ? null : [...input.asked.scopes];
@@ -92,7 +94,7 @@ async function rotateRefreshToken(
     ),
     retired as (
       update refresh_tokens set rotated_at = now() from t, live
-      where refresh_tokens.id = t.id and live.id = t.grant_id
+      where refresh_tokens.id = t.id and live.id = t.grant_id and ${input.rotate}::boolean
         and refresh_tokens.rotated_at is null and refresh_tokens.revoked_at is null
       returning refresh_tokens.id
     ),
@@ -105,7 +107,7 @@ async function rotateRefreshToken(
     select t.grant_id, t.resource_id, t.organization_id, o.name as organization_name, t.user_id, t.scopes, t.role_id,
       t.identity_scopes, t.auth_time, t.sid, t.amr, u.email, u.name, u.email_verified_at is not null as email_verified
     from t join organizations o on o.id = t.organization_id join users u on u.id = t.user_id
-    where exists (select 1 from successor)`.execute(db);
+    where exists (select 1 from successor) or (not ${input.rotate}::boolean and exists (select 1 from live))`.execute(db);
   return rows[0];
 }
 
@@ -200,11 +202,13 @@ export const refreshToken: GrantHandler = {
     // A client without credentials proves it holds the refresh token's key; one that authenticates
     // proves who it is, and may move its tokens to a new key (RFC 9449 §5).
     const dpop = { jkt: dpopJkt, sameKey: application.token_endpoint_auth_method === 'none' };
+    // FAPI 2.0 §5.3.2.1: no rotation; the refresh token stays, bound to the client's key and its private_key_jwt.
+    const keepToken = application.fapi2;
     const asked = askedScopes(params);
     const named = params.resource === undefined ? undefined : await ctx.resources.resolve(params.resource);
     const signingKey = await ctx.keys.signingKey();
     const successor = generateSecret(32);
-    const rotate = () => rotateRefreshToken(ctx.db, { presented, applicationId: application.id, asked, resource: named, successor, ttlSeconds: ctx.config.refreshTokenTtl, dpop });
+    const rotate = () => rotateRefreshToken(ctx.db, { presented, applicationId: application.id, asked, resource: named, successor, ttlSeconds: ctx.config.refreshTokenTtl, dpop, rotate: !keepToken });
     let rotated = await rotate();
     if (!rotated) {
       const refused = await refusal(ctx, application, presented, asked, named, dpop);
@@ -232,7 +236,7 @@ export const refreshToken: GrantHandler = {
       // The new refresh token keeps the old one's scope (RFC 6749 §6); the access token may be narrower.
       accessScopes: scopes,
       resource,
-      refreshToken: successor,
+      refreshToken: keepToken ? presented : successor,
       // OIDC Core §12.2: a new ID token with the same sub and auth_time (and sid), without a nonce.
       identity: { ...rotated, identity_scopes: asked === null ? rotated.identity_scopes : rotated.identity_scopes.filter((s) => asked.identity.includes(s)), nonce: null },
       idTokenAlg: application.id_token_signed_response_alg,
