@@ -3,7 +3,8 @@
  * Node.js provider) configured to do what orgauth's client_credentials scenario does, in a
  * process of its own so neither server shares a CPU budget with the load generator:
  *
- * - one confidential client authenticating with client_secret_basic;
+ * - one confidential client authenticating with client_secret_basic, and one with private_key_jwt
+ *   (its public keys in PEER_KEYS_JWKS) for the DPoP scenario;
  * - the client_credentials grant, scope contacts.read;
  * - ES256-signed JWT access tokens (RFC 9068 profile) for one resource server, one hour;
  * - its in-memory adapter (the default), production mode otherwise (no dev interactions).
@@ -35,6 +36,21 @@ const provider = new Provider(`http://127.0.0.1:${port}`, {
       id_token_signed_response_alg: 'ES256',
       scope: 'contacts.read',
     },
+    ...(process.env.PEER_KEYS_JWKS
+      ? [
+          {
+            client_id: `${clientId}-keys`,
+            grant_types: ['client_credentials'],
+            response_types: [],
+            redirect_uris: [],
+            token_endpoint_auth_method: 'private_key_jwt' as const,
+            token_endpoint_auth_signing_alg: 'ES256' as const,
+            jwks: JSON.parse(process.env.PEER_KEYS_JWKS) as { keys: object[] },
+            id_token_signed_response_alg: 'ES256' as const,
+            scope: 'contacts.read',
+          },
+        ]
+      : []),
   ],
   jwks: { keys: [jwk] },
   // The same path as orgauth's, so both scenarios send the very same request.
@@ -43,6 +59,8 @@ const provider = new Provider(`http://127.0.0.1:${port}`, {
   features: {
     devInteractions: { enabled: false },
     clientCredentials: { enabled: true },
+    // RFC 9449, as orgauth: proofs accepted, no nonce required.
+    dPoP: { enabled: true },
     resourceIndicators: {
       enabled: true,
       defaultResource: () => RESOURCE,

@@ -17,10 +17,11 @@ import { type Kysely, sql } from 'kysely';
  * - authorization_codes.dpop_jkt, grants.dpop_jkt: the key a code (dpop_jkt, RFC 9449 §10) and a
  *   grant's tokens are bound to.
  * - pushed_authorization_requests: a request_uri's parameters, 60 s to first use, one code.
- * - client_assertion_jtis: private_key_jwt assertions seen, until they expire (single use).
- * - dpop_proof_jtis: DPoP proofs seen, until their window closes. UNLOGGED: a crash empties it
- *   (as a cache in memory would be emptied) and its writes skip the WAL; what it protects is a
- *   minute's window, and the tokens stay bound to their key either way.
+ * - seen_jtis: the replay store of DPoP proofs (until their window closes) and of private_key_jwt
+ *   assertions (until they expire, at most 5 minutes), keyed by kind, key or client, and jti.
+ *   UNLOGGED: its writes skip the WAL and its commits wait for no flush, which is what makes a
+ *   write per proof affordable; a crash empties it, as a cache in memory would be emptied, and
+ *   what it protects is minutes long (tokens stay bound to their key either way).
  */
 export async function up(db: Kysely<any>): Promise<void> {
   await sql`drop index signing_keys_one_active_key`.execute(db);
@@ -61,25 +62,15 @@ export async function up(db: Kysely<any>): Promise<void> {
   )`.execute(db);
   await sql`create index pushed_authorization_requests_expires_at_idx on pushed_authorization_requests (expires_at)`.execute(db);
 
-  await sql`create table client_assertion_jtis (
-    id bigint generated always as identity primary key,
-    application_id integer not null references applications (id) on delete cascade,
-    jti text not null,
-    expires_at timestamptz not null,
-    unique (application_id, jti)
-  )`.execute(db);
-  await sql`create index client_assertion_jtis_expires_at_idx on client_assertion_jtis (expires_at)`.execute(db);
-
-  await sql`create unlogged table dpop_proof_jtis (
-    key text primary key,
+  await sql`create unlogged table seen_jtis (
+    key text primary key check (length(key) <= 400),
     expires_at timestamptz not null
   )`.execute(db);
-  await sql`create index dpop_proof_jtis_expires_at_idx on dpop_proof_jtis (expires_at)`.execute(db);
+  await sql`create index seen_jtis_expires_at_idx on seen_jtis (expires_at)`.execute(db);
 }
 
 export async function down(db: Kysely<any>): Promise<void> {
-  await sql`drop table dpop_proof_jtis`.execute(db);
-  await sql`drop table client_assertion_jtis`.execute(db);
+  await sql`drop table seen_jtis`.execute(db);
   await sql`drop table pushed_authorization_requests`.execute(db);
   await sql`alter table grants drop column dpop_jkt`.execute(db);
   await sql`alter table authorization_codes drop column dpop_jkt`.execute(db);

@@ -58,8 +58,7 @@ const RULES = [
   { table: 'jobs', key: 'id', at: 'finished_at', graceSeconds: 30 * DAY_S },
   // Replay stores: a DPoP proof's jti and a private_key_jwt assertion's, until they could no longer be accepted anyway.
   // Five minutes on: their expiry times come from an instance's clock, compared here with the database's.
-  { table: 'dpop_proof_jtis', key: 'key', at: 'expires_at', graceSeconds: 300 },
-  { table: 'client_assertion_jtis', key: 'id', at: 'expires_at', graceSeconds: 300 },
+  { table: 'seen_jtis', key: 'key', at: 'expires_at', graceSeconds: 300 },
   // A pushed request's request_uri: 60 s to first use, then the sign-in it started may take up to 15 minutes.
   { table: 'pushed_authorization_requests', key: 'id', at: 'expires_at', graceSeconds: 3600 },
   // The webhook delivery log: events go 30 days on, their deliveries and attempts with them.

@@ -61,7 +61,7 @@ beforeAll(async () => {
 });
 afterAll(() => database.close());
 
-const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0, jobs: 0, webhook_events: 0, dpop_proof_jtis: 0, client_assertion_jtis: 0, pushed_authorization_requests: 0 };
+const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0, jobs: 0, webhook_events: 0, seen_jtis: 0, pushed_authorization_requests: 0 };
 
 describe(`deleting expired rows on ${BACKEND}`, () => {
   it('deletes what expired, keeps what is live, and keeps codes a week past expiry for replay detection', async () => {
@@ -101,8 +101,7 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
     }
     // Replay stores go five minutes after their entries could no longer be accepted (clocks differ); a pushed request an hour past its expiry.
     for (const [key, expiresIn] of [['dpop-gone', -310], ['dpop-live', -60]] as const) {
-      await db.insertInto('dpop_proof_jtis').values({ key, expires_at: at(expiresIn) }).execute();
-      await db.insertInto('client_assertion_jtis').values({ application_id: applicationId, jti: key, expires_at: at(expiresIn) }).execute();
+      await db.insertInto('seen_jtis').values({ key, expires_at: at(expiresIn) }).execute();
     }
     for (const [uri, expiresIn] of [['par-gone', -3700], ['par-recent', -60]] as const) {
       await db.insertInto('pushed_authorization_requests').values({ request_uri_hash: uri, application_id: applicationId, params: '{}', dpop_jkt: null, expires_at: at(expiresIn) }).execute();
@@ -134,12 +133,10 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
       client_registrations: 0,
       jobs: 1,
       webhook_events: 1,
-      dpop_proof_jtis: 1,
-      client_assertion_jtis: 1,
+      seen_jtis: 1,
       pushed_authorization_requests: 1,
     });
-    expect((await db.selectFrom('dpop_proof_jtis').select('key').execute()).map((r) => r.key)).toEqual(['dpop-live']);
-    expect((await db.selectFrom('client_assertion_jtis').select('jti').execute()).map((r) => r.jti)).toEqual(['dpop-live']);
+    expect((await db.selectFrom('seen_jtis').select('key').execute()).map((r) => r.key)).toEqual(['dpop-live']);
     expect((await db.selectFrom('pushed_authorization_requests').select('request_uri_hash').execute()).map((r) => r.request_uri_hash)).toEqual(['par-recent']);
     expect((await db.selectFrom('jobs').select('kind').orderBy('id').execute()).map((j) => j.kind)).toEqual(['recent', 'waiting']);
     expect((await db.selectFrom('webhook_events').select('message_id').execute()).map((e) => e.message_id)).toEqual(['msg_recent']);

@@ -621,16 +621,11 @@ export interface PushedAuthorizationRequestsTable {
   created_at: Generated<Date>;
 }
 
-/** A private_key_jwt assertion's jti, seen, kept until the assertion expires (RFC 7523 §3 point 7). */
-export interface ClientAssertionJtisTable {
-  id: Generated<number>;
-  application_id: number;
-  jti: string;
-  expires_at: Timestamp;
-}
-
-/** A DPoP proof seen (RFC 9449 §11.1), by key thumbprint and jti, until its window closes. UNLOGGED. */
-export interface DpopProofJtisTable {
+/**
+ * The replay store (RFC 9449 §11.1, RFC 7523 §3 point 7): a DPoP proof's key thumbprint and jti,
+ * or a client assertion's client and jti, until it could no longer be accepted. UNLOGGED.
+ */
+export interface SeenJtisTable {
   key: string;
   expires_at: Timestamp;
 }
@@ -682,8 +677,7 @@ export interface Database {
   webhook_deliveries: WebhookDeliveriesTable;
   webhook_attempts: WebhookAttemptsTable;
   pushed_authorization_requests: PushedAuthorizationRequestsTable;
-  client_assertion_jtis: ClientAssertionJtisTable;
-  dpop_proof_jtis: DpopProofJtisTable;
+  seen_jtis: SeenJtisTable;
 }
 
 export type User = Selectable<UsersTable>;

@@ -67,8 +67,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   resources: ['id', 'uri', 'name', 'scopes', 'access_token_ttl', 'created_at', 'updated_at'],
   client_registrations: ['id', 'ip', 'created_at'],
   pushed_authorization_requests: ['id', 'request_uri_hash', 'application_id', 'params', 'dpop_jkt', 'expires_at', 'first_used_at', 'consumed_at', 'created_at'],
-  client_assertion_jtis: ['id', 'application_id', 'jti', 'expires_at'],
-  dpop_proof_jtis: ['key', 'expires_at'],
+  seen_jtis: ['key', 'expires_at'],
   device_authorizations: [
     'id', 'device_code_hash', 'user_code', 'application_id', 'resource_id', 'scopes', 'identity_scopes', 'status', 'user_id', 'organization_id',
     'granted_scopes', 'auth_time', 'amr', 'grant_id', 'interval_s', 'last_polled_at', 'expires_at', 'created_at',

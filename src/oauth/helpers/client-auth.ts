@@ -4,12 +4,11 @@
  * Connect Core §9) — one of them, never two, never in the query. Secrets are compared as SHA-256
  * digests in constant time: no slow hash on this path. An assertion is checked against the
  * application's registered keys (helpers/client-assertion.ts) and its jti is used once, on every
- * instance (client_assertion_jtis). Repeated failures for one client_id are throttled (TK-6).
+ * instance (models/seen-jtis.ts). Repeated failures for one client_id are throttled (TK-6).
  */
-import { sql } from 'kysely';
-import type { DB } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
 import { CLIENT_ASSERTION_TYPE, type ClientAssertionVerifier } from './client-assertion.js';
+import type { SeenJtis } from '../models/seen-jtis.js';
 import { InvalidRequestError } from '../../errors.js';
 import { secretMatches } from '../../lib/crypto.js';
 import type { FindApplication } from '../models/application-cache.js';
@@ -22,10 +21,10 @@ import type { Params } from './params.js';
 /** How the client authenticated; `none`: a public client without a secret (RFC 7591 §2), identified by client_id alone. */
 export type ClientAuthMethod = 'client_secret_basic' | 'client_secret_post' | 'none' | 'private_key_jwt';
 
-/** What checking a private_key_jwt assertion needs: the verifier, the database for its jti, and the audiences it may name. */
+/** What checking a private_key_jwt assertion needs: the verifier, the replay store for its jti, and the audiences it may name. */
 export interface ClientAssertions {
   verifier: ClientAssertionVerifier;
-  db: DB;
+  jtis: SeenJtis;
   /** The issuer identifier and the endpoint's URL (RFC 7523 §3 point 3). */
   audiences: readonly string[];
 }
@@ -67,15 +66,6 @@ function assertedClientId(assertion: string): string {
   throw new InvalidClientError({ cause: new Error('the client assertion names no client (iss)') });
 }
 
-/** RFC 7523 §3 point 7: a jti is used once until the assertion expires, on every instance. */
-async function useAssertionJti(db: DB, application: Application, jti: string, exp: number): Promise<boolean> {
-  const { rows } = await sql<{ id: number }>`
-    insert into client_assertion_jtis (application_id, jti, expires_at) values (${application.id}, ${jti}, to_timestamp(${exp}))
-    on conflict (application_id, jti) do update set expires_at = excluded.expires_at where client_assertion_jtis.expires_at < now() - interval '5 minutes'
-    returning id`.execute(db);
-  return rows.length > 0;
-}
-
 async function authenticateWithAssertion(
   findApplication: FindApplication,
   throttle: FailureThrottle,
@@ -106,7 +96,8 @@ async function authenticateWithAssertion(
     if (err instanceof InvalidClientError) return fail('invalid client assertion', err);
     throw err;
   }
-  if (!(await useAssertionJti(assertions.db, application, verified.jti, verified.exp))) return fail('the client assertion was used before (its jti was seen)');
+  // RFC 7523 §3 point 7: a jti is used once until the assertion expires, on every instance.
+  if (!(await assertions.jtis.firstUse(`client:${application.id}:${verified.jti}`, verified.exp))) return fail('the client assertion was used before (its jti was seen)');
   return { application, method: 'private_key_jwt' };
 }
 

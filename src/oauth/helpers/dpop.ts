@@ -339,17 +339,14 @@ export async function verifyDpopProof(proof: string, expected: DpopExpectation):
   const signed = Buffer.from(`${encodedHeader}.${encodedPayload}`, 'ascii');
   let valid: boolean;
   try {
-    valid =
-      spec.kty === 'EC'
-        ? verifySignature(spec.digest, signed, { key, dsaEncoding: 'ieee-p1363' }, signature)
-        : spec.kty === 'RSA'
-          ? verifySignature(
-              spec.digest,
-              signed,
-              spec.pss ? { key, padding: constants.RSA_PKCS1_PSS_PADDING, saltLength: DIGEST_BYTES[spec.digest] } : { key, padding: constants.RSA_PKCS1_PADDING },
-              signature,
-            )
-          : verifySignature(null, signed, key, signature);
+    valid = await new Promise<boolean>((resolve, reject) => {
+      const done = (err: Error | null, ok: boolean) => (err ? reject(err) : resolve(ok));
+      if (spec.kty === 'EC') verifySignature(spec.digest, signed, { key, dsaEncoding: 'ieee-p1363' }, signature, done);
+      else if (spec.kty === 'RSA') {
+        const padding = spec.pss ? { key, padding: constants.RSA_PKCS1_PSS_PADDING, saltLength: DIGEST_BYTES[spec.digest] } : { key, padding: constants.RSA_PKCS1_PADDING };
+        verifySignature(spec.digest, signed, padding, signature, done);
+      } else verifySignature(null, signed, key, signature, done);
+    });
   } catch {
     valid = false;
   }

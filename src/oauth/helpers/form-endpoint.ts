@@ -17,6 +17,7 @@ import type { RevocationList } from '../models/revocation-list.js';
 import { type AuthenticatedClient, authenticateClient } from './client-auth.js';
 import type { ClientAssertionVerifier } from './client-assertion.js';
 import type { DpopProofs } from '../models/dpop-proofs.js';
+import type { SeenJtis } from '../models/seen-jtis.js';
 import { type Params, readParams } from './params.js';
 
 export const FORM = 'application/x-www-form-urlencoded';
@@ -35,6 +36,8 @@ export interface OAuthEndpointOptions {
   assertions: ClientAssertionVerifier;
   /** DPoP proofs (models/dpop-proofs.ts). */
   dpop: DpopProofs;
+  /** The replay store of proofs and assertions (models/seen-jtis.ts). */
+  jtis: SeenJtis;
 }
 
 /** RFC 6749 §5.1: token responses (and errors) are never cached. */
@@ -94,7 +97,7 @@ export function formParams(body: unknown): Params {
 /** The form parameters of a client-authenticated endpoint, and the client that sent them. */
 export async function authenticatedForm(
   req: FastifyRequest,
-  { applications, clientThrottle, assertions, db, config }: Pick<OAuthEndpointOptions, 'applications' | 'clientThrottle' | 'assertions' | 'db' | 'config'>,
+  { applications, clientThrottle, assertions, jtis, config }: Pick<OAuthEndpointOptions, 'applications' | 'clientThrottle' | 'assertions' | 'jtis' | 'config'>,
 ): Promise<{ body: Params; client: AuthenticatedClient }> {
   const body = formParams(req.body);
   // An assertion's audience: the issuer (FAPI 2.0), or this endpoint's URL (OpenID Connect Core §9).
@@ -103,7 +106,7 @@ export async function authenticatedForm(
     applications.find,
     clientThrottle,
     { authorization: req.headers.authorization, query: readParams(req.query), body, ip: req.ip },
-    { verifier: assertions, db, audiences },
+    { verifier: assertions, jtis, audiences },
   );
   return { body, client };
 }

@@ -3,23 +3,18 @@
  * server nonce (§8, §9) and the single use of each proof (§11.1), for the token endpoint, PAR,
  * userinfo and the API alike.
  *
- * Single use across instances: a proof's jti is remembered in the database (dpop_proof_jtis,
- * keyed by key thumbprint and jti) until no proof carrying it could still be accepted (iat plus
- * DPOP_PROOF_MAX_AGE plus the skew). The database and not Redis: every instance already shares
- * it, Redis is optional here (rate limits fall back to memory without it; a replay cache cannot),
- * and the embedded database needs no other server. The table is UNLOGGED (no WAL), and the
- * checks of requests arriving together go in one statement (RemembersJtis below), so the API
- * pays a fraction of a round trip per proof under load rather than one each.
+ * Single use across instances: a proof's key thumbprint and jti are remembered in the database
+ * (seen-jtis.ts) until no proof carrying them could still be accepted (iat plus
+ * DPOP_PROOF_MAX_AGE plus the skew).
  *
  * Nonces are stateless: an HMAC of the current minute under SECRET_KEY, so every instance makes
  * and accepts the same ones without sharing anything; the current and the previous minute's are
  * accepted, so a nonce lives 60 to 120 seconds.
  */
 import { createHmac } from 'node:crypto';
-import { sql } from 'kysely';
 import type { FastifyRequest } from 'fastify';
 import type { Config } from '../../config.js';
-import type { DB } from '../../db/connect.js';
+import type { SeenJtis } from './seen-jtis.js';
 import { deriveKey } from '../../lib/crypto.js';
 import { AppError } from '../../errors.js';
 import { DPOP_ALGS, DpopProofError, verifyDpopProof, type VerifiedDpopProof } from '../helpers/dpop.js';
@@ -27,11 +22,7 @@ import { DPOP_ALGS, DpopProofError, verifyDpopProof, type VerifiedDpopProof } fr
 export { DpopProofError };
 
 const NONCE_WINDOW_S = 60;
-/** Expiry times come from an instance's clock, and are compared with the database's: a row is let go only this much later. */
-export const CLOCK_MARGIN_S = 300;
 const MAX_SKEW_S = 5;
-/** The statement's batch: at most this many proofs in one insert. */
-const MAX_BATCH = 500;
 
 /** The algs a client may sign proofs with, as the metadata and the challenges list them. */
 export const DPOP_SIGNING_ALGS: readonly string[] = DPOP_ALGS;
@@ -45,62 +36,6 @@ export function dpopHeader(headers: Record<string, string | string[] | undefined
   return value;
 }
 
-interface Pending {
-  key: string;
-  expiresAt: number;
-  resolve(fresh: boolean): void;
-  reject(err: unknown): void;
-}
-
-/**
- * Remembers jtis in the database, batching the proofs of one turn of the event loop into one
- * insert. Returns whether each was new (not seen within its window).
- */
-class RemembersJtis {
-  private pending: Pending[] = [];
-  private scheduled = false;
-
-  constructor(private readonly db: DB) {}
-
-  remember(key: string, expiresAt: number): Promise<boolean> {
-    return new Promise((resolve, reject) => {
-      this.pending.push({ key, expiresAt, resolve, reject });
-      if (!this.scheduled) {
-        this.scheduled = true;
-        setImmediate(() => this.flush());
-      }
-    });
-  }
-
-  private flush(): void {
-    this.scheduled = false;
-    while (this.pending.length > 0) {
-      const batch = this.pending.splice(0, MAX_BATCH);
-      void this.insert(batch);
-    }
-  }
-
-  private async insert(batch: Pending[]): Promise<void> {
-    // Twice in one batch: the second is a replay of the first.
-    const first = new Map<string, Pending>();
-    for (const p of batch) if (!first.has(p.key)) first.set(p.key, p);
-    try {
-      const keys = [...first.keys()];
-      const expiries = [...first.values()].map((p) => new Date(p.expiresAt * 1000).toISOString());
-      // A row whose window has closed is taken over (jtis are random; this only keeps the table from growing between cleanups).
-      const { rows } = await sql<{ key: string }>`
-        insert into dpop_proof_jtis (key, expires_at)
-        select * from unnest(${keys}::text[], ${expiries}::timestamptz[])
-        on conflict (key) do update set expires_at = excluded.expires_at where dpop_proof_jtis.expires_at < now() - make_interval(secs => ${CLOCK_MARGIN_S})
-        returning key`.execute(this.db);
-      const fresh = new Set(rows.map((r) => r.key));
-      for (const p of batch) p.resolve(first.get(p.key) === p && fresh.has(p.key));
-    } catch (err) {
-      for (const p of batch) p.reject(err);
-    }
-  }
-}
-
 export interface DpopCheck {
   method: string;
   /** The URL the request was sent to, as the client wrote it in htu (the issuer's origin and the path). */
@@ -111,14 +46,12 @@ export interface DpopCheck {
 
 export class DpopProofs {
   private readonly nonceKey: Uint8Array;
-  private readonly jtis: RemembersJtis;
 
   constructor(
-    db: DB,
+    private readonly jtis: SeenJtis,
     private readonly config: Pick<Config, 'secretKey' | 'dpop'>,
   ) {
     this.nonceKey = deriveKey(config.secretKey, 'dpop-nonce');
-    this.jtis = new RemembersJtis(db);
   }
 
   get requireNonce(): boolean {
@@ -154,7 +87,7 @@ export class DpopProofs {
       maxAgeSeconds: this.config.dpop.proofMaxAge,
       maxFutureSeconds: MAX_SKEW_S,
     });
-    if (!(await this.jtis.remember(`${verified.jkt}.${verified.jti}`, verified.replayUntil))) {
+    if (!(await this.jtis.firstUse(`dpop:${verified.jkt}:${verified.jti}`, verified.replayUntil))) {
       throw new DpopProofError('invalid_dpop_proof', 'the DPoP proof was used before (its jti was seen)');
     }
     return verified;
