@@ -44,7 +44,11 @@ export const applicationSchema = z
     dpop_bound_access_tokens: z.boolean().describe('RFC 9449: every access token is DPoP-bound; a token request without a DPoP proof is refused'),
     require_pushed_authorization_requests: z.boolean().describe('RFC 9126: authorization requests only through /oauth/par'),
     id_token_signed_response_alg: z.enum(ID_TOKEN_ALGS).describe('the algorithm of its ID tokens'),
-    fapi2: z.boolean().describe('the FAPI 2.0 Security Profile: PAR, PKCE, DPoP, private_key_jwt and 60-second codes, together'),
+    fapi2: z
+      .boolean()
+      .describe(
+        'the FAPI 2.0 Security Profile: PAR, PKCE S256, DPoP-bound tokens, private_key_jwt only, iss in the response, codes valid 60 s, refresh tokens not rotated; mutual TLS (RFC 8705) is out of scope',
+      ),
     created_at: z.iso.datetime(),
     updated_at: z.iso.datetime(),
     secret_rotated_at: z.iso.datetime().nullable(),

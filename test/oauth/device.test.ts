@@ -343,6 +343,23 @@ describe(`the device authorization grant end to end on ${BACKEND}`, () => {
     expect(await db().selectFrom('refresh_tokens').select('id').where('grant_id', '=', (await row(device.device_code)).grant_id!).execute()).toHaveLength(1);
   });
 
+  it('binds the tokens of a device that sends a DPoP proof to its key (RFC 9449): refresh with the key only', async () => {
+    const device = await startDevice();
+    expect((await decide(await signedIn(), device.user_code, 'approve', alpha)).statusCode).toBe(200);
+    const DPoP = oauth.DPoP(agent, await oauth.generateKeyPair('ES256'));
+    const res = await oauth.deviceCodeGrantRequest(as, agent, oauth.None(), device.device_code, { DPoP, ...http });
+    const issued = await oauth.processDeviceCodeResponse(as, agent, res);
+    expect(issued.token_type).toBe('dpop');
+    expect(JSON.parse(Buffer.from(issued.access_token.split('.')[1]!, 'base64url').toString())).toHaveProperty('cnf.jkt');
+    // A public client's refresh token is bound to the key: none, or another, is invalid_grant.
+    const unproved = await oauth.refreshTokenGrantRequest(as, agent, oauth.None(), issued.refresh_token!, http);
+    expect(unproved.status).toBe(400);
+    const other = await oauth.refreshTokenGrantRequest(as, agent, oauth.None(), issued.refresh_token!, { DPoP: oauth.DPoP(agent, await oauth.generateKeyPair('ES256')), ...http });
+    expect(other.status).toBe(400);
+    const refreshed = await oauth.processRefreshTokenResponse(as, agent, await oauth.refreshTokenGrantRequest(as, agent, oauth.None(), issued.refresh_token!, { DPoP, ...http }));
+    expect(refreshed.token_type).toBe('dpop');
+  });
+
   it('gives a token for a registered resource, whose aud is the resource URI (RFC 8707)', async () => {
     // Named in another spelling of the same URI.
     const device = await startDevice(agent, { scope: 'contacts.read tools.call', resource: 'https://MCP.example.com:443/mcp/' });

@@ -252,6 +252,7 @@ describe('metadata (MD-3) and JWKS', () => {
       require_pushed_authorization_requests: false,
       dpop_signing_alg_values_supported: ['ES256', 'ES384', 'ES512', 'PS256', 'PS384', 'PS512', 'RS256', 'RS384', 'RS512', 'EdDSA'],
       id_token_signing_alg_values_supported: ['RS256', 'ES256'],
+      tls_client_certificate_bound_access_tokens: false,
       code_challenge_methods_supported: ['S256'],
       authorization_response_iss_parameter_supported: true,
     });

@@ -56,6 +56,8 @@ export function authorizationServerMetadata(config: Pick<Config, 'issuer' | 'sig
     require_pushed_authorization_requests: false,
     // RFC 9449: DPoP proofs at the token endpoint, PAR, userinfo and the API.
     dpop_signing_alg_values_supported: [...DPOP_SIGNING_ALGS],
+    // RFC 8705 §3.3: no certificate-bound tokens (mutual TLS is out of scope; DPoP constrains senders).
+    tls_client_certificate_bound_access_tokens: false,
     // draft-ietf-oauth-client-id-metadata-document: an https client_id is the URL of its metadata.
     client_id_metadata_document_supported: true,
     code_challenge_methods_supported: ['S256'],
