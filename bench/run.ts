@@ -766,16 +766,24 @@ async function main(): Promise<void> {
         0.4,
       ),
     );
+    // client_credentials with a client assertion per request, and a DPoP proof per request when
+    // `proofs` is given; `params` are the server's own (orgauth's organization_id).
+    const assertionParams = `client_assertion_type=${encodeURIComponent(CLIENT_ASSERTION_TYPE)}&client_assertion=`;
+    const keyedLoad = (name: string, port: number, params: string, signed: ReturnType<typeof prepared>, proofs?: ReturnType<typeof prepared>): Load => ({
+      name,
+      port,
+      method: 'POST',
+      path: '/oauth/token',
+      body: () => `grant_type=client_credentials&scope=contacts.read&${params}${assertionParams}${signed.next()}`,
+      ...(proofs !== undefined && { headersPerRequest: () => ({ dpop: proofs.next() }) }),
+      prepare: (seconds) => {
+        proofs?.fill(seconds);
+        signed.fill(seconds);
+      },
+    });
     add(
       await runScenario(
-        {
-          name: 'client_credentials with private_key_jwt',
-          method: 'POST',
-          path: '/oauth/token',
-          body: () =>
-            `grant_type=client_credentials&organization_id=${fx.smallOrg}&scope=contacts.read&client_assertion_type=${encodeURIComponent(CLIENT_ASSERTION_TYPE)}&client_assertion=${assertions.next()}`,
-          prepare: assertions.fill,
-        },
+        keyedLoad('client_credentials with private_key_jwt', PORT, `organization_id=${fx.smallOrg}&`, assertions),
         clientCredentials('client_credentials with client_secret_basic', PORT, fx),
         'throughput',
         0.4,
@@ -786,29 +794,10 @@ async function main(): Promise<void> {
     const peerIssuer = `http://127.0.0.1:${peerPort}`;
     const peerAssertions = prepared(() => clientAssertion(fx, peerIssuer, `${PEER_CLIENT_ID}-keys`));
     const peerProofs = prepared(() => dpopProof(fx, 'POST', `${peerIssuer}/oauth/token`));
-    const keyedLoad = (name: string, port: number, body: () => string, proofs: ReturnType<typeof prepared>, signed: ReturnType<typeof prepared>): Load => ({
-      name,
-      port,
-      method: 'POST',
-      path: '/oauth/token',
-      body,
-      headersPerRequest: () => ({ dpop: proofs.next() }),
-      prepare: (seconds) => {
-        proofs.fill(seconds);
-        signed.fill(seconds);
-      },
-    });
-    const assertionParams = `client_assertion_type=${encodeURIComponent(CLIENT_ASSERTION_TYPE)}&client_assertion=`;
     add(
       await runScenario(
-        keyedLoad(
-          'orgauth client_credentials with private_key_jwt and DPoP vs node-oidc-provider',
-          PORT,
-          () => `grant_type=client_credentials&organization_id=${fx.smallOrg}&scope=contacts.read&${assertionParams}${assertions.next()}`,
-          tokenProofs,
-          assertions,
-        ),
-        keyedLoad('node-oidc-provider client_credentials with private_key_jwt and DPoP', peerPort, () => `grant_type=client_credentials&scope=contacts.read&${assertionParams}${peerAssertions.next()}`, peerProofs, peerAssertions),
+        keyedLoad('orgauth client_credentials with private_key_jwt and DPoP vs node-oidc-provider', PORT, `organization_id=${fx.smallOrg}&`, assertions, tokenProofs),
+        keyedLoad('node-oidc-provider client_credentials with private_key_jwt and DPoP', peerPort, '', peerAssertions, peerProofs),
         'throughput',
         1.5,
         { p99NoWorse: true },

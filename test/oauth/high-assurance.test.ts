@@ -45,6 +45,13 @@ const pathOf = (url: URL | string) => {
   return `${u.pathname}${u.search}`;
 };
 
+/** The authorization endpoint's URL with `params` in its query. */
+const authorizeUrl = (params: Record<string, string>): URL => {
+  const url = new URL(as.authorization_endpoint!);
+  for (const [k, v] of Object.entries(params)) url.searchParams.set(k, v);
+  return url;
+};
+
 /** The browser's part: the authorization URL, the login page, the consent page (Allow). Returns the redirect back. */
 async function browse(p: Person, url: URL | string): Promise<URL> {
   let res = await p.browser.get(pathOf(url));
@@ -125,10 +132,7 @@ describe('DPoP, PAR and private_key_jwt with oauth4webapi', () => {
       expect(par.request_uri).toMatch(/^urn:ietf:params:oauth:request_uri:/);
 
       // The browser carries client_id and request_uri only; parameters beside them are ignored (RFC 9126 §4).
-      const url = new URL(as.authorization_endpoint!);
-      url.searchParams.set('client_id', rp.client_id);
-      url.searchParams.set('request_uri', par.request_uri);
-      url.searchParams.set('scope', 'contacts.write');
+      const url = authorizeUrl({ client_id: rp.client_id, request_uri: par.request_uri, scope: 'contacts.write' });
       const ada = await oidcPerson(world, PASSWORD);
       const callback = await browse(ada, url);
       const params = oauth.validateAuthResponse(as, rpClient, callback, state);
@@ -222,11 +226,10 @@ describe('DPoP, PAR and private_key_jwt with oauth4webapi', () => {
       const clientAuth = oauth.ClientSecretBasic(created.client_secret);
       const verifier = oauth.generateRandomCodeVerifier();
       const state = oauth.generateRandomState();
-      const url = new URL(as.authorization_endpoint!);
-      for (const [k, v] of Object.entries({
+      const url = authorizeUrl({
         client_id: rp.client_id, redirect_uri: RP_REDIRECT, response_type: 'code', scope: 'contacts.read', state,
         code_challenge: await oauth.calculatePKCECodeChallenge(verifier), code_challenge_method: 'S256',
-      })) url.searchParams.set(k, v);
+            });
       const params = oauth.validateAuthResponse(as, rpClient, await browse(await oidcPerson(world, PASSWORD), url), state);
       const bearer = await oauth.processAuthorizationCodeResponse(as, rpClient, await oauth.authorizationCodeGrantRequest(as, rpClient, clientAuth, params, RP_REDIRECT, verifier, insecure));
       expect(bearer.token_type).toBe('bearer');
@@ -257,12 +260,11 @@ describe('DPoP, PAR and private_key_jwt with oauth4webapi', () => {
       const DPoP = oauth.DPoP(rpClient, dpopKeys);
       const verifier = oauth.generateRandomCodeVerifier();
       const state = oauth.generateRandomState();
-      const url = new URL(as.authorization_endpoint!);
-      for (const [k, v] of Object.entries({
+      const url = authorizeUrl({
         client_id: rp.client_id, redirect_uri: RP_REDIRECT, response_type: 'code', scope: 'contacts.read contacts.write', state,
         code_challenge: await oauth.calculatePKCECodeChallenge(verifier), code_challenge_method: 'S256',
         dpop_jkt: await calculateJwkThumbprint((await exportJWK(dpopKeys.publicKey)) as JWK),
-      })) url.searchParams.set(k, v);
+            });
       const ada = await oidcPerson(world, PASSWORD);
       const params = oauth.validateAuthResponse(as, rpClient, await browse(ada, url), state);
       // The code is bound to the key named by dpop_jkt: redeemed with another, refused.
@@ -353,11 +355,10 @@ describe('the FAPI 2.0 profile', () => {
       // 1. Without PAR: an error on the redirect URI (it is registered), no code.
       const ada = await oidcPerson(world, PASSWORD);
       const verifier = oauth.generateRandomCodeVerifier();
-      const direct = new URL(as.authorization_endpoint!);
-      for (const [k, v] of Object.entries({
+      const direct = authorizeUrl({
         client_id: rp.client_id, redirect_uri: RP_REDIRECT, response_type: 'code', scope: 'contacts.read', state: oauth.generateRandomState(),
         code_challenge: await oauth.calculatePKCECodeChallenge(verifier), code_challenge_method: 'S256',
-      })) direct.searchParams.set(k, v);
+            });
       const refused = await browse(ada, direct);
       expect(refused.searchParams.get('error')).toBe('invalid_request');
       expect(refused.searchParams.get('error_description')).toContain('push');
@@ -381,9 +382,7 @@ describe('the FAPI 2.0 profile', () => {
           insecure,
         ),
       );
-      const url = new URL(as.authorization_endpoint!);
-      url.searchParams.set('client_id', rp.client_id);
-      url.searchParams.set('request_uri', pushed.request_uri);
+      const url = authorizeUrl({ client_id: rp.client_id, request_uri: pushed.request_uri });
       const params = oauth.validateAuthResponse(as, rpClient, await browse(ada, url), state);
       // Its code lives 60 seconds at most.
       const code = await world.t.handle.db

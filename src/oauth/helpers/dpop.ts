@@ -3,15 +3,10 @@
  * request (no database, no I/O; replay of `jti` is the caller's: remember it until `replayUntil`).
  *
  * Choices:
- * - node:crypto, not jose/WebCrypto: faster per verify (ES256 here: 95–130 µs against 135–235 µs
- *   for crypto.subtle), and this runs on every DPoP API request; the rest of the checks add 10–30 µs.
- *   The verify is the synchronous form. Measured (Node 20, OpenSSL 3.0, 2 busy cores, ES256,
- *   20,000 verifies): sync 101–134 µs each; the callback form (libuv thread pool)
- *   110–158 µs each one at a time (the hop to the pool costs 10–50 µs), and with 64 in flight
- *   95–147 µs of wall time each, no better than sync; a request mix with 200 µs of other work ran
- *   2,900–3,250 req/s sync, 3,000–3,700 async, within the noise. The callback form only saves
- *   main-thread time (6–14 µs instead of ~110 µs), which pays on a host with idle cores beside one
- *   process; with a process per core it is pure overhead, so sync it is.
+ * - The signature is checked by helpers/jws.ts (node:crypto on the thread pool, not jose through
+ *   WebCrypto): this runs on every DPoP API request; the rest of the checks add 10–30 µs. The
+ *   callback form costs a hop to the pool (10–50 µs) but frees the event loop for the ~110 µs of
+ *   an ES256 verify: at the token endpoint 0.440 → 0.533 of the same request without DPoP.
  * - Imported KeyObjects are cached by JWK thumbprint (RFC 7638) in an LRU of 1,000: importing a
  *   P-256 JWK costs ~150 µs (the point is checked on the curve), more than the verify, and a client
  *   signs thousands of proofs with one key. The thumbprint covers exactly the members that make the
@@ -31,7 +26,8 @@
  *   an authority and without user info (RFC 9110 §4.2.4) normalize; WHATWG URL's leniencies
  *   (`https:///x`, `https:x`, backslashes, stripped whitespace) are refused before it parses.
  */
-import { constants, createHash, createPublicKey, type KeyObject, verify as verifySignature } from 'node:crypto';
+import { createHash, createPublicKey, type KeyObject } from 'node:crypto';
+import { verifyJwsSignature } from './jws.js';
 
 /** What we accept (metadata dpop_signing_alg_values_supported): asymmetric only. */
 export const DPOP_ALGS = ['ES256', 'ES384', 'ES512', 'PS256', 'PS384', 'PS512', 'RS256', 'RS384', 'RS512', 'EdDSA'] as const;
@@ -82,26 +78,21 @@ const MAX_RSA_BITS = 8192;
 const MAX_RSA_EXPONENT_BITS = 33;
 const KEY_CACHE_MAX = 1000;
 
-type Digest = 'sha256' | 'sha384' | 'sha512';
-type AlgSpec =
-  | { kty: 'EC'; crv: 'P-256' | 'P-384' | 'P-521'; size: number; digest: Digest }
-  | { kty: 'RSA'; digest: Digest; pss: boolean }
-  | { kty: 'OKP'; crv: 'Ed25519'; size: number; digest: null };
+type AlgSpec = { kty: 'EC'; crv: 'P-256' | 'P-384' | 'P-521'; size: number } | { kty: 'RSA' } | { kty: 'OKP'; crv: 'Ed25519'; size: number };
 
 const ALGS = new Map<string, AlgSpec>([
-  ['ES256', { kty: 'EC', crv: 'P-256', size: 32, digest: 'sha256' }],
-  ['ES384', { kty: 'EC', crv: 'P-384', size: 48, digest: 'sha384' }],
-  ['ES512', { kty: 'EC', crv: 'P-521', size: 66, digest: 'sha512' }],
-  ['PS256', { kty: 'RSA', digest: 'sha256', pss: true }],
-  ['PS384', { kty: 'RSA', digest: 'sha384', pss: true }],
-  ['PS512', { kty: 'RSA', digest: 'sha512', pss: true }],
-  ['RS256', { kty: 'RSA', digest: 'sha256', pss: false }],
-  ['RS384', { kty: 'RSA', digest: 'sha384', pss: false }],
-  ['RS512', { kty: 'RSA', digest: 'sha512', pss: false }],
-  ['EdDSA', { kty: 'OKP', crv: 'Ed25519', size: 32, digest: null }],
+  ['ES256', { kty: 'EC', crv: 'P-256', size: 32 }],
+  ['ES384', { kty: 'EC', crv: 'P-384', size: 48 }],
+  ['ES512', { kty: 'EC', crv: 'P-521', size: 66 }],
+  ['PS256', { kty: 'RSA' }],
+  ['PS384', { kty: 'RSA' }],
+  ['PS512', { kty: 'RSA' }],
+  ['RS256', { kty: 'RSA' }],
+  ['RS384', { kty: 'RSA' }],
+  ['RS512', { kty: 'RSA' }],
+  ['EdDSA', { kty: 'OKP', crv: 'Ed25519', size: 32 }],
 ] satisfies [DpopAlg, AlgSpec][]);
 
-const DIGEST_BYTES: Record<Digest, number> = { sha256: 32, sha384: 48, sha512: 64 };
 const CURVES = { EC: new Set(['P-256', 'P-384', 'P-521']), OKP: new Set(['Ed25519']) };
 /** Members only a private (or symmetric) JWK has (RFC 7518 §6.2.2, §6.3.2, §6.4.1; RFC 8037 §2). */
 const PRIVATE_MEMBERS = ['d', 'p', 'q', 'dp', 'dq', 'qi', 'k', 'oth'] as const;
@@ -339,14 +330,7 @@ export async function verifyDpopProof(proof: string, expected: DpopExpectation):
   const signed = Buffer.from(`${encodedHeader}.${encodedPayload}`, 'ascii');
   let valid: boolean;
   try {
-    valid = await new Promise<boolean>((resolve, reject) => {
-      const done = (err: Error | null, ok: boolean) => (err ? reject(err) : resolve(ok));
-      if (spec.kty === 'EC') verifySignature(spec.digest, signed, { key, dsaEncoding: 'ieee-p1363' }, signature, done);
-      else if (spec.kty === 'RSA') {
-        const padding = spec.pss ? { key, padding: constants.RSA_PKCS1_PSS_PADDING, saltLength: DIGEST_BYTES[spec.digest] } : { key, padding: constants.RSA_PKCS1_PADDING };
-        verifySignature(spec.digest, signed, padding, signature, done);
-      } else verifySignature(null, signed, key, signature, done);
-    });
+    valid = await verifyJwsSignature(alg, signed, signature, key);
   } catch {
     valid = false;
   }
