@@ -229,7 +229,7 @@ describe('DPoP, PAR and private_key_jwt with oauth4webapi', () => {
       const url = authorizeUrl({
         client_id: rp.client_id, redirect_uri: RP_REDIRECT, response_type: 'code', scope: 'contacts.read', state,
         code_challenge: await oauth.calculatePKCECodeChallenge(verifier), code_challenge_method: 'S256',
-            });
+      });
       const params = oauth.validateAuthResponse(as, rpClient, await browse(await oidcPerson(world, PASSWORD), url), state);
       const bearer = await oauth.processAuthorizationCodeResponse(as, rpClient, await oauth.authorizationCodeGrantRequest(as, rpClient, clientAuth, params, RP_REDIRECT, verifier, insecure));
       expect(bearer.token_type).toBe('bearer');
@@ -239,6 +239,9 @@ describe('DPoP, PAR and private_key_jwt with oauth4webapi', () => {
         applications: { forget: () => undefined },
       });
       await expect.poll(async () => (await app.inject({ method: 'GET', url: contacts, headers: { authorization: `Bearer ${bearer.access_token}` } })).statusCode, { timeout: 2000 }).toBe(401);
+      // Introspection agrees with the API: that bearer token is no longer active.
+      const introspect = async () => (await oauth.introspectionRequest(as, rpClient, clientAuth, bearer.access_token, insecure)).json();
+      await expect.poll(introspect, { timeout: 2000 }).toEqual({ active: false });
       const DPoP = oauth.DPoP(rpClient, await oauth.generateKeyPair('ES256'));
       const refreshed = await oauth.processRefreshTokenResponse(as, rpClient, await oauth.refreshTokenGrantRequest(as, rpClient, clientAuth, bearer.refresh_token!, { DPoP, ...insecure }));
       expect(refreshed.token_type).toBe('dpop');
@@ -264,7 +267,7 @@ describe('DPoP, PAR and private_key_jwt with oauth4webapi', () => {
         client_id: rp.client_id, redirect_uri: RP_REDIRECT, response_type: 'code', scope: 'contacts.read contacts.write', state,
         code_challenge: await oauth.calculatePKCECodeChallenge(verifier), code_challenge_method: 'S256',
         dpop_jkt: await calculateJwkThumbprint((await exportJWK(dpopKeys.publicKey)) as JWK),
-            });
+      });
       const ada = await oidcPerson(world, PASSWORD);
       const params = oauth.validateAuthResponse(as, rpClient, await browse(ada, url), state);
       // The code is bound to the key named by dpop_jkt: redeemed with another, refused.
@@ -358,7 +361,7 @@ describe('the FAPI 2.0 profile', () => {
       const direct = authorizeUrl({
         client_id: rp.client_id, redirect_uri: RP_REDIRECT, response_type: 'code', scope: 'contacts.read', state: oauth.generateRandomState(),
         code_challenge: await oauth.calculatePKCECodeChallenge(verifier), code_challenge_method: 'S256',
-            });
+      });
       const refused = await browse(ada, direct);
       expect(refused.searchParams.get('error')).toBe('invalid_request');
       expect(refused.searchParams.get('error_description')).toContain('push');

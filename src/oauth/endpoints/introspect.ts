@@ -7,6 +7,7 @@ import { sql } from 'kysely';
 import { InvalidClientError } from '../errors.js';
 import { REMOVAL_MARGIN_S } from '../models/grants.js';
 import { clientAndToken } from '../helpers/client-token.js';
+import { requiresDpop } from '../helpers/fapi.js';
 import { type OAuthEndpointOptions, registerFormEndpoint } from '../helpers/form-endpoint.js';
 
 export async function introspectionEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
@@ -34,6 +35,8 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
       };
     }
     const c = found.claims;
+    // A bearer token of an application that now requires DPoP: the API refuses it (access-tokens.ts), so it is not active.
+    if (c.cnf === undefined && requiresDpop(application)) return { active: false };
     // Asked of the database, not the in-memory list: introspection is authoritative, and answers
     // 503 (never active) when the database is away (MD-1, MD-2).
     const grant = await options.db
