@@ -9,6 +9,7 @@
  * - openid-client validating an RS256 ID token from keys it discovered through the JWKS.
  * - an application under the FAPI 2.0 profile refusing a request without PAR, a token request
  *   without DPoP, and a client secret.
+ * - a client that registered itself (RFC 7591) with keys, DPoP and PAR, held to them alike.
  */
 import type { FastifyInstance } from 'fastify';
 import { calculateJwkThumbprint, decodeProtectedHeader, exportJWK, generateKeyPair, type JWK, SignJWT } from 'jose';
@@ -299,6 +300,78 @@ describe('DPoP, PAR and private_key_jwt with oauth4webapi', () => {
       expect(await unproved.json()).toMatchObject({ error: 'invalid_grant' });
       const narrowed = await oauth.processRefreshTokenResponse(as, rpClient, await narrowedRefresh({ DPoP }));
       expect(narrowed).toMatchObject({ token_type: 'dpop', scope: 'contacts.read' });
+    },
+    ASYNC,
+  );
+});
+
+describe('a client that registers itself with keys and DPoP (RFC 7591)', () => {
+  it(
+    'oauth4webapi registers private_key_jwt with its jwks, DPoP and PAR required, then runs PAR, code, refresh and the API as a developer’s application would',
+    async () => {
+      const keys = await clientKeys();
+      const registered = await oauth.processDynamicClientRegistrationResponse(
+        await oauth.dynamicClientRegistrationRequest(
+          as,
+          {
+            client_name: 'Keyed agent',
+            redirect_uris: [RP_REDIRECT],
+            token_endpoint_auth_method: 'private_key_jwt',
+            jwks: keys.jwks,
+            dpop_bound_access_tokens: true,
+            require_pushed_authorization_requests: true,
+            id_token_signed_response_alg: 'ES256',
+          },
+          insecure,
+        ),
+      );
+      // No secret: the keys are its credential. Everything it registered is echoed (RFC 7591 §3.2.1).
+      expect(registered).not.toHaveProperty('client_secret');
+      expect(registered).toMatchObject({
+        token_endpoint_auth_method: 'private_key_jwt',
+        jwks: keys.jwks,
+        dpop_bound_access_tokens: true,
+        require_pushed_authorization_requests: true,
+        id_token_signed_response_alg: 'ES256',
+      });
+      const row = await world.t.handle.db.selectFrom('applications').selectAll().where('client_id', '=', registered.client_id).executeTakeFirstOrThrow();
+      expect(row).toMatchObject({ registration: 'dynamic', organization_id: null, client_secret_hash: null, jwks: keys.jwks, fapi2: false });
+      const read = await app.inject({ method: 'GET', url: `/oauth/register/${registered.client_id}`, headers: { authorization: `Bearer ${registered.registration_access_token as string}` } });
+      expect(read.json()).toMatchObject({ token_endpoint_auth_method: 'private_key_jwt', jwks: keys.jwks, dpop_bound_access_tokens: true });
+
+      const rpClient: oauth.Client = { client_id: registered.client_id };
+      const clientAuth = oauth.PrivateKeyJwt({ key: keys.privateKey, kid: keys.kid });
+      const DPoP = oauth.DPoP(rpClient, await oauth.generateKeyPair('ES256'));
+      const verifier = oauth.generateRandomCodeVerifier();
+      const state = oauth.generateRandomState();
+      const request = { redirect_uri: RP_REDIRECT, response_type: 'code', scope: 'openid contacts.read', state, code_challenge: await oauth.calculatePKCECodeChallenge(verifier), code_challenge_method: 'S256' };
+      // PAR is required: the same request straight to the authorization endpoint is refused.
+      const direct = await browse(await oidcPerson(world, PASSWORD), authorizeUrl({ client_id: registered.client_id, ...request }));
+      expect(direct.searchParams.get('error')).toBe('invalid_request');
+      const par = await oauth.processPushedAuthorizationResponse(as, rpClient, await oauth.pushedAuthorizationRequest(as, rpClient, clientAuth, request, { DPoP, ...insecure }));
+      const params = oauth.validateAuthResponse(as, rpClient, await browse(await oidcPerson(world, PASSWORD), authorizeUrl({ client_id: registered.client_id, request_uri: par.request_uri })), state);
+      // DPoP is required: without a proof the code is not redeemed.
+      const withoutDpop = await oauth.authorizationCodeGrantRequest(as, rpClient, clientAuth, params, RP_REDIRECT, verifier, insecure);
+      expect(withoutDpop.status).toBe(400);
+      expect(await withoutDpop.json()).toMatchObject({ error: 'invalid_dpop_proof' });
+      const tokens = await oauth.processAuthorizationCodeResponse(
+        as,
+        { ...rpClient, id_token_signed_response_alg: 'ES256' },
+        await oauth.authorizationCodeGrantRequest(as, rpClient, clientAuth, params, RP_REDIRECT, verifier, { DPoP, ...insecure }),
+        { requireIdToken: true },
+      );
+      expect(tokens.token_type).toBe('dpop');
+      expect(decodeProtectedHeader(tokens.id_token!)).toMatchObject({ alg: 'ES256' });
+      const contacts = new URL(`${issuer}/api/v1/${world.org.organizationId}/contacts`);
+      const ok = await oauth.protectedResourceRequest(tokens.access_token, 'GET', contacts, new Headers({ accept: 'application/json' }), null, { DPoP, ...insecure });
+      expect(ok.status, await ok.clone().text()).toBe(200);
+      const refreshed = await oauth.processRefreshTokenResponse(as, rpClient, await oauth.refreshTokenGrantRequest(as, rpClient, clientAuth, tokens.refresh_token!, { DPoP, ...insecure }));
+      expect(refreshed.token_type).toBe('dpop');
+      // An assertion signed by another key is not the client.
+      const stranger = await clientKeys();
+      const refused = await oauth.refreshTokenGrantRequest(as, rpClient, oauth.PrivateKeyJwt({ key: stranger.privateKey, kid: keys.kid }), refreshed.refresh_token!, { DPoP, ...insecure });
+      expect(refused.status).toBe(401);
+      expect(await refused.json()).toMatchObject({ error: 'invalid_client' });
     },
     ASYNC,
   );

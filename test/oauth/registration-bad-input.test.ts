@@ -34,6 +34,8 @@ afterAll(async () => {
 
 const GOOD_URI = 'https://client.example.com/cb';
 const GOOD = { redirect_uris: [GOOD_URI], token_endpoint_auth_method: 'none', client_name: 'Battery' };
+/** A public P-256 key (RFC 7517 appendix A.1), for private_key_jwt registrations. */
+const EC_KEY = { kty: 'EC', crv: 'P-256', x: 'MKBCTNIcKUSDii11ySs3526iDZ8AiTo7Tu6KPAqv7D4', y: '4Etl6SRW2YiLUrN5vfvVHuhp7x8PxltmWWlbbM4IFyM', use: 'sig' };
 
 /** contentType null: no Content-Type header. */
 function post(payload: string | Buffer, contentType: string | null = 'application/json'): Promise<LightMyRequestResponse> {
@@ -113,7 +115,25 @@ const BAD_METADATA: [string, unknown][] = [
   ['response type code without authorization_code', { token_endpoint_auth_method: 'none', grant_types: [DEVICE], response_types: ['code'] }],
   ['redirect URIs without authorization_code', { ...GOOD, grant_types: [DEVICE] }],
   ['response_types a string', { ...GOOD, response_types: 'code' }],
-  ['auth method private_key_jwt', { ...GOOD, token_endpoint_auth_method: 'private_key_jwt', jwks_uri: 'https://client.example.com/jwks' }],
+  ['private_key_jwt without keys', { ...GOOD, token_endpoint_auth_method: 'private_key_jwt' }],
+  ['private_key_jwt with both jwks and jwks_uri', { ...GOOD, token_endpoint_auth_method: 'private_key_jwt', jwks: { keys: [EC_KEY] }, jwks_uri: 'https://client.example.com/jwks' }],
+  ['jwks with a client secret', { ...GOOD, token_endpoint_auth_method: 'client_secret_basic', jwks: { keys: [EC_KEY] } }],
+  ['jwks_uri without private_key_jwt (the default method)', { ...GOOD, jwks_uri: 'https://client.example.com/jwks' }],
+  ['jwks holding a private key', { ...GOOD, token_endpoint_auth_method: 'private_key_jwt', jwks: { keys: [{ ...EC_KEY, d: '870MB6gfuTJ4HtUnUvYMyJpr5eUZNP4Bk43bVdj3eAE' }] } }],
+  ['jwks holding a symmetric key', { ...GOOD, token_endpoint_auth_method: 'private_key_jwt', jwks: { keys: [{ kty: 'oct', k: 'c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0' }] } }],
+  ['jwks with no keys', { ...GOOD, token_endpoint_auth_method: 'private_key_jwt', jwks: { keys: [] } }],
+  ['jwks a list', { ...GOOD, token_endpoint_auth_method: 'private_key_jwt', jwks: [EC_KEY] }],
+  ['jwks a string', { ...GOOD, token_endpoint_auth_method: 'private_key_jwt', jwks: JSON.stringify({ keys: [EC_KEY] }) }],
+  ['jwks_uri with a fragment', { ...GOOD, token_endpoint_auth_method: 'private_key_jwt', jwks_uri: 'https://client.example.com/jwks#k' }],
+  ['jwks_uri with user info', { ...GOOD, token_endpoint_auth_method: 'private_key_jwt', jwks_uri: 'https://user:pw@client.example.com/jwks' }],
+  ['jwks_uri not http(s)', { ...GOOD, token_endpoint_auth_method: 'private_key_jwt', jwks_uri: 'file:///etc/passwd' }],
+  ['jwks_uri relative', { ...GOOD, token_endpoint_auth_method: 'private_key_jwt', jwks_uri: '/jwks' }],
+  ['jwks_uri a number', { ...GOOD, token_endpoint_auth_method: 'private_key_jwt', jwks_uri: 1 }],
+  ['dpop_bound_access_tokens a string', { ...GOOD, dpop_bound_access_tokens: 'true' }],
+  ['require_pushed_authorization_requests a number', { ...GOOD, require_pushed_authorization_requests: 1 }],
+  ['id_token_signed_response_alg none', { ...GOOD, id_token_signed_response_alg: 'none' }],
+  ['id_token_signed_response_alg HS256', { ...GOOD, id_token_signed_response_alg: 'HS256' }],
+  ['id_token_signed_response_alg in lower case', { ...GOOD, id_token_signed_response_alg: 'rs256' }],
   ['auth method client_secret_jwt', { ...GOOD, token_endpoint_auth_method: 'client_secret_jwt' }],
   ['auth method tls_client_auth', { ...GOOD, token_endpoint_auth_method: 'tls_client_auth' }],
   ['auth method self_signed_tls_client_auth', { ...GOOD, token_endpoint_auth_method: 'self_signed_tls_client_auth' }],
@@ -217,19 +237,22 @@ describe(`POST /oauth/register bad input on ${BACKEND}`, () => {
     const raw = `{"__proto__": {"polluted": true, "organization_id": 1}, "constructor": {"prototype": {"polluted": true}},
       "redirect_uris": ["${GOOD_URI}"], "token_endpoint_auth_method": "none",
       "client_id": "${'a'.repeat(32)}", "client_secret": "chosen", "registration_access_token": "chosen",
-      "organization_id": 1, "type": "private", "scopes": ["members.write"], "require_pkce": false, "client_id_issued_at": 1e308}`;
+      "organization_id": 1, "type": "private", "scopes": ["members.write"], "require_pkce": false, "client_id_issued_at": 1e308, "fapi2": true}`;
     const res = await post(raw);
     expect(res.statusCode, res.body).toBe(201);
     const body = res.json();
     expect(Object.keys(body).sort()).toEqual(
-      ['client_id', 'client_id_issued_at', 'client_name', 'grant_types', 'redirect_uris', 'registration_access_token', 'registration_client_uri', 'response_types', 'scope', 'token_endpoint_auth_method'].sort(),
+      [
+        'client_id', 'client_id_issued_at', 'client_name', 'grant_types', 'redirect_uris', 'registration_access_token', 'registration_client_uri', 'response_types', 'scope', 'token_endpoint_auth_method',
+        'dpop_bound_access_tokens', 'require_pushed_authorization_requests', 'id_token_signed_response_alg',
+      ].sort(),
     );
     expect(body.client_id).not.toBe('a'.repeat(32));
     expect(body.registration_access_token).not.toBe('chosen');
     expect(({} as Record<string, unknown>).polluted).toBeUndefined();
     expect(Object.prototype).not.toHaveProperty('polluted');
     const row = await db.selectFrom('applications').selectAll().where('client_id', '=', body.client_id).executeTakeFirstOrThrow();
-    expect(row).toMatchObject({ organization_id: null, type: 'public', require_pkce: true, scopes: ['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write'] });
+    expect(row).toMatchObject({ organization_id: null, type: 'public', require_pkce: true, fapi2: false, scopes: ['contacts.read', 'contacts.write', 'tasks.read', 'tasks.write'] });
   });
 
   it('invalid UTF-8 in the body is read as U+FFFD, not a 5xx', async () => {
@@ -256,6 +279,9 @@ describe(`POST /oauth/register bad input on ${BACKEND}`, () => {
         response_types: field(fc.constant(['code']), fc.constantFrom([], ['token'], 'code')),
         token_endpoint_auth_method: field(fc.constantFrom('none', 'client_secret_basic', 'client_secret_post'), fc.constantFrom('private_key_jwt', 'None', '')),
         client_name: field(fc.string({ maxLength: 40 }), fc.string({ unit: 'binary', minLength: 190, maxLength: 260 })),
+        jwks: field(fc.constant({ keys: [EC_KEY] }), fc.constantFrom({ keys: [] }, { keys: [{ ...EC_KEY, d: 'x' }] }, [EC_KEY])),
+        dpop_bound_access_tokens: field(fc.boolean(), fc.constantFrom('true', 1)),
+        id_token_signed_response_alg: field(fc.constantFrom('RS256', 'ES256'), fc.constantFrom('none', 'HS256')),
         scope: field(fc.constantFrom('contacts.read', 'openid contacts.read tasks.write', 'offline_access'), fc.constantFrom('members.write', 'nope', 'contacts.read\u0000')),
         extra: fc.jsonValue({ maxDepth: 2 }),
       },

@@ -103,6 +103,9 @@ describe(`POST /oauth/register (RFC 7591) on ${BACKEND}`, () => {
       grant_types: ['authorization_code', 'refresh_token'],
       response_types: ['code'],
       token_endpoint_auth_method: 'none',
+      dpop_bound_access_tokens: false,
+      require_pushed_authorization_requests: false,
+      id_token_signed_response_alg: 'RS256',
       scope: DATA_SCOPES,
     });
     expect(body.client_id_issued_at).toBeGreaterThanOrEqual(before - 5);
@@ -584,7 +587,7 @@ describe.skipIf(!TEST_DATABASE_URL)('registration statements at volume on Postgr
 
   it('the per-address limit reads the address’s registrations of the hour through (ip, created_at)', async () => {
     const { db: recorded, queries } = recording(big.handle.db);
-    await registerClient(recorded, parseRegistration(MCP_CLIENT), { ip: '10.0.3.7', limits: { perAddressPerHour: 20, maxClients: 1_000_000 } });
+    await registerClient(recorded, parseRegistration(MCP_CLIENT, { allowHttp: false }), { ip: '10.0.3.7', limits: { perAddressPerHour: 20, maxClients: 1_000_000 } });
     const perAddress = queries.find((q) => /from "client_registrations" where "ip" = \$/.test(q.sql));
     expect(perAddress, queries.map((q) => q.sql).join('\n')).toBeDefined();
     const plan = await explain(big.handle.db, perAddress!);

@@ -285,6 +285,27 @@ export function jwksUriProblem(uri: string, options: { allowHttp: boolean }): st
   return null;
 }
 
+/**
+ * What is wrong with a client's keys as registered beside its token_endpoint_auth_method, or
+ * null: private_key_jwt needs `jwks` or `jwks_uri` (one, never both: RFC 7591 §2), and keys are
+ * registered for it only (this server reads them for nothing else). `path` names the field.
+ */
+export function clientKeysProblem(
+  method: string,
+  jwks: unknown,
+  jwksUri: string | null,
+  options: { allowHttp: boolean },
+): { path: 'jwks' | 'jwks_uri' | 'token_endpoint_auth_method'; message: string } | null {
+  if (jwks !== null && jwksUri !== null) return { path: 'jwks', message: 'register the keys inline (jwks) or at a URL (jwks_uri), not both' };
+  if (jwksUri !== null) {
+    const problem = jwksUriProblem(jwksUri, options);
+    if (problem !== null) return { path: 'jwks_uri', message: problem };
+  }
+  if (method === 'private_key_jwt' && jwks === null && jwksUri === null) return { path: 'jwks', message: 'private_key_jwt needs the public keys: jwks or jwks_uri' };
+  if (method !== 'private_key_jwt' && (jwks !== null || jwksUri !== null)) return { path: 'token_endpoint_auth_method', message: 'jwks and jwks_uri are for private_key_jwt' };
+  return null;
+}
+
 /** The application as far as its keys go: the row found by client_id. */
 export interface AssertionClient {
   client_id: string;

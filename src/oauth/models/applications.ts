@@ -13,7 +13,7 @@ import {
   type RevocationReason,
   type TokenEndpointAuthMethod,
 } from '../../db/schema.js';
-import { jwksUriProblem, publicJwksSchema } from '../helpers/client-assertion.js';
+import { clientKeysProblem, publicJwksSchema } from '../helpers/client-assertion.js';
 import { ConflictError, InvalidRequestError, NotFoundError } from '../../errors.js';
 import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { isWellFormed, parseInput } from '../../lib/validate.js';
@@ -319,17 +319,8 @@ function checkAssurance(
   const problem = (path: string, message: string) => {
     throw new InvalidRequestError(`${path}: ${message}`, { details: [{ path, message }] });
   };
-  if (next.jwks !== null && next.jwks_uri !== null) problem('jwks', 'register the keys inline (jwks) or at a URL (jwks_uri), not both');
-  if (next.jwks_uri !== null) {
-    const uriProblem = jwksUriProblem(next.jwks_uri, options);
-    if (uriProblem !== null) problem('jwks_uri', uriProblem);
-  }
-  if (next.token_endpoint_auth_method === 'private_key_jwt' && next.jwks === null && next.jwks_uri === null) {
-    problem('jwks', 'private_key_jwt needs the public keys: jwks or jwks_uri');
-  }
-  if (next.token_endpoint_auth_method !== 'private_key_jwt' && (next.jwks !== null || next.jwks_uri !== null)) {
-    problem('token_endpoint_auth_method', 'jwks and jwks_uri are for private_key_jwt');
-  }
+  const keys = clientKeysProblem(next.token_endpoint_auth_method, next.jwks, next.jwks_uri, options);
+  if (keys !== null) problem(keys.path, keys.message);
   if (current.token_endpoint_auth_method === 'private_key_jwt' && next.token_endpoint_auth_method !== 'private_key_jwt') {
     problem('token_endpoint_auth_method', 'to go back to a client secret, rotate the secret (the new one is shown once)');
   }

@@ -9,6 +9,14 @@
  * the `scope` it registered when that names some. Its registration access token, like its
  * secret, is stored only as a SHA-256 digest, and each is shown once.
  *
+ * It may register what a developer's application sets (issue 28), by the same names: keys
+ * instead of a secret (`token_endpoint_auth_method` private_key_jwt with `jwks` or `jwks_uri`,
+ * RFC 7591 §2, checked as models/applications.ts checks them: public keys only, a jwks_uri the
+ * guarded outbound client may fetch), `dpop_bound_access_tokens` (RFC 9449 §5.2),
+ * `require_pushed_authorization_requests` (RFC 9126 §6) and `id_token_signed_response_alg`
+ * (OpenID Connect Dynamic Client Registration §2; RS256 when absent). FAPI 2.0 is an operator's
+ * decision for a developer's application, not something a client registers.
+ *
  * Limits, in the database so that they hold across instances: CLIENT_REGISTRATION_RATE_LIMIT
  * registrations per address per hour (an IPv6 address counts with its /64, which one host
  * usually has whole: src/lib/client-address.ts), counted in client_registrations, where each
@@ -22,11 +30,12 @@ import { sql } from 'kysely';
 import { z } from 'zod';
 import type { ClientRegistrationConfig } from '../../config.js';
 import { type DB, inTransaction } from '../../db/connect.js';
-import { type Application, DEVICE_CODE_GRANT, type GrantType, type TokenEndpointAuthMethod } from '../../db/schema.js';
+import { type Application, DEVICE_CODE_GRANT, type GrantType, ID_TOKEN_ALGS, type IdTokenAlg, type TokenEndpointAuthMethod } from '../../db/schema.js';
 import { addressGroup } from '../../lib/client-address.js';
 import { generateSecret, secretMatches, sha256Hex } from '../../lib/crypto.js';
 import { isWellFormed } from '../../lib/validate.js';
 import { InvalidClientMetadataError, InvalidRedirectUriError, TooManyAttemptsError } from '../errors.js';
+import { clientKeysProblem, publicJwksSchema } from '../helpers/client-assertion.js';
 import { MAX_REDIRECT_URIS, redirectUriProblem } from '../helpers/redirect-uris.js';
 import { DATA_SCOPES, isIdentityScope, isManagementScope } from '../helpers/scopes.js';
 import { CLIENT_ID_PATTERN, newClientId, newClientSecret, type ChangeOptions } from './applications.js';
@@ -40,7 +49,7 @@ const MAX_LIST = 10;
 const MAX_SCOPE_LENGTH = 1000;
 
 export const REGISTRABLE_GRANT_TYPES = ['authorization_code', 'refresh_token', DEVICE_CODE_GRANT] as const satisfies readonly GrantType[];
-export const REGISTRABLE_AUTH_METHODS = ['none', 'client_secret_basic', 'client_secret_post'] as const satisfies readonly TokenEndpointAuthMethod[];
+export const REGISTRABLE_AUTH_METHODS = ['none', 'client_secret_basic', 'client_secret_post', 'private_key_jwt'] as const satisfies readonly TokenEndpointAuthMethod[];
 /** RFC 7591 §2: without grant_types, a client gets authorization_code (and we add refresh_token). */
 const DEFAULT_GRANT_TYPES: GrantType[] = ['authorization_code', 'refresh_token'];
 /** RFC 7591 §2: without token_endpoint_auth_method, client_secret_basic. */
@@ -90,6 +99,11 @@ const metadataSchema = z.object({
       .max(MAX_CLIENT_NAME_LENGTH, `must be at most ${MAX_CLIENT_NAME_LENGTH} characters`)
       .refine((v) => isWellFormed(v) && !/[\x00-\x1f\x7f]/.test(v), 'must be text without control characters'),
   ),
+  jwks: field(publicJwksSchema),
+  jwks_uri: field(z.string({ error: 'must be a string' })),
+  dpop_bound_access_tokens: field(z.boolean({ error: 'must be true or false' })),
+  require_pushed_authorization_requests: field(z.boolean({ error: 'must be true or false' })),
+  id_token_signed_response_alg: field(z.enum(ID_TOKEN_ALGS, { error: `must be one of ${ID_TOKEN_ALGS.join(', ')}` })),
   scope: field(
     z
       .string({ error: 'must be a string of space-separated scopes' })
@@ -108,14 +122,24 @@ export interface RegistrationMetadata {
   name: string;
   /** The words of `scope`, when sent (checked against the registered resources by registerClient). */
   scopeWords: string[] | undefined;
+  /** private_key_jwt: the client's public keys, inline or at a URL (exactly one of them); null otherwise. */
+  jwks: { keys: object[] } | null;
+  jwksUri: string | null;
+  dpopBoundAccessTokens: boolean;
+  requirePushedAuthorizationRequests: boolean;
+  idTokenSignedResponseAlg: IdTokenAlg;
 }
+
+/** The default of OpenID Connect Dynamic Client Registration §2, and what a client that sets nothing expects. */
+const DEFAULT_ID_TOKEN_ALG: IdTokenAlg = 'RS256';
 
 /**
  * RFC 7591 §2 metadata from a request body (already parsed JSON): unknown fields ignored,
  * invalid ones refused with invalid_redirect_uri (the redirect URIs) or invalid_client_metadata
- * (anything else), defaults applied, and the fields checked against each other.
+ * (anything else), defaults applied, and the fields checked against each other. `allowHttp`:
+ * whether a jwks_uri may be plain http (the instance's outbound policy: development only).
  */
-export function parseRegistration(body: unknown): RegistrationMetadata {
+export function parseRegistration(body: unknown, options: { allowHttp: boolean }): RegistrationMetadata {
   if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new InvalidClientMetadataError('the body must be a JSON object of client metadata');
   const parsed = metadataSchema.safeParse(body);
   if (!parsed.success) {
@@ -148,14 +172,24 @@ export function parseRegistration(body: unknown): RegistrationMetadata {
   if (management.length > 0) {
     throw new InvalidClientMetadataError(`scope: ${management.join(' ')} administers an organization; only its own private applications may hold it`);
   }
+  const authMethod = (m.token_endpoint_auth_method as TokenEndpointAuthMethod | undefined) ?? DEFAULT_AUTH_METHOD;
+  const jwks = m.jwks ?? null;
+  const jwksUri = m.jwks_uri ?? null;
+  const keys = clientKeysProblem(authMethod, jwks, jwksUri, options);
+  if (keys !== null) throw new InvalidClientMetadataError(`${keys.path}: ${keys.message}`);
   const name = m.client_name !== undefined && m.client_name !== '' ? m.client_name : redirectUris[0] !== undefined ? new URL(redirectUris[0]).hostname : UNNAMED;
   return {
     redirectUris,
     grantTypes,
     responseTypes,
-    tokenEndpointAuthMethod: (m.token_endpoint_auth_method as TokenEndpointAuthMethod | undefined) ?? DEFAULT_AUTH_METHOD,
+    tokenEndpointAuthMethod: authMethod,
     name,
     scopeWords: words,
+    jwks,
+    jwksUri,
+    dpopBoundAccessTokens: m.dpop_bound_access_tokens ?? false,
+    requirePushedAuthorizationRequests: m.require_pushed_authorization_requests ?? false,
+    idTokenSignedResponseAlg: m.id_token_signed_response_alg ?? DEFAULT_ID_TOKEN_ALG,
   };
 }
 
@@ -198,7 +232,7 @@ async function waitForAddress(db: DB, group: string, limit: number): Promise<num
 
 export interface RegisteredClient {
   application: Application;
-  /** Shown once: only its digest is kept. Absent for token_endpoint_auth_method none. */
+  /** Shown once: only its digest is kept. Absent for token_endpoint_auth_method none and private_key_jwt. */
   clientSecret: string | undefined;
   /** RFC 7592: shown once, only its digest is kept. */
   registrationAccessToken: string;
@@ -206,7 +240,7 @@ export interface RegisteredClient {
 
 /**
  * Registers a client from `ip` (an IP address: clientAddress), within the limits (429 past
- * them): the row, its secret (unless its auth method is none) and its registration access
+ * them): the row, its secret (when it authenticates with one) and its registration access
  * token. The registration is recorded in client_registrations in the same transaction.
  */
 export async function registerClient(
@@ -215,7 +249,8 @@ export async function registerClient(
   request: { ip: string; limits: Pick<ClientRegistrationConfig, 'perAddressPerHour' | 'maxClients'> },
 ): Promise<RegisteredClient> {
   const scopes = await registeredScopes(db, metadata.scopeWords);
-  const secret = metadata.tokenEndpointAuthMethod === 'none' ? undefined : newClientSecret();
+  const withSecret = metadata.tokenEndpointAuthMethod === 'client_secret_basic' || metadata.tokenEndpointAuthMethod === 'client_secret_post';
+  const secret = withSecret ? newClientSecret() : undefined;
   const registrationAccessToken = generateSecret(32);
   const group = addressGroup(request.ip);
   const application = await inTransaction(db, async (trx) => {
@@ -249,6 +284,11 @@ export async function registerClient(
         require_pkce: true,
         registration: 'dynamic',
         token_endpoint_auth_method: metadata.tokenEndpointAuthMethod,
+        jwks: metadata.jwks === null ? null : JSON.stringify(metadata.jwks),
+        jwks_uri: metadata.jwksUri,
+        dpop_bound_access_tokens: metadata.dpopBoundAccessTokens,
+        require_pushed_authorization_requests: metadata.requirePushedAuthorizationRequests,
+        id_token_signed_response_alg: metadata.idTokenSignedResponseAlg,
         grant_types: metadata.grantTypes,
         registration_token_hash: sha256Hex(registrationAccessToken),
         registered_ip: request.ip,
@@ -308,6 +348,11 @@ export interface ClientInformation {
   grant_types: string[];
   response_types: string[];
   token_endpoint_auth_method: string;
+  jwks?: unknown;
+  jwks_uri?: string;
+  dpop_bound_access_tokens: boolean;
+  require_pushed_authorization_requests: boolean;
+  id_token_signed_response_alg: string;
   scope: string;
 }
 
@@ -328,6 +373,11 @@ export function clientInformation(
     grant_types: application.grant_types,
     response_types: application.grant_types.includes('authorization_code') ? ['code'] : [],
     token_endpoint_auth_method: application.token_endpoint_auth_method,
+    ...(application.jwks !== null ? { jwks: application.jwks } : {}),
+    ...(application.jwks_uri !== null ? { jwks_uri: application.jwks_uri } : {}),
+    dpop_bound_access_tokens: application.dpop_bound_access_tokens,
+    require_pushed_authorization_requests: application.require_pushed_authorization_requests,
+    id_token_signed_response_alg: application.id_token_signed_response_alg,
     scope: application.scopes.join(' '),
   };
 }
