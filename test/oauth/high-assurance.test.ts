@@ -305,6 +305,60 @@ describe('DPoP, PAR and private_key_jwt with oauth4webapi', () => {
   );
 });
 
+describe('pushed authorization requests (HA-2)', () => {
+  it(
+    'a request_uri is refused for another client, after its 60 seconds, and once it gave a code; pushing needs the client’s credentials',
+    async () => {
+      const { created, app: rp } = await relyingParty({});
+      const { app: other } = await relyingParty({});
+      const rpClient: oauth.Client = { client_id: rp.client_id };
+      const clientAuth = oauth.ClientSecretBasic(created.client_secret);
+      const push = async (auth = clientAuth) => {
+        const verifier = oauth.generateRandomCodeVerifier();
+        const state = oauth.generateRandomState();
+        const response = await oauth.pushedAuthorizationRequest(
+          as,
+          rpClient,
+          auth,
+          { redirect_uri: RP_REDIRECT, response_type: 'code', scope: 'contacts.read', state, code_challenge: await oauth.calculatePKCECodeChallenge(verifier), code_challenge_method: 'S256' },
+          insecure,
+        );
+        return { response, state };
+      };
+      const refusedPush = await push(oauth.ClientSecretBasic(`${created.client_secret}x`));
+      expect(refusedPush.response.status).toBe(401);
+      expect(await refusedPush.response.json()).toMatchObject({ error: 'invalid_client' });
+
+      const ada = await oidcPerson(world, PASSWORD);
+      const first = await push();
+      const firstUri = (await oauth.processPushedAuthorizationResponse(as, rpClient, first.response)).request_uri;
+      oauth.validateAuthResponse(as, rpClient, await browse(ada, authorizeUrl({ client_id: rp.client_id, request_uri: firstUri })), first.state);
+      // Used: an error page, nothing redirected.
+      expect((await ada.browser.get(pathOf(authorizeUrl({ client_id: rp.client_id, request_uri: firstUri })))).statusCode).toBe(400);
+
+      // Bound to its client: another client_id with it is an error page, and leaves it usable by its own.
+      const second = await push();
+      const secondUri = (await oauth.processPushedAuthorizationResponse(as, rpClient, second.response)).request_uri;
+      const stolen = await ada.browser.get(pathOf(authorizeUrl({ client_id: other.client_id, request_uri: secondUri })));
+      expect(stolen.statusCode).toBe(400);
+      expect(stolen.headers.location).toBeUndefined();
+      oauth.validateAuthResponse(as, rpClient, await browse(ada, authorizeUrl({ client_id: rp.client_id, request_uri: secondUri })), second.state);
+
+      // 60 seconds: one pushed a minute ago (its expiry moved back) is refused.
+      const third = await push();
+      const thirdUri = (await oauth.processPushedAuthorizationResponse(as, rpClient, third.response)).request_uri;
+      const moved = await world.t.handle.db
+        .updateTable('pushed_authorization_requests')
+        .set({ expires_at: new Date(Date.now() - 1000) })
+        .where('request_uri_hash', '=', createHash('sha256').update(thirdUri).digest('hex'))
+        .executeTakeFirstOrThrow();
+      expect(moved.numUpdatedRows).toBe(1n);
+      expect((await ada.browser.get(pathOf(authorizeUrl({ client_id: rp.client_id, request_uri: thirdUri })))).statusCode).toBe(400);
+    },
+    ASYNC,
+  );
+});
+
 describe('a client that registers itself with keys and DPoP (RFC 7591)', () => {
   it(
     'oauth4webapi registers private_key_jwt with its jwks, DPoP and PAR required, then runs PAR, code, refresh and the API as a developer’s application would',
