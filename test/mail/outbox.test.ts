@@ -4,6 +4,8 @@
  * SMTP_URL messages go to the log and the developer outbox; bodies are encrypted at rest.
  */
 import type { FastifyInstance } from 'fastify';
+import { request } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createUser } from '../../src/accounts/users.js';
 import { connectDatabase, type DatabaseHandle } from '../../src/db/connect.js';
@@ -38,6 +40,21 @@ async function requestReset(app: FastifyInstance, email: string, ip: string) {
 }
 
 const seconds = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** GET `path` from the listening `app` over a real connection, with the Host header `host` (what curl -H 'Host: …' sends; undefined: none). */
+function getWithHost(app: FastifyInstance, path: string, host: string | undefined): Promise<{ status: number; body: string }> {
+  const { port } = app.server.address() as AddressInfo;
+  return new Promise((resolve, reject) => {
+    const req = request({ host: '127.0.0.1', port, path, setHost: false, headers: host === undefined ? {} : { host } }, (res) => {
+      let body = '';
+      res.setEncoding('utf8');
+      res.on('data', (chunk: string) => (body += chunk));
+      res.on('end', () => resolve({ status: res.statusCode!, body }));
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
 
 describe(`the mail outbox on ${BACKEND}`, () => {
   it('answers a reset request normally while the mail server is down, and delivers the email exactly once when it is back', async () => {
@@ -145,16 +162,57 @@ describe(`without SMTP_URL on ${BACKEND}`, () => {
       const line = JSON.parse(capture.lines().find((l) => l.includes('email not sent (no SMTP_URL)') && l.includes(email))!);
       expect(line.level).toBe(30);
       expect(line.mail.text).toMatch(/http:\/\/localhost:3000\/reset-password\?token=[A-Za-z0-9_-]{43}/);
-      const page = await app.inject({ method: 'GET', url: '/dev/outbox' });
+      // The ISSUER's own host and port (localhost:3000) names this server.
+      const page = await app.inject({ method: 'GET', url: '/dev/outbox', headers: { host: 'localhost:3000' } });
       expect(page.statusCode).toBe(200);
       // Only from this machine, whatever address the server listens on.
-      expect((await app.inject({ method: 'GET', url: '/dev/outbox', remoteAddress: '192.0.2.7' })).statusCode).toBe(404);
+      expect((await app.inject({ method: 'GET', url: '/dev/outbox', headers: { host: 'localhost:3000' }, remoteAddress: '192.0.2.7' })).statusCode).toBe(404);
       expect(page.body).toContain(email);
       const link = /href="http:\/\/localhost:3000(\/reset-password\?token=[A-Za-z0-9_-]{43})"/.exec(page.body)![1]!;
       const browser = new Browser(app, '10.9.1.2');
       const form = await browser.get(link);
       expect(form.statusCode).toBe(200);
       expect(csrfTokenIn(form.body)).toBeTruthy();
+    } finally {
+      await app.close();
+    }
+  });
+
+  it('answers only a Host that names this server: a DNS-rebound name gets 404 and no message, localhost, 127.0.0.1 and [::1] with its port do', async () => {
+    const capture = logCapture();
+    const app = await buildTestApp(db(), { logStream: capture.stream });
+    try {
+      await app.listen({ host: '127.0.0.1', port: 0 });
+      const { port } = app.server.address() as AddressInfo;
+      const email = address('rebind');
+      await createUser(db(), { email, password: 'developer-password-1' });
+      expect((await requestReset(app, email, '10.9.1.3')).statusCode).toBe(200);
+      await expect.poll(async () => (await getWithHost(app, '/dev/outbox', `localhost:${port}`)).body.includes(email), { timeout: 15_000 }).toBe(true);
+
+      // The reproduction of issue 30: loopback connection, the attacker's name as Host.
+      for (const host of [`rebind.attacker.test:${port}`, 'rebind.attacker.test', `127.0.0.1.rebind.attacker.test:${port}`]) {
+        const rebound = await getWithHost(app, '/dev/outbox', host);
+        expect(rebound.status, host).toBe(404);
+        expect(rebound.body, host).not.toContain('reset-password');
+        expect(rebound.body, host).not.toContain(email);
+        // As an unknown path is answered.
+        const unknown = await getWithHost(app, '/dev/no-such-page', host);
+        expect(rebound.body.replace('/dev/outbox', '/dev/no-such-page')).toBe(unknown.body);
+      }
+      // This machine's names need the server's own port; nothing else parses as a host.
+      for (const host of ['localhost', `localhost:${port + 1}`, `localhost.:${port}`, `evil@localhost:${port}`, `localhost:${port}/x`, `localhost:${port}, evil.test`, `[::1]:${port + 1}`, undefined]) {
+        // Without a Host header at all, Node's HTTP server answers 400 before any route.
+        expect((await getWithHost(app, '/dev/outbox', host)).status, host ?? '(no Host)').toBe(host === undefined ? 400 : 404);
+      }
+      for (const host of [`localhost:${port}`, `127.0.0.1:${port}`, `[::1]:${port}`, `LocalHost:${port}`, 'localhost:3000']) {
+        const page = await getWithHost(app, '/dev/outbox', host);
+        expect(page.status, host).toBe(200);
+        expect(page.body, host).toMatch(/reset-password\?token=[A-Za-z0-9_-]{43}/);
+      }
+      // Logged at warn once per host name.
+      const warnings = capture.lines().filter((l) => l.includes('DNS rebinding')).map((l) => JSON.parse(l) as { level: number; host: string });
+      expect(warnings.filter((w) => w.host === `rebind.attacker.test:${port}`)).toHaveLength(1);
+      expect(warnings.every((w) => w.level === 40)).toBe(true);
     } finally {
       await app.close();
     }
