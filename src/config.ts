@@ -18,6 +18,7 @@ export const SIGNING_ALGS = ['ES256', 'RS256', 'EdDSA'] as const;
 export type SigningAlg = (typeof SIGNING_ALGS)[number];
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
+export const LOG_FORMATS = ['auto', 'pretty', 'json'] as const;
 
 export const DATABASE_POOLERS = ['none', 'transaction'] as const;
 
@@ -67,6 +68,8 @@ export interface Config {
   readonly refreshReuseGrace: number;
   readonly signingAlg: SigningAlg;
   readonly logLevel: (typeof LOG_LEVELS)[number];
+  /** LOG_FORMAT: `pretty` (human-readable lines), `json` (one JSON object a line), or `auto`: pretty when standard output is a terminal. */
+  readonly logFormat: (typeof LOG_FORMATS)[number];
   /** API requests per minute per (application, organization); 0 disables the limit. */
   readonly apiRateLimit: number;
   /** Redis for rate limits shared by every instance; null keeps them in memory, per instance. */
@@ -230,6 +233,7 @@ const envSchema = z
   DPOP_PROOF_MAX_AGE: optional(wholeNumber(10, 600, 'must be a whole number of seconds between 10 and 600')),
   SIGNING_ALG: optional(z.enum(SIGNING_ALGS, { error: `must be one of ${SIGNING_ALGS.join(', ')}` })),
   LOG_LEVEL: optional(z.enum(LOG_LEVELS, { error: `must be one of ${LOG_LEVELS.join(', ')}` })),
+  LOG_FORMAT: optional(z.enum(LOG_FORMATS, { error: `must be one of ${LOG_FORMATS.join(', ')}` })),
   API_RATE_LIMIT: optional(wholeNumber(0, 1_000_000, 'must be a whole number of requests per minute (0 disables the limit)')),
   REDIS_URL: optional(
     z.string().refine((v) => /^rediss?:\/\//.test(v) && URL.canParse(v), { message: 'must be a redis:// or rediss:// URL' }),
@@ -404,6 +408,7 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
     refreshReuseGrace: e.REFRESH_REUSE_GRACE ?? 10,
     signingAlg: e.SIGNING_ALG ?? 'ES256',
     logLevel: e.LOG_LEVEL ?? 'info',
+    logFormat: e.LOG_FORMAT ?? 'auto',
     apiRateLimit: e.API_RATE_LIMIT ?? 600,
     redisUrl: e.REDIS_URL ?? null,
     trustProxy: e.TRUST_PROXY === undefined ? false : (parseTrustProxy(e.TRUST_PROXY) ?? false),

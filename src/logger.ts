@@ -1,4 +1,5 @@
 import { pino, type DestinationStream, type Logger } from 'pino';
+import { build as prettyStream } from 'pino-pretty';
 import type { Config } from './config.js';
 
 /** Fields that hold secrets wherever they appear in a logged object (R-8). */
@@ -91,8 +92,56 @@ interface LoggedRequest {
   socket?: { remotePort?: number };
 }
 
-/** pino JSON logs with secrets redacted; `destination` lets tests capture the lines. */
-export function createLogger(config: Pick<Config, 'logLevel'>, destination?: DestinationStream): Logger {
+/**
+ * Whether the logs are pretty: LOG_FORMAT pretty or json, or (auto) whether standard output is a
+ * terminal — a person reading `npm start`, not a log collector reading a pipe.
+ */
+export function prettyLogs(format: Config['logFormat'], terminal = process.stdout.isTTY === true): boolean {
+  return format === 'pretty' || (format === 'auto' && terminal);
+}
+
+/**
+ * pino-pretty in this process (not a transport's worker thread: a line is written when it is
+ * logged, as with JSON, and nothing is lost at exit). It formats what pino wrote, after the
+ * formatters and serializers below masked the secrets, so both formats hold the same masked
+ * values. Colours only on a terminal.
+ */
+function prettyDestination(destination: DestinationStream | undefined, terminal: boolean): DestinationStream {
+  return prettyStream({
+    destination: destination ?? 1,
+    colorize: terminal,
+    translateTime: 'SYS:HH:MM:ss.l',
+    // Every line says orgauth, the process is the one in the terminal, and a request's fields
+    // are on the message's line: `GET /path from 127.0.0.1 incoming request`, `200 in 3.1 ms
+    // request completed` (the request id beside them pairs the two).
+    ignore: 'pid,hostname,service,req,res,responseTime',
+    messageFormat: (log, messageKey) => {
+      const req = log.req as { method?: string; url?: string; remoteAddress?: string } | undefined;
+      const res = log.res as { statusCode?: number } | undefined;
+      const parts: string[] = [];
+      if (req?.method !== undefined) parts.push(`${req.method} ${req.url ?? ''}`);
+      if (req?.remoteAddress !== undefined) parts.push(`from ${req.remoteAddress}`);
+      if (res?.statusCode !== undefined) parts.push(String(res.statusCode));
+      if (typeof log.responseTime === 'number') parts.push(`in ${log.responseTime.toFixed(1)} ms`);
+      parts.push(String(log[messageKey] ?? ''));
+      return parts.join(' ');
+    },
+    hideObject: false,
+    singleLine: true,
+    sync: true,
+  });
+}
+
+/**
+ * pino logs with secrets redacted, as JSON or pretty (`config.logFormat`, prettyLogs);
+ * `destination` lets tests capture the lines (not a terminal), `terminal`: whether the lines go to one.
+ */
+export function createLogger(
+  config: Pick<Config, 'logLevel'> & Partial<Pick<Config, 'logFormat'>>,
+  destination?: DestinationStream,
+  terminal = destination === undefined && process.stdout.isTTY === true,
+): Logger {
+  const pretty = prettyLogs(config.logFormat ?? 'auto', terminal);
   return pino(
     {
       level: config.logLevel,
@@ -124,6 +173,6 @@ export function createLogger(config: Pick<Config, 'logLevel'>, destination?: Des
       },
       timestamp: pino.stdTimeFunctions.isoTime,
     },
-    destination,
+    pretty ? prettyDestination(destination, terminal) : destination,
   );
 }

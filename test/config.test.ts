@@ -37,6 +37,7 @@ describe('parseConfig', () => {
       refreshReuseGrace: 10,
       signingAlg: 'ES256',
       logLevel: 'info',
+      logFormat: 'auto',
       apiRateLimit: 600,
       redisUrl: null,
       trustProxy: false,

@@ -36,7 +36,7 @@ const FORM = { 'content-type': 'application/x-www-form-urlencoded' };
 
 let t: Awaited<ReturnType<typeof createTestDatabase>>;
 let app: FastifyInstance;
-const logs = logCapture();
+let logs = logCapture();
 let organizationId: number;
 let email: string;
 let publicApp: ApplicationWithSecret;
@@ -64,11 +64,14 @@ const inject = (options: InjectOptions): Promise<LightMyRequestResponse> => app.
 const tokenRequest = (fields: Record<string, string>, headers: Record<string, string> = {}, url = '/oauth/token') =>
   inject({ method: 'POST', url, headers: { ...FORM, ...headers }, payload: form(fields) });
 
-beforeAll(async () => {
+/** A database and an app logging at trace in `format` to a fresh capture; the secrets of the last format forgotten. */
+async function setUp(format: 'json' | 'pretty'): Promise<void> {
+  logs = logCapture();
+  secrets.clear();
   t = await createTestDatabase();
   const db = t.handle.db;
   await ensureSigningKey(db, { alg: 'ES256', secretKey: TEST_SECRET_KEY });
-  app = await buildTestApp(db, { logStream: logs.stream, env: { LOG_LEVEL: 'trace', REFRESH_REUSE_GRACE: '0' } });
+  app = await buildTestApp(db, { logStream: logs.stream, env: { LOG_LEVEL: 'trace', LOG_FORMAT: format, REFRESH_REUSE_GRACE: '0' } });
   // Code that mishandles a request's input, as a future handler might: throws an error carrying
   // the body, query and headers, or logs them at debug level. Redaction must hold for both.
   app.post('/test/fails-with-input', async (req) => {
@@ -92,12 +95,12 @@ beforeAll(async () => {
   secret(publicApp.client_secret, 'public client secret');
   secret(privateApp.client_secret, 'private client secret');
   secret(VERIFIER, 'code verifier');
-}, 60_000);
+}
 
-afterAll(async () => {
+async function tearDown(): Promise<void> {
   await app?.close();
   await t?.close();
-});
+}
 
 /** Signs `b` in through the login page, recording the password, cookies and CSRF token. */
 async function signIn(b: Browser, password = PASSWORD): Promise<LightMyRequestResponse> {
@@ -135,7 +138,10 @@ function rememberTokens(res: LightMyRequestResponse): { access_token: string; re
   return body;
 }
 
-describe(`logs on ${BACKEND} (R-8)`, () => {
+describe.each(['json', 'pretty'] as const)(`logs as %s on ${BACKEND} (R-8)`, (format) => {
+  beforeAll(() => setUp(format), 60_000);
+  afterAll(tearDown);
+
   it('run every flow at level trace', async () => {
     expect(app.log.level).toBe('trace');
 
@@ -244,7 +250,7 @@ describe(`logs on ${BACKEND} (R-8)`, () => {
     expect((await b.post('/logout', { csrf_token: await b.csrf('/dashboard') })).statusCode).toBe(303);
   }, 60_000);
 
-  it('captured request logs, error logs and debug logs', () => {
+  it.runIf(format === 'json')('captured request logs, error logs and debug logs', () => {
     const lines = logs.lines().map((l) => JSON.parse(l) as Record<string, unknown>);
     const requests = lines.filter((l) => l.msg === 'incoming request').map((l) => l.req as { method: string; url: string });
     // Request lines carry method and URL with its query; a redirect URI hosted here got its code.
@@ -261,6 +267,22 @@ describe(`logs on ${BACKEND} (R-8)`, () => {
     expect(debug?.level).toBe(20);
     expect(debug?.body.password).toBe('[redacted]');
     expect(secrets.size).toBeGreaterThan(25);
+  });
+
+  it.runIf(format === 'pretty')('are lines a person reads: time, level and the request on one line, errors over several, masked as in JSON', () => {
+    const lines = logs.lines();
+    const stamp = String.raw`^\[\d\d:\d\d:\d\d\.\d{3}\]`;
+    expect(lines.filter((l) => l.startsWith('{'))).toEqual([]);
+    const callback = new RegExp(`${stamp} INFO: GET /callback\\?code=\\[redacted\\]&state=${STATE}&iss=\\S+ from 10\\.8\\.\\d+\\.\\d+ incoming request \\{"request_id":"[^"]+"\\}$`);
+    expect(lines.some((l) => callback.test(l)), lines.filter((l) => l.includes('/callback')).join('\n')).toBe(true);
+    expect(lines.some((l) => new RegExp(`${stamp} INFO: \\d{3} in [\\d.]+ ms request completed`).test(l))).toBe(true);
+    // An error: its fields and stack on lines of their own, its secrets masked.
+    const error = lines.findIndex((l) => new RegExp(`${stamp} ERROR: unhandled error`).test(l));
+    expect(error).toBeGreaterThan(-1);
+    const entry = lines.slice(error + 1, lines.findIndex((l, i) => i > error && new RegExp(stamp).test(l))).join('\n');
+    expect(entry).toMatch(/"stack":/);
+    expect(entry).toMatch(/"client_secret": "\[redacted\]"/);
+    expect(lines.some((l) => new RegExp(`${stamp} DEBUG: request input .*"password":"\\[redacted\\]"`).test(l))).toBe(true);
   });
 
   it('hold no password, client secret, code, verifier, token, session cookie or CSRF token', () => {

@@ -109,6 +109,46 @@ describe('zero set-up on the embedded database', () => {
     }
   });
 
+  it('logs lines a person reads in a terminal, and JSON when piped (LOG_FORMAT unset: auto)', async () => {
+    const visit = async (server: ReturnType<typeof start>, at: number) => {
+      await server.waitForOutput(/orgauth is ready/);
+      expect((await fetch(`http://127.0.0.1:${at}/.well-known/openid-configuration`)).status).toBe(200);
+      await server.waitForOutput(/request completed/);
+    };
+    const stop = async (server: ReturnType<typeof start>) => {
+      server.child.kill('SIGTERM');
+      await server.exited;
+    };
+    const terminalPort = await freePort();
+    const inTerminal = start(SERVER, [], { DATA_DIR: dataDir, PORT: String(terminalPort) }, { terminal: true });
+    try {
+      await visit(inTerminal, terminalPort);
+    } finally {
+      await stop(inTerminal);
+    }
+    const shown = inTerminal.output.stdout;
+    // Coloured, and once the colours are gone: time, level, the request on the message's line; no JSON.
+    expect(shown).toMatch(/\x1b\[3\dm/);
+    const lines = shown.replace(/\x1b\[[0-9;]*m/g, '').split(/\r?\n/);
+    expect(lines.filter((l) => l.startsWith('{'))).toEqual([]);
+    expect(lines.some((l) => /^\[\d\d:\d\d:\d\d\.\d{3}\] INFO: GET \/\.well-known\/openid-configuration from 127\.0\.0\.1 incoming request/.test(l)), shown).toBe(true);
+    expect(lines.some((l) => /^\[\d\d:\d\d:\d\d\.\d{3}\] INFO: 200 in [\d.]+ ms request completed/.test(l)), shown).toBe(true);
+
+    const pipedPort = await freePort();
+    const piped = start(SERVER, [], { DATA_DIR: dataDir, PORT: String(pipedPort) });
+    try {
+      await visit(piped, pipedPort);
+    } finally {
+      await stop(piped);
+    }
+    const objects = piped.output.stdout
+      .split('\n')
+      .filter((l) => l.startsWith('{'))
+      .map((l) => JSON.parse(l) as { level: number; msg: string; req?: { url: string } });
+    expect(objects.some((o) => o.level === 30 && o.msg === 'incoming request' && o.req?.url === '/.well-known/openid-configuration')).toBe(true);
+    expect(piped.output.stdout).not.toMatch(/\x1b\[/);
+  });
+
   it('does not seed again on the next start', async () => {
     const server = start(SERVER, [], { DATA_DIR: dataDir, PORT: String(port), LOG_LEVEL: 'info' });
     try {

@@ -28,8 +28,19 @@ function childEnv(env: Record<string, string>): NodeJS.ProcessEnv {
   return { PATH: process.env.PATH, HOME: process.env.HOME, ...env };
 }
 
-export function start(script: string, args: string[], env: Record<string, string>): Running {
-  const child = spawn(process.execPath, [script, ...args], { cwd: ROOT, env: childEnv(env), stdio: ['ignore', 'pipe', 'pipe'] });
+/** A word for `sh -c`, quoted. */
+const shellWord = (word: string) => `'${word.replace(/'/g, `'\\''`)}'`;
+
+/**
+ * Starts `node script args` with `env`. `terminal`: inside a pseudo-terminal (util-linux
+ * `script`), as a person running it in a shell would: its standard output is a TTY, and what it
+ * wrote arrives on stdout with CRLF line ends.
+ */
+export function start(script: string, args: string[], env: Record<string, string>, options: { terminal?: boolean } = {}): Running {
+  const [command, argv] = options.terminal
+    ? ['script', ['--quiet', '--flush', '--return', '--command', [process.execPath, script, ...args].map(shellWord).join(' '), '/dev/null']]
+    : [process.execPath, [script, ...args]];
+  const child = spawn(command, argv, { cwd: ROOT, env: childEnv(env), stdio: ['ignore', 'pipe', 'pipe'] });
   const output = { stdout: '', stderr: '' };
   child.stdout?.on('data', (d: Buffer) => (output.stdout += d.toString()));
   child.stderr?.on('data', (d: Buffer) => (output.stderr += d.toString()));
