@@ -159,6 +159,16 @@ describe(`POST /oauth/register (RFC 7591) on ${BACKEND}`, () => {
     expectError(await token({ ...bogus, client_id: body.client_id }), 401, 'invalid_client');
   });
 
+  it('keys sent with a secret method are ignored: not stored, not echoed (RFC 7591 §3.2.1)', async () => {
+    const key = { kty: 'EC', crv: 'P-256', x: 'MKBCTNIcKUSDii11ySs3526iDZ8AiTo7Tu6KPAqv7D4', y: '4Etl6SRW2YiLUrN5vfvVHuhp7x8PxltmWWlbbM4IFyM', use: 'sig' };
+    const res = await register({ redirect_uris: ['https://keys.example.com/cb'], jwks: { keys: [key] } });
+    expect(res.statusCode, res.body).toBe(201);
+    const body = res.json();
+    expect(body).toMatchObject({ token_endpoint_auth_method: 'client_secret_basic', client_secret: expect.any(String) });
+    expect(body).not.toHaveProperty('jwks');
+    expect(await rowOf(body.client_id)).toMatchObject({ jwks: null, jwks_uri: null });
+  });
+
   it('client_secret_post: the secret works in the form body', async () => {
     const res = await register({ redirect_uris: ['https://post.example.com/cb'], token_endpoint_auth_method: 'client_secret_post', client_name: '  Post client  ' });
     expect(res.statusCode, res.body).toBe(201);
@@ -587,7 +597,7 @@ describe.skipIf(!TEST_DATABASE_URL)('registration statements at volume on Postgr
 
   it('the per-address limit reads the address’s registrations of the hour through (ip, created_at)', async () => {
     const { db: recorded, queries } = recording(big.handle.db);
-    await registerClient(recorded, parseRegistration(MCP_CLIENT, { allowHttp: false }), { ip: '10.0.3.7', limits: { perAddressPerHour: 20, maxClients: 1_000_000 } });
+    await registerClient(recorded, parseRegistration(MCP_CLIENT), { ip: '10.0.3.7', limits: { perAddressPerHour: 20, maxClients: 1_000_000 } });
     const perAddress = queries.find((q) => /from "client_registrations" where "ip" = \$/.test(q.sql));
     expect(perAddress, queries.map((q) => q.sql).join('\n')).toBeDefined();
     const plan = await explain(big.handle.db, perAddress!);

@@ -82,7 +82,7 @@ export async function registrationEndpoint(app: FastifyInstance, options: OAuthE
   });
 
   app.post(REGISTRATION_PATH, { bodyLimit: REGISTRATION_BODY_LIMIT }, async (req, reply) => {
-    const metadata = parseRegistration(jsonBody(req.body), { allowHttp: config.outbound.allowHttp });
+    const metadata = parseRegistration(jsonBody(req.body));
     // Never what a forged X-Forwarded-For says when it is not an address (TRUST_PROXY).
     const registered = await registerClient(db, metadata, { ip: clientAddress(req), limits: settings });
     const { application } = registered;

@@ -10,12 +10,15 @@
  * secret, is stored only as a SHA-256 digest, and each is shown once.
  *
  * It may register what a developer's application sets (issue 28), by the same names: keys
- * instead of a secret (`token_endpoint_auth_method` private_key_jwt with `jwks` or `jwks_uri`,
- * RFC 7591 §2, checked as models/applications.ts checks them: public keys only, a jwks_uri the
- * guarded outbound client may fetch), `dpop_bound_access_tokens` (RFC 9449 §5.2),
+ * instead of a secret (`token_endpoint_auth_method` private_key_jwt with `jwks`, RFC 7591 §2,
+ * checked as models/applications.ts checks them: public keys only), `dpop_bound_access_tokens` (RFC 9449 §5.2),
  * `require_pushed_authorization_requests` (RFC 9126 §6) and `id_token_signed_response_alg`
  * (OpenID Connect Dynamic Client Registration §2; RS256 when absent). FAPI 2.0 is an operator's
- * decision for a developer's application, not something a client registers.
+ * decision for a developer's application, not something a client registers. Keys are inline only:
+ * a `jwks_uri` would let anyone who can register make this server fetch a URL of their choosing
+ * again and again (on every unknown kid, every 10 s while it fails), which a developer's
+ * application, registered by someone accountable, may do. Keys sent with another method are
+ * ignored (RFC 7591 §3.2.1 lets a server drop what it does not use): not stored, not echoed.
  *
  * Limits, in the database so that they hold across instances: CLIENT_REGISTRATION_RATE_LIMIT
  * registrations per address per hour (an IPv6 address counts with its /64, which one host
@@ -100,7 +103,9 @@ const metadataSchema = z.object({
       .refine((v) => isWellFormed(v) && !/[\x00-\x1f\x7f]/.test(v), 'must be text without control characters'),
   ),
   jwks: field(publicJwksSchema),
-  jwks_uri: field(z.string({ error: 'must be a string' })),
+  jwks_uri: field(
+    z.unknown().refine(() => false, 'a client that registers itself gives its keys inline (jwks); a developer’s application may have a jwks_uri'),
+  ),
   dpop_bound_access_tokens: field(z.boolean({ error: 'must be true or false' })),
   require_pushed_authorization_requests: field(z.boolean({ error: 'must be true or false' })),
   id_token_signed_response_alg: field(z.enum(ID_TOKEN_ALGS, { error: `must be one of ${ID_TOKEN_ALGS.join(', ')}` })),
@@ -122,9 +127,8 @@ export interface RegistrationMetadata {
   name: string;
   /** The words of `scope`, when sent (checked against the registered resources by registerClient). */
   scopeWords: string[] | undefined;
-  /** private_key_jwt: the client's public keys, inline or at a URL (exactly one of them); null otherwise. */
+  /** private_key_jwt: the client's public keys (inline only); null otherwise. */
   jwks: { keys: object[] } | null;
-  jwksUri: string | null;
   dpopBoundAccessTokens: boolean;
   requirePushedAuthorizationRequests: boolean;
   idTokenSignedResponseAlg: IdTokenAlg;
@@ -136,10 +140,9 @@ const DEFAULT_ID_TOKEN_ALG: IdTokenAlg = 'RS256';
 /**
  * RFC 7591 §2 metadata from a request body (already parsed JSON): unknown fields ignored,
  * invalid ones refused with invalid_redirect_uri (the redirect URIs) or invalid_client_metadata
- * (anything else), defaults applied, and the fields checked against each other. `allowHttp`:
- * whether a jwks_uri may be plain http (the instance's outbound policy: development only).
+ * (anything else), defaults applied, and the fields checked against each other.
  */
-export function parseRegistration(body: unknown, options: { allowHttp: boolean }): RegistrationMetadata {
+export function parseRegistration(body: unknown): RegistrationMetadata {
   if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new InvalidClientMetadataError('the body must be a JSON object of client metadata');
   const parsed = metadataSchema.safeParse(body);
   if (!parsed.success) {
@@ -173,9 +176,9 @@ export function parseRegistration(body: unknown, options: { allowHttp: boolean }
     throw new InvalidClientMetadataError(`scope: ${management.join(' ')} administers an organization; only its own private applications may hold it`);
   }
   const authMethod = (m.token_endpoint_auth_method as TokenEndpointAuthMethod | undefined) ?? DEFAULT_AUTH_METHOD;
-  const jwks = m.jwks ?? null;
-  const jwksUri = m.jwks_uri ?? null;
-  const keys = clientKeysProblem(authMethod, jwks, jwksUri, options);
+  // Keys with another method are dropped (never used, never echoed).
+  const jwks = authMethod === 'private_key_jwt' ? (m.jwks ?? null) : null;
+  const keys = clientKeysProblem(authMethod, jwks, null, { allowHttp: false });
   if (keys !== null) throw new InvalidClientMetadataError(`${keys.path}: ${keys.message}`);
   const name = m.client_name !== undefined && m.client_name !== '' ? m.client_name : redirectUris[0] !== undefined ? new URL(redirectUris[0]).hostname : UNNAMED;
   return {
@@ -186,7 +189,6 @@ export function parseRegistration(body: unknown, options: { allowHttp: boolean }
     name,
     scopeWords: words,
     jwks,
-    jwksUri,
     dpopBoundAccessTokens: m.dpop_bound_access_tokens ?? false,
     requirePushedAuthorizationRequests: m.require_pushed_authorization_requests ?? false,
     idTokenSignedResponseAlg: m.id_token_signed_response_alg ?? DEFAULT_ID_TOKEN_ALG,
@@ -285,7 +287,6 @@ export async function registerClient(
         registration: 'dynamic',
         token_endpoint_auth_method: metadata.tokenEndpointAuthMethod,
         jwks: metadata.jwks === null ? null : JSON.stringify(metadata.jwks),
-        jwks_uri: metadata.jwksUri,
         dpop_bound_access_tokens: metadata.dpopBoundAccessTokens,
         require_pushed_authorization_requests: metadata.requirePushedAuthorizationRequests,
         id_token_signed_response_alg: metadata.idTokenSignedResponseAlg,
