@@ -59,7 +59,9 @@ export function devRequestGuard(issuer: string, log: FastifyBaseLogger): DevRequ
   return {
     allows(req) {
       if (!isLoopbackAddress(req.socket.remoteAddress)) return false;
-      if (namesThisServer(req)) return true;
+      // An absolute-form target (`GET http://other.test/dev/outbox`) names its own host, which
+      // then wins over Host (RFC 9112 §3.2.2): browsers never send one to a server, so refuse it.
+      if (req.raw.url?.startsWith('/') && namesThisServer(req)) return true;
       const name = String(req.headers.host ?? '(none)').slice(0, 200);
       if (!warned.has(name)) {
         if (warned.size >= MAX_WARNED_HOSTS) warned.clear();

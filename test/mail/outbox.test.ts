@@ -199,6 +199,8 @@ describe(`without SMTP_URL on ${BACKEND}`, () => {
         const unknown = await getWithHost(app, '/dev/no-such-page', host);
         expect(rebound.body.replace('/dev/outbox', '/dev/no-such-page')).toBe(unknown.body);
       }
+      // An absolute-form request target naming another host, even with a good Host header.
+      expect((await getWithHost(app, `http://rebind.attacker.test:${port}/dev/outbox`, `localhost:${port}`)).status).toBe(404);
       // This machine's names need the server's own port; nothing else parses as a host.
       for (const host of ['localhost', `localhost:${port + 1}`, `localhost.:${port}`, `evil@localhost:${port}`, `localhost:${port}/x`, `localhost:${port}, evil.test`, `[::1]:${port + 1}`, undefined]) {
         // Without a Host header at all, Node's HTTP server answers 400 before any route.
