@@ -13,7 +13,7 @@ import { runCli } from '../src/cli/index.js';
 import { connectDatabase } from '../src/db/connect.js';
 import { secretMatches } from '../src/lib/crypto.js';
 import { createEmptyDatabase, TEST_DATABASE_URL, type TestDatabase } from './helpers/db.js';
-import { CLI, freePort, ROOT, run, SERVER, start } from './helpers/process.js';
+import { CLI, freePort, HAS_SCRIPT, ROOT, run, SERVER, start } from './helpers/process.js';
 
 beforeAll(() => {
   if (!existsSync(path.join(ROOT, SERVER))) throw new Error(`${SERVER} is missing: run the tests with \`npm test\`, which builds first`);
@@ -109,7 +109,7 @@ describe('zero set-up on the embedded database', () => {
     }
   });
 
-  it('logs lines a person reads in a terminal, and JSON when piped (LOG_FORMAT unset: auto)', async () => {
+  it.skipIf(!HAS_SCRIPT)('logs lines a person reads in a terminal, and JSON when piped (LOG_FORMAT unset: auto)', async () => {
     const visit = async (server: ReturnType<typeof start>, at: number) => {
       await server.waitForOutput(/orgauth is ready/);
       expect((await fetch(`http://127.0.0.1:${at}/.well-known/openid-configuration`)).status).toBe(200);

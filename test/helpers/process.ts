@@ -1,5 +1,5 @@
 /** Starting the built server and CLI as real processes, the way a user does. */
-import { type ChildProcess, spawn } from 'node:child_process';
+import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
 import { createServer } from 'node:net';
 import { fileURLToPath } from 'node:url';
 
@@ -27,6 +27,9 @@ export interface Running {
 function childEnv(env: Record<string, string>): NodeJS.ProcessEnv {
   return { PATH: process.env.PATH, HOME: process.env.HOME, ...env };
 }
+
+/** Whether util-linux `script` is here to give a child a pseudo-terminal (`start` with `terminal`); macOS and BusyBox have other ones. */
+export const HAS_SCRIPT = /util-linux/.test(spawnSync('script', ['--version'], { encoding: 'utf8' }).stdout ?? '');
 
 /** A word for `sh -c`, quoted. */
 const shellWord = (word: string) => `'${word.replace(/'/g, `'\\''`)}'`;
