@@ -12,4 +12,6 @@ process.exitCode = await runCli(process.argv.slice(2), {
   stdout: (text) => process.stdout.write(text),
   stderr: (text) => process.stderr.write(text),
   env: process.env,
+  // Long commands show their progress on stderr when it is a terminal (never with --json).
+  terminal: process.stderr.isTTY ? { columns: () => process.stderr.columns } : undefined,
 });

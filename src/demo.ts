@@ -29,13 +29,30 @@ export async function isDatabaseEmpty(db: DB): Promise<boolean> {
   return user === undefined && org === undefined;
 }
 
-/** Seeds the demo in one transaction. Fails with ConflictError when the demo user exists. */
-export async function seedDemo(db: DB): Promise<DemoSeed> {
+/** The steps of seedDemo, as its onProgress tells them. */
+export const DEMO_SEED_STEPS = [
+  'hashing the password',
+  'creating the user',
+  'creating the organization',
+  'creating the public application',
+  'creating the private application',
+] as const;
+
+/**
+ * Seeds the demo in one transaction. Fails with ConflictError when the demo user exists.
+ * `onProgress` is told as each step starts: its number (1-based) and what it does.
+ */
+export async function seedDemo(db: DB, options: { onProgress?: (step: number, of: number, what: string) => void } = {}): Promise<DemoSeed> {
+  const step = (n: number) => options.onProgress?.(n, DEMO_SEED_STEPS.length, DEMO_SEED_STEPS[n - 1]!);
   const password = generateSecret(12);
+  step(1);
   const prepared = await prepareUser({ email: DEMO_EMAIL, password, name: 'Demo User' });
   return inTransaction(db, async (trx) => {
+    step(2);
     const user = await insertUser(trx, { ...prepared, emailVerified: true });
+    step(3);
     const organization = await createOrganization(trx, { name: 'Demo Organization', ownerUserId: user.id });
+    step(4);
     const public_application = await createApplication(trx, {
       organizationId: organization.id,
       type: 'public',
@@ -43,6 +60,7 @@ export async function seedDemo(db: DB): Promise<DemoSeed> {
       redirectUris: [DEMO_REDIRECT_URI],
       actor: { actorUserId: user.id },
     });
+    step(5);
     const private_application = await createApplication(trx, {
       organizationId: organization.id,
       type: 'private',

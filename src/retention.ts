@@ -83,7 +83,13 @@ const BATCH = 1000;
  */
 export async function deleteExpired(
   db: DB,
-  options: { stopping?: () => boolean; onError?: (table: string, err: unknown) => void; unusedClientTtl?: number } = {},
+  options: {
+    stopping?: () => boolean;
+    onError?: (table: string, err: unknown) => void;
+    unusedClientTtl?: number;
+    /** Told as each table starts and after each of its batches: the table, its place (1-based) among `of`, and what every table lost so far. */
+    onProgress?: (progress: { table: keyof Expired; step: number; of: number; deleted: Readonly<Partial<Expired>> }) => void;
+  } = {},
 ): Promise<Expired> {
   // = any(array(...)), not in (...): the batch's keys are looked up by the primary key however
   // the planner sizes the table (with in (...) it hashes the subquery and reads the whole table,
@@ -112,13 +118,16 @@ export async function deleteExpired(
       ))`,
   });
   const deleted = {} as Expired;
-  for (const { name, statement } of steps) {
+  for (const [i, { name, statement }] of steps.entries()) {
     deleted[name] = 0;
+    const progress = () => options.onProgress?.({ table: name, step: i + 1, of: steps.length, deleted });
+    progress();
     try {
       while (!options.stopping?.()) {
         const result = await statement.execute(db);
         const n = Number(result.numAffectedRows ?? 0n);
         deleted[name] += n;
+        progress();
         if (n < BATCH) break;
       }
     } catch (err) {

@@ -4,7 +4,7 @@ import type { Logger } from 'pino';
 import { ConfigError, type Config } from './config.js';
 import { connectDatabase, type DatabaseHandle, ListenUnavailableError, REQUEST_QUERY_TIMEOUT_MS } from './db/connect.js';
 import { isDatabaseUnavailable } from './db/errors.js';
-import { migrateToLatest } from './db/migrate.js';
+import { migrateToLatest, type MigrationProgress } from './db/migrate.js';
 import { statementTimeoutProblem } from './db/pooler.js';
 import { AppError } from './errors.js';
 
@@ -30,18 +30,23 @@ export function limitHeapGrowth(): boolean {
 }
 
 /**
- * Connects and applies pending migrations; returns the handle and the migrations applied. On
+ * Connects and applies pending migrations (`migration.onProgress` is told as each starts);
+ * returns the handle and the migrations applied. On
  * PostgreSQL the handle answers requests, so each query gets REQUEST_QUERY_TIMEOUT_MS (R-3);
  * migrations, which may take longer, run before it on a connection of their own. Behind a
  * transaction pooler that timeout is the role's setting, which is checked (src/db/pooler.ts).
  */
-export async function openDatabase(config: Config, logger?: Logger): Promise<{ handle: DatabaseHandle; applied: string[] }> {
+export async function openDatabase(
+  config: Config,
+  logger?: Logger,
+  migration: { onProgress?: MigrationProgress | undefined } = {},
+): Promise<{ handle: DatabaseHandle; applied: string[] }> {
   const options = { poolMax: config.databasePoolMax, ...(logger ? { logger } : {}) };
   if (config.database.kind === 'postgres') {
     const migrator = await connectDatabase(config.database, { ...options, poolMax: 1, forMigrations: true });
     let applied: string[];
     try {
-      applied = await migrateToLatest(migrator.db);
+      applied = await migrateToLatest(migrator.db, migration);
     } finally {
       await migrator.close();
     }
@@ -59,7 +64,7 @@ export async function openDatabase(config: Config, logger?: Logger): Promise<{ h
   }
   const handle = await connectDatabase(config.database, options);
   try {
-    return { handle, applied: await migrateToLatest(handle.db) };
+    return { handle, applied: await migrateToLatest(handle.db, migration) };
   } catch (err) {
     await handle.close().catch(() => {});
     throw err;

@@ -15,6 +15,7 @@ import { ConfigError, loadConfig, type Config } from '../config.js';
 import { DatabaseInUseError } from '../db/lock.js';
 import { AppError } from '../errors.js';
 import type { DB } from '../db/connect.js';
+import type { MigrationProgress } from '../db/migrate.js';
 import { jobHandlers } from '../jobs/handlers.js';
 import { JobRunner } from '../jobs/queue.js';
 import { describeStartupError, openDatabase } from '../runtime.js';
@@ -32,7 +33,7 @@ import { resourceCommands } from './resources.js';
 import { roleCommands } from './roles.js';
 import { seedDemoCommands } from './seed-demo.js';
 import { ssoCommands } from './sso.js';
-import { UsageError, type Command, type CommandContext, type Options, type Values } from './shared.js';
+import { count, NO_PROGRESS, type Progress, progressLine, type ProgressLine, UsageError, type Command, type CommandContext, type Options, type Values } from './shared.js';
 import { tokenCommands } from './tokens.js';
 import { userCommands } from './users.js';
 import { webhookCommands } from './webhooks.js';
@@ -80,6 +81,7 @@ function helpText(): string {
     'Every command uses the server\'s configuration (DATABASE_URL, DATA_DIR, SECRET_KEY, ...).',
     'On the embedded database, while the server runs, commands are run by that server.',
     'With --json a command prints exactly one JSON object on stdout.',
+    'On a terminal, long work (migrations, cleanup, jobs) shows its progress on stderr; never with --json.',
     'Run `orgauth <command> --help` for its options.',
   ].join('\n');
 }
@@ -88,6 +90,12 @@ export interface CliIo {
   stdout: (text: string) => void;
   stderr: (text: string) => void;
   env: NodeJS.ProcessEnv;
+  /**
+   * Given when stderr is a terminal (`columns`: its width): long commands then show their
+   * progress there, on one line redrawn in place and cleared before the output, unless --json
+   * (or TERM=dumb). stdout is the same either way.
+   */
+  terminal?: { columns?: (() => number | undefined) | undefined } | undefined;
 }
 
 /** Finds the command named by the leading words of argv ("app create"), longest name first. */
@@ -126,7 +134,11 @@ function parseCommandLine(argv: string[]): Parsed {
   return { command: found.command, values, json };
 }
 
-async function execute(parsed: Exclude<Parsed, { outcome: CommandOutcome }>, ctx: CommandContext): Promise<CommandOutcome> {
+/** A command's context as its caller gives it: without `progress`, it shows none. */
+type ContextGiven = Omit<CommandContext, 'progress'> & { progress?: CommandContext['progress'] | undefined };
+
+async function execute(parsed: Exclude<Parsed, { outcome: CommandOutcome }>, given: ContextGiven): Promise<CommandOutcome> {
+  const ctx: CommandContext = { ...given, progress: given.progress ?? (() => NO_PROGRESS) };
   const { command, values, json } = parsed;
   try {
     const result = await command.run(ctx, values);
@@ -138,8 +150,11 @@ async function execute(parsed: Exclude<Parsed, { outcome: CommandOutcome }>, ctx
   }
 }
 
-/** Runs a command line on an open database: what the server does for a command sent to its admin socket. Never throws. */
-export async function runCommandLine(argv: string[], ctx: CommandContext): Promise<CommandOutcome> {
+/**
+ * Runs a command line on an open database: what the server does for a command sent to its admin
+ * socket (with no progress shown: its stderr is not the user's terminal). Never throws.
+ */
+export async function runCommandLine(argv: string[], ctx: ContextGiven): Promise<CommandOutcome> {
   const parsed = parseCommandLine(argv);
   return 'outcome' in parsed ? parsed.outcome : execute(parsed, ctx);
 }
@@ -174,14 +189,21 @@ async function lastJobId(db: DB): Promise<number | undefined> {
   }
 }
 
-async function finishJobsAfter(db: DB, afterId: number | undefined): Promise<void> {
+async function finishJobsAfter(db: DB, afterId: number | undefined, line: ProgressLine): Promise<void> {
   if (afterId === undefined) return;
-  const queued = await db.selectFrom('jobs').select('id').where('id', '>', afterId).where('state', 'in', ['queued', 'running']).orderBy('id').execute();
+  const queued = await db.selectFrom('jobs').select(['id', 'kind']).where('id', '>', afterId).where('state', 'in', ['queued', 'running']).orderBy('id').execute();
   if (queued.length === 0) return;
   const runner = new JobRunner(db, { handlers: jobHandlers(), logger: { info: () => {}, warn: (o: object, m?: string) => console.error(m, o), error: (o: object, m?: string) => console.error(m, o) } as never });
   // Each is run here if it is due and nobody holds it; one a server beside us took, or one
   // waiting out a retry's backoff, is left to the servers (`orgauth job show` follows it).
-  for (const { id } of queued) await runner.runToEnd(id, { timeoutMs: 0 });
+  for (const [i, { id, kind }] of queued.entries()) {
+    const shown = line.start(`job ${id} (${kind}${queued.length > 1 ? `, ${i + 1} of ${queued.length}` : ''})`);
+    await runner.runToEnd(id, {
+      timeoutMs: 0,
+      onProgress: ({ state, done, total }) => shown.update(`${state}, ${count(done)}${total === null ? '' : ` of ${count(total)}`} done`),
+    });
+    shown.done();
+  }
 }
 
 /** Runs one command; returns the exit code. Never throws. */
@@ -202,33 +224,52 @@ export async function runCli(argv: string[], io: CliIo): Promise<number> {
   } catch (err) {
     return emit(startupFailure(err));
   }
+  // Progress of long work (migrations, waiting for the database, the command, its jobs) on the
+  // terminal only; every progress is cleared before anything else is written.
+  const terminal = io.terminal && !parsed.json && io.env.TERM !== 'dumb' ? { write: io.stderr, columns: io.terminal.columns } : undefined;
+  const line = progressLine(terminal);
+  const emitted = (outcome: CommandOutcome): number => {
+    line.end();
+    return emit(outcome);
+  };
+  // (Told only to a terminal: it costs a look at the pending migrations first.)
+  let migrating: Progress | undefined;
+  const migration: { onProgress?: MigrationProgress } = terminal
+    ? { onProgress: ({ name, step, of }) => (migrating ??= line.start('migrating the database')).update(`${step} of ${of}, ${name}`) }
+    : {};
   // The embedded database may belong to a running server, which then runs the command; to a
   // server still starting (no socket yet); or to another command, finishing soon. Both are
   // waited for, a little.
-  const deadline = Date.now() + IN_USE_WAIT_MS;
+  const since = Date.now();
+  const deadline = since + IN_USE_WAIT_MS;
+  let waiting: Progress | undefined;
   let opened: Awaited<ReturnType<typeof openDatabase>>;
   for (;;) {
     try {
-      opened = await openDatabase(config);
+      opened = await openDatabase(config, undefined, migration);
       break;
     } catch (err) {
-      if (!(err instanceof DatabaseInUseError)) return emit(startupFailure(err));
+      if (!(err instanceof DatabaseInUseError)) return emitted(startupFailure(err));
       const forwarded = await sendToAdminSocket(config.dataDir, withAbsoluteFiles(argv));
-      if ('outcome' in forwarded) return emit(forwarded.outcome);
-      if ('error' in forwarded) return emit(failure(parsed.json, err.code, `${err.description}; its admin socket cannot be used: ${forwarded.error}`));
-      if (Date.now() > deadline) return emit(startupFailure(err));
+      if ('outcome' in forwarded) return emitted(forwarded.outcome);
+      if ('error' in forwarded) return emitted(failure(parsed.json, err.code, `${err.description}; its admin socket cannot be used: ${forwarded.error}`));
+      if (Date.now() > deadline) return emitted(startupFailure(err));
+      waiting ??= line.start('waiting for the database');
+      waiting.update(`in use elsewhere, ${Math.floor((Date.now() - since) / 1000)} s of at most ${IN_USE_WAIT_MS / 1000} s`);
       await new Promise((resolve) => setTimeout(resolve, 100));
     }
   }
+  line.end();
   try {
     const db = opened.handle.db;
     const before = await lastJobId(db);
-    const outcome = await execute(parsed, { db, config, applied: opened.applied });
+    const outcome = await execute(parsed, { db, config, applied: opened.applied, progress: line.start });
     // A change that queued a job (an application disabled, a role narrowed) is finished here,
     // unless a server beside us takes it first (then this waits for it).
-    await finishJobsAfter(db, before);
-    return emit(outcome);
+    await finishJobsAfter(db, before, line);
+    return emitted(outcome);
   } finally {
+    line.end();
     await opened.handle.close();
   }
 }

@@ -18,7 +18,91 @@ export interface CommandContext {
   config: Config;
   /** Migrations applied while opening the database. */
   applied: string[];
+  /**
+   * A line of progress for work that may take a while on a large database, shown on the
+   * terminal (stderr) and nowhere else: a no-op with --json, when stderr is not a terminal, and
+   * when a server runs the command for its admin socket. Starting one ends the one before.
+   */
+  progress(label: string): Progress;
 }
+
+/** What a long command shows while it works: `label: text`, one line redrawn in place. */
+export interface Progress {
+  /** What is being done now and how far; drawn at once, or within PROGRESS_INTERVAL_MS when the line was just drawn. */
+  update(text: string): void;
+  /** Clears the line (the command's output, or another progress, follows). */
+  done(): void;
+}
+
+export const NO_PROGRESS: Progress = { update: () => {}, done: () => {} };
+
+/** The line is redrawn at most this often: ten times a second. */
+export const PROGRESS_INTERVAL_MS = 100;
+
+/** The progress line of one command run: `start` is CommandContext.progress, `end` clears it before output. */
+export interface ProgressLine {
+  start(label: string): Progress;
+  end(): void;
+}
+
+const CLEAR_LINE = '\r\x1b[K';
+
+/**
+ * The progress line on a terminal (`write` writes to stderr), or one that shows nothing when
+ * there is none. A line wider than the terminal is cut, since \r returns only to the start of
+ * its last row. Updates between redraws are not lost: the latest is drawn when its turn comes.
+ */
+export function progressLine(terminal: { write: (text: string) => void; columns?: (() => number | undefined) | undefined } | undefined): ProgressLine {
+  if (!terminal) return { start: () => NO_PROGRESS, end: () => {} };
+  let owner: object | undefined;
+  let shown = false;
+  let drawnAt = -Infinity;
+  let pending: string | undefined;
+  let timer: NodeJS.Timeout | undefined;
+  const draw = (line: string) => {
+    clearTimeout(timer);
+    timer = undefined;
+    pending = undefined;
+    drawnAt = Date.now();
+    shown = true;
+    // A terminal of unknown width (a pseudo-terminal nobody sized says 0) is taken to be 80 wide.
+    const width = Math.max(20, (terminal.columns?.() || 80) - 1);
+    terminal.write(`${CLEAR_LINE}${line.length > width ? `${line.slice(0, width - 1)}…` : line}`);
+  };
+  const end = () => {
+    clearTimeout(timer);
+    timer = undefined;
+    pending = undefined;
+    owner = undefined;
+    if (shown) terminal.write(CLEAR_LINE);
+    shown = false;
+  };
+  return {
+    start(label) {
+      end();
+      const self = {};
+      owner = self;
+      return {
+        update(text) {
+          if (owner !== self) return;
+          const line = `${label}: ${text}`;
+          const wait = drawnAt + PROGRESS_INTERVAL_MS - Date.now();
+          if (wait <= 0) return draw(line);
+          pending = line;
+          timer ??= setTimeout(() => pending !== undefined && draw(pending), wait);
+          timer.unref();
+        },
+        done() {
+          if (owner === self) end();
+        },
+      };
+    },
+    end,
+  };
+}
+
+/** A count for people: 12,345. */
+export const count = (n: number): string => n.toLocaleString('en-US');
 
 export interface Command {
   usage: string;

@@ -87,6 +87,13 @@ export async function enqueueJob(db: DB, job: { kind: string; organizationId: nu
   return row.id;
 }
 
+/** Where a job is, as `orgauth job show` prints it: its state and items done (of total, once a step learnt it). */
+export interface JobProgress {
+  state: JobState;
+  done: number;
+  total: number | null;
+}
+
 export interface JobRow {
   id: number;
   kind: string;
@@ -287,7 +294,7 @@ export class JobRunner {
     for (const row of rows) gauge.set({ state: row.state }, Number(row.n));
   }
 
-  private async run(job: Claimed): Promise<void> {
+  private async run(job: Claimed, onStep?: (progress: JobProgress) => void): Promise<void> {
     const { logger, metrics } = this.options;
     // Claimed only when this instance has its handler (claim's `kind = any(...)`).
     const handler = this.handlers.get(job.kind)!;
@@ -295,7 +302,7 @@ export class JobRunner {
     let outcome: RunOutcome;
     let error: unknown;
     try {
-      outcome = await this.steps(job, handler, view);
+      outcome = await this.steps(job, handler, view, onStep);
     } catch (err) {
       error = err;
       outcome = job.failures + 1 >= MAX_FAILURES ? 'failed' : 'retry';
@@ -335,7 +342,7 @@ export class JobRunner {
     return this.db.updateTable('jobs').where('id', '=', job.id).where('attempts', '=', job.attempts).where('state', '=', 'running');
   }
 
-  private async steps(job: Claimed, handler: JobHandler<unknown, unknown>, view: JobView<unknown>): Promise<RunOutcome> {
+  private async steps(job: Claimed, handler: JobHandler<unknown, unknown>, view: JobView<unknown>, onStep?: (progress: JobProgress) => void): Promise<RunOutcome> {
     for (;;) {
       if (this.stopped) return 'stopped';
       const result = await this.db.transaction().execute(async (trx) => {
@@ -350,7 +357,7 @@ export class JobRunner {
           .executeTakeFirst();
         if (!row) return undefined;
         const step = await handler.step(trx, view, row.cursor ?? null);
-        await trx
+        const after = await trx
           .updateTable('jobs')
           .set({
             cursor: step.cursor === null ? null : JSON.stringify(step.cursor),
@@ -361,14 +368,16 @@ export class JobRunner {
             ...(step.finished ? { state: 'succeeded' as const, finished_at: sql`now()`, last_error: null } : {}),
           })
           .where('id', '=', job.id)
-          .execute();
-        return step;
+          .returning(['state', 'progress_done', 'progress_total'])
+          .executeTakeFirstOrThrow();
+        return { ...step, progress: { state: after.state, done: after.progress_done, total: after.progress_total } };
       });
       if (!result) {
         this.options.logger.warn({ job_id: job.id, kind: job.kind }, 'job taken over by another instance (this one held it past its lease)');
         return 'lost';
       }
       result.afterCommit?.();
+      onStep?.(result.progress);
       if (result.processed > 0) this.options.metrics?.jobItems.inc({ kind: job.kind }, result.processed);
       if (result.finished) return 'succeeded';
     }
@@ -377,15 +386,17 @@ export class JobRunner {
   /**
    * Runs job `id` here until it ends, for a process that has no runner of its own started (the
    * CLI): claims it whenever it is due, and waits while another instance holds it. Returns the
-   * job as it ended.
+   * job as it ended. `onProgress` is told the job's state and progress after each step run here
+   * and each time the job is looked at.
    */
-  async runToEnd(id: number, options: { timeoutMs?: number } = {}): Promise<JobRow> {
+  async runToEnd(id: number, options: { timeoutMs?: number; onProgress?: (progress: JobProgress) => void } = {}): Promise<JobRow> {
     const deadline = Date.now() + (options.timeoutMs ?? 10 * 60_000);
     for (;;) {
       const claimed = await this.claim(id);
-      if (claimed) await this.run(claimed);
+      if (claimed) await this.run(claimed, options.onProgress);
       const job = await findJob(this.db, id);
       if (!job) throw new Error(`job ${id} does not exist`);
+      options.onProgress?.({ state: job.state, done: job.progress_done, total: job.progress_total });
       if (job.state === 'succeeded' || job.state === 'failed') return job;
       if (Date.now() > deadline) return job;
       await new Promise((resolve) => setTimeout(resolve, 200));
