@@ -210,7 +210,7 @@ describe.each(['json', 'pretty'] as const)(`logs as %s on ${BACKEND} (R-8)`, (fo
     const generated = await b.post(`${page}/token`, { csrf_token: await b.csrf(page), scopes: ['contacts.read'] });
     expect(generated.statusCode).toBe(200);
     secret(/name="access_token"[^>]*>([^<]+)<\/textarea>/.exec(generated.body)?.[1], 'dashboard access token');
-    const rotated = await b.post(`${page}/secret`, { csrf_token: await b.csrf(page) });
+    const rotated = await b.post(`${page}/secret`, { csrf_token: await b.csrf(page), confirm: 'rotate' });
     expect(rotated.statusCode).toBe(200);
     const newSecret = secret(/name="client_secret" value="([^"]+)"/.exec(rotated.body)?.[1], 'rotated client secret');
     rememberTokens(await tokenRequest(cc, { authorization: basicAuth(privateApp.client_id, newSecret) }));

@@ -227,7 +227,7 @@ export async function createInvitation(
 }
 
 /** The organization's pending invitation `id`, locked, if the acting role may handle its role (an owner's: only an owner). */
-async function lockPending(trx: DB, organizationId: number, id: number, actingAs: RoleRef | BuiltinRole): Promise<{ email: string; role: string }> {
+async function lockPending(trx: DB, organizationId: number, id: number, actingAs: RoleRef | BuiltinRole, lock = true): Promise<{ email: string; role: string }> {
   const current = await trx
     .selectFrom('invitations')
     .leftJoin('roles', 'roles.id', 'invitations.role_id')
@@ -236,7 +236,7 @@ async function lockPending(trx: DB, organizationId: number, id: number, actingAs
     .where('invitations.id', '=', id)
     .where('invitations.accepted_at', 'is', null)
     .where('invitations.revoked_at', 'is', null)
-    .forUpdate('invitations')
+    .$if(lock, (qb) => qb.forUpdate('invitations'))
     .executeTakeFirst();
   if (!current) throw new NotFoundError('no such pending invitation in this organization');
   const role = roleOf(current);
@@ -244,6 +244,15 @@ async function lockPending(trx: DB, organizationId: number, id: number, actingAs
     throw new ForbiddenError(role.kind === 'owner' ? 'only an owner may send or revoke an invitation to become an owner' : `your role may not send or revoke an invitation to the role ${role.name}`);
   }
   return { email: current.email, role: role.name };
+}
+
+/**
+ * What revokeInvitation (or resendInvitation) would refuse, checked without changing anything, for
+ * a page that asks first: no such pending invitation (NotFoundError), a role `actingAs` may not
+ * give (ForbiddenError). The change checks again, under its lock.
+ */
+export async function checkInvitationChange(db: DB, organizationId: number, id: number, actingAs: RoleRef | BuiltinRole): Promise<void> {
+  await lockPending(db, organizationId, id, actingAs, false);
 }
 
 /** Sends a pending (or expired) invitation again with a new link and a new expiry; the old link stops working. */

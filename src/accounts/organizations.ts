@@ -279,6 +279,21 @@ export async function removeMember(db: DB, input: { organizationId: number; user
   options.revocations?.noteMemberRemoved?.(input.organizationId, input.userId, removedAtS);
 }
 
+/**
+ * What removeMember would refuse, checked without changing anything, for a page that asks first:
+ * no such member (NotFoundError), a role the remover's may not take away (ForbiddenError), the
+ * last owner (ConflictError), with removeMember's messages. removeMember checks again, under its locks.
+ */
+export async function checkMemberRemoval(db: DB, input: { organizationId: number; userId: number }, options: MemberChangeOptions = {}): Promise<void> {
+  const row = await membershipsWithRoles(db, input.organizationId).where('memberships.user_id', '=', input.userId).executeTakeFirst();
+  if (!row) throw new NotFoundError('no such member in this organization');
+  const member = roleOf(row);
+  refuseUnlessAllowed(options, member);
+  if (member.kind !== 'owner') return;
+  const owners = await db.selectFrom('memberships').select('user_id').where('organization_id', '=', input.organizationId).where('role', '=', 'owner').limit(2).execute();
+  if (owners.length === 1) throw new ConflictError('the last owner of an organization cannot be removed');
+}
+
 interface MemberGrantsPayload {
   user_id: number;
   /** The removal's time, to the microsecond: the job's bound even if the row has moved on or gone. */

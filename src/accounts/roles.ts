@@ -571,6 +571,43 @@ interface RoleDeletionPayload {
 
 export const ROLE_DELETION_JOB = 'role.delete';
 
+/** A custom role as deleting it would find it: who it would move, and whether a role to move them to is needed. */
+export interface RoleDeletion {
+  role: RoleView;
+  /** Members who hold it now. */
+  members: number;
+  /** Invitations still to be accepted that name it. */
+  pendingInvitations: number;
+  /** Whether deleteRole needs `moveTo`: members hold it, or invitations name it. */
+  needsMoveTo: boolean;
+}
+
+/**
+ * What deleteRole would refuse about the role itself (a built-in one, none of that name, one
+ * holding what `actingAs` does not), checked without changing anything, with deleteRole's
+ * messages, and what deleting it would move: for a page that asks first. deleteRole checks again.
+ */
+export async function checkRoleDeletion(db: DB, organizationId: number, name: string, options: Pick<RoleChangeOptions, 'actingAs'> = {}): Promise<RoleDeletion> {
+  if (isBuiltinRole(name)) throw new ForbiddenError(`${name} is a built-in role: it cannot be changed or deleted`);
+  const role = await getRole(db, organizationId, name);
+  refuseBeyond(options.actingAs ?? OWNER, canonical(role.permissions), 'this role');
+  const roleId = role.id ?? 0;
+  const holders = await db
+    .selectFrom('memberships')
+    .select((eb) => eb.fn.countAll<number>().as('count'))
+    .where('organization_id', '=', organizationId)
+    .where('role_id', '=', roleId)
+    .executeTakeFirstOrThrow();
+  const invitations = await db
+    .selectFrom('invitations')
+    .select((eb) => [eb.fn.countAll<number>().as('count'), sql<number>`count(*) filter (where accepted_at is null and revoked_at is null)`.as('pending')])
+    .where('organization_id', '=', organizationId)
+    .where('role_id', '=', roleId)
+    .executeTakeFirstOrThrow();
+  const members = Number(holders.count);
+  return { role, members, pendingInvitations: Number(invitations.pending), needsMoveTo: members > 0 || Number(invitations.count) > 0 };
+}
+
 /**
  * Deletes a custom role. Members who hold it (and invitations to it) move to `moveTo`, which the
  * deleter must be allowed to assign; a role in use without `moveTo` is a ConflictError saying

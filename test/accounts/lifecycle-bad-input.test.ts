@@ -1302,7 +1302,7 @@ describe(`an invitation of one organization through another's dashboard or API o
     await owner.post('/dashboard/organization', { csrf_token: await owner.csrf('/dashboard'), organization_id: String(orgA.organizationId) });
     const email = address('future-owner');
     const sent = await owner.post('/dashboard/invitations', { csrf_token: await owner.csrf('/dashboard'), email, role: 'owner' });
-    expect(sent.statusCode, sent.body.slice(0, 300)).toBe(200);
+    expect(sent.statusCode, sent.body.slice(0, 300)).toBe(303);
     const { id } = await db().selectFrom('invitations').select('id').where('email', '=', email).executeTakeFirstOrThrow();
     const adminUser = await newUser('org-admin');
     await addMember(db(), { organizationId: orgA.organizationId, userId: adminUser.id, role: 'admin' });

@@ -328,9 +328,11 @@ describe(`invitations on ${BACKEND}`, () => {
     const owner = await ownerBrowser(fixture);
     const email = address('invitee');
     const sent = await invite(owner, email, 'admin');
-    expect(sent.statusCode).toBe(200);
-    expect(sent.body).toContain(`Invitation sent to ${email}`);
-    expect(sent.body).toMatch(new RegExp(`<td data-label="Email">${email}</td><td data-label="Role">admin</td>`));
+    expect(sent.statusCode).toBe(303);
+    expect(sent.headers.location).toBe('/dashboard/members');
+    const members = await owner.get('/dashboard/members');
+    expect(members.body).toContain(`Invitation sent to ${email}`);
+    expect(members.body).toMatch(new RegExp(`<td data-label="Email">${email}</td><td data-label="Role">admin</td>`));
     const mail = await smtp.waitFor(email, /You are invited to join/);
     expect(mail.text).toContain(fixture.organizationName);
 
@@ -371,9 +373,13 @@ describe(`invitations on ${BACKEND}`, () => {
     const ids = Object.fromEntries((await db().selectFrom('invitations').select(['id', 'email']).where('organization_id', '=', fixture.organizationId).execute()).map((r) => [r.email, r.id]));
     const page = await owner.get('/dashboard/members');
     expect(page.body).toContain('>expired<');
-    expect((await owner.post(`/dashboard/invitations/${ids[revoked]}/revoke`, { csrf_token: csrfTokenIn(page.body) })).statusCode).toBe(303);
+    // Revoking asks first; the confirmation page's form revokes it.
+    const ask = await owner.post(`/dashboard/invitations/${ids[revoked]}/revoke`, { csrf_token: csrfTokenIn(page.body) });
+    expect(ask.statusCode).toBe(200);
+    expect(ask.body).toContain(`Revoke the invitation to ${revoked}?`);
+    expect((await owner.post(`/dashboard/invitations/${ids[revoked]}/revoke`, { csrf_token: csrfTokenIn(page.body), confirm: 'revoke' })).statusCode).toBe(303);
     const again = await owner.post(`/dashboard/invitations/${ids[resent]}/resend`, { csrf_token: csrfTokenIn(page.body) });
-    expect(again.statusCode).toBe(200);
+    expect(again.statusCode).toBe(303);
     await expect.poll(() => smtp.to(resent).length, { timeout: 15_000 }).toBe(2);
 
     for (const mail of mails) {
@@ -430,7 +436,7 @@ describe(`invitations on ${BACKEND}`, () => {
     const fixture = await createOrgFixture(db());
     const owner = await ownerBrowser(fixture);
     const email = address('future-owner');
-    expect((await invite(owner, email, 'owner')).statusCode).toBe(200);
+    expect((await invite(owner, email, 'owner')).statusCode).toBe(303);
     const adminEmail = address('admin');
     const admin = await createUser(db(), { email: adminEmail, password: PASSWORD });
     await db().insertInto('memberships').values({ organization_id: fixture.organizationId, user_id: admin.id, role: 'admin' }).execute();

@@ -978,7 +978,8 @@ describe(`the dashboard's Roles forms and who may use them on ${BACKEND}`, () =>
     expect(await roleRow(orgA.organizationId, 'Escalated')).toBeUndefined();
     // Within what it holds: allowed (the guard is about the permissions, not the form).
     const ok = await submit(recruiter, '/dashboard/roles', { name: 'Recruited', scopes: ['members.read', 'contacts.read'] });
-    expectPage(ok, 200, 'Role Recruited created.');
+    expectRedirect(ok, '/dashboard/roles');
+    expectPage(await recruiter.get('/dashboard/roles'), 200, 'Role Recruited created.');
     expect((await roleRow(orgA.organizationId, 'Recruited'))?.permissions).toEqual(['contacts.read', 'members.read']);
   });
 
@@ -998,16 +999,26 @@ describe(`the dashboard's Roles forms and who may use them on ${BACKEND}`, () =>
     const victim = await makeRole(['contacts.read'], orgA.organizationId, 'Victim');
     const victimHolder = await memberWith(orgA.organizationId, victim, 'victimholder');
     const before = await snapshot();
+    // Refused before the confirmation page is even shown, and when it is sent.
     expectPage(await submit(recruiter, `/dashboard/roles/${encodeURIComponent(wide)}/delete`, {}), 403, 'your role does not hold');
+    expectPage(await submit(recruiter, `/dashboard/roles/${encodeURIComponent(wide)}/delete`, { confirm: 'delete', move_to: small }), 403, 'your role does not hold');
     for (const moveTo of ['member', 'admin', 'owner', 'viewer', wide]) {
-      expectPage(await submit(recruiter, `/dashboard/roles/${encodeURIComponent(victim)}/delete`, { move_to: moveTo }), 403, `may not give`);
+      expectPage(await submit(recruiter, `/dashboard/roles/${encodeURIComponent(victim)}/delete`, { confirm: 'delete', move_to: moveTo }), 403, `may not give`);
     }
-    expectPage(await submit(recruiter, `/dashboard/roles/${encodeURIComponent(victim)}/delete`, { move_to: 'Nope' }), 400, 'no role named');
-    expectPage(await submit(recruiter, `/dashboard/roles/${encodeURIComponent(victim)}/delete`, { move_to: victim }), 400, 'choose another role');
-    expectPage(await submit(recruiter, `/dashboard/roles/${encodeURIComponent(victim)}/delete`, {}), 409, '1 member(s)');
+    expectPage(await submit(recruiter, `/dashboard/roles/${encodeURIComponent(victim)}/delete`, { confirm: 'delete', move_to: 'Nope' }), 400, 'no role named');
+    expectPage(await submit(recruiter, `/dashboard/roles/${encodeURIComponent(victim)}/delete`, { confirm: 'delete', move_to: victim }), 400, 'choose another role');
+    expectPage(await submit(recruiter, `/dashboard/roles/${encodeURIComponent(victim)}/delete`, { confirm: 'delete' }), 409, '1 member(s)');
+    // The confirmation page offers only the roles it may give, never the one going.
+    const ask = await submit(recruiter, `/dashboard/roles/${encodeURIComponent(victim)}/delete`, {});
+    expectPage(ask, 200, `Delete the role ${victim}?`);
+    const offered = [...ask.body.matchAll(/<option value="([^"]*)"/g)].map((m) => m[1]);
+    expect(offered).toContain(small);
+    for (const refused of [victim, wide, 'owner', 'admin', 'member', 'viewer']) expect(offered).not.toContain(refused);
     await expectUnchanged(before);
     // Moving them to a role within its own: allowed.
-    expectPage(await submit(recruiter, `/dashboard/roles/${encodeURIComponent(victim)}/delete`, { move_to: small }), 200, 'deleted');
+    const deleted = await submit(recruiter, `/dashboard/roles/${encodeURIComponent(victim)}/delete`, { confirm: 'delete', move_to: small });
+    expectRedirect(deleted, '/dashboard/roles');
+    expectPage(await recruiter.get('/dashboard/roles'), 200, `Deleted the role ${victim}.`);
     expect(await membershipOf(orgA.organizationId, victimHolder.id)).toEqual({ role: 'custom', role_id: (await roleRow(orgA.organizationId, small))!.id });
     expect(await roleRow(orgA.organizationId, victim)).toBeUndefined();
   });
@@ -1116,12 +1127,12 @@ describe(`a role that manages members but cannot see them on ${BACKEND}`, () => 
     const writer = await signedIn(await memberWith(orgA.organizationId, 'Blind writer', 'blindwriter'), orgA.organizationId);
     const res = await submit(writer, '/dashboard/roles', { name: 'Made blind', scopes: [] });
     const made = (await roleRow(orgA.organizationId, 'Made blind')) !== undefined;
-    // Either the change is refused (and not made) or it is made (and reported as made).
-    expect({ status: res.statusCode, made }).toEqual(res.statusCode === 403 ? { status: 403, made: false } : { status: 200, made: true });
+    // Either the change is refused (and not made) or it is made (and the page it goes back to says so).
+    expect({ status: res.statusCode, made }).toEqual(res.statusCode === 403 ? { status: 403, made: false } : { status: 303, made: true });
     const invited = address('blind');
     const inv = await submit(writer, '/dashboard/invitations', { email: invited, role: 'Blind nothing' });
     const sent = (await db().selectFrom('invitations').select('id').where('email', '=', invited).executeTakeFirst()) !== undefined;
-    expect({ status: inv.statusCode, sent }).toEqual(inv.statusCode === 403 ? { status: 403, sent: false } : { status: 200, sent: true });
+    expect({ status: inv.statusCode, sent }).toEqual(inv.statusCode === 403 ? { status: 403, sent: false } : { status: 303, sent: true });
   });
 });
 
@@ -1159,7 +1170,7 @@ describe(`the last owner through every path on ${BACKEND}`, () => {
     expectPage(await submit(ownerBrowser, `/dashboard/members/${owner.id}/remove`, {}), 409, 'last owner');
     // A role deletion never moves an owner: owners hold no custom role. Deleting the custom
     // role moves only its holder, and an admin may not move anyone to owner.
-    expectPage(await submit(adminBrowser, `/dashboard/roles/${encodeURIComponent(everything)}/delete`, { move_to: 'owner' }), 403, 'may not give owner');
+    expectPage(await submit(adminBrowser, `/dashboard/roles/${encodeURIComponent(everything)}/delete`, { confirm: 'delete', move_to: 'owner' }), 403, 'may not give owner');
     expectApiError(await api('DELETE', `/roles/${encodeURIComponent(everything)}?move_to=owner`, undefined, { fixture: org, bearer }), 403, 'forbidden');
     // Keeping the role the owner already has changes nothing either.
     expectRedirect(await submit(ownerBrowser, `/dashboard/members/${owner.id}/role`, { role: 'owner' }), '/dashboard/members');

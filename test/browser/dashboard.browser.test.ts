@@ -46,6 +46,8 @@ describe.runIf(HAS_CHROMIUM)('the dashboard in a real browser', () => {
 
     await page.goto(`${world.baseUrl}/dashboard/applications`);
     await screenshot(page, 'applications');
+    // The first run: the empty list says what applications are for and how to add one.
+    expect(await page.locator('[data-empty="applications"]').textContent()).toContain('No applications yet.');
     const privateForm = page.locator('form', { has: page.locator('button', { hasText: 'Create private application' }) });
     await privateForm.locator('input[name="name"]').fill('Nightly Sync');
     await Promise.all([page.waitForLoadState('load'), privateForm.locator('button', { hasText: 'Create private application' }).click()]);
@@ -96,13 +98,22 @@ describe.runIf(HAS_CHROMIUM)('the dashboard in a real browser', () => {
     await page.goto(`${world.baseUrl}/dashboard/connected-apps`);
     await screenshot(page, 'connected-apps');
     const row = page.locator('tr', { hasText: 'Partner Web App' });
+    // Asked first: the confirmation page names the application, and nothing is revoked yet.
     await Promise.all([page.waitForLoadState('load'), row.locator('button', { hasText: 'Revoke' }).click()]);
+    await screenshot(page, 'connected-app-revoke-confirmation');
+    expect(await page.locator('h1').textContent()).toBe('Revoke Partner Web App?');
+    expect((await api(userToken)).status).toBe(200);
+    await Promise.all([page.waitForURL(/\/dashboard\/connected-apps$/), page.locator('button', { hasText: 'Revoke Partner Web App' }).click()]);
+    await screenshot(page, 'connected-app-revoked');
+    expect(await page.locator('p.notice').textContent()).toBe('Revoked Partner Web App’s access, given by you: its tokens stopped working.');
     expect((await api(userToken)).status).toBe(401);
   });
 
   it('4. rotate a secret → the old one gets invalid_client', async () => {
     await page.goto(`${world.baseUrl}/dashboard/applications/${privateApp.clientId}`);
     await Promise.all([page.waitForLoadState('load'), page.locator('button', { hasText: 'Rotate secret' }).click()]);
+    expect(await page.locator('h1').textContent()).toBe('Rotate the client secret of Nightly Sync?');
+    await Promise.all([page.waitForLoadState('load'), page.locator('button', { hasText: 'Rotate the secret' }).click()]);
     const fresh = await page.locator('#client-secret').inputValue();
     expect(fresh).not.toBe(privateApp.secret);
     const fields = { grant_type: 'client_credentials', organization_id: String(orgId) };

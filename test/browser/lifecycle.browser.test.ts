@@ -153,7 +153,7 @@ describe.runIf(HAS_CHROMIUM)('the account lifecycle in a real browser', () => {
     await screenshot(ownerPage, 'members-after-invitation-accepted');
     expect(await ownerPage.locator('table.invitations').count()).toBe(0);
     const pendingSection = ownerPage.locator('section', { has: ownerPage.locator('h2', { hasText: 'Pending invitations' }) });
-    expect((await pendingSection.textContent())?.replace(/\s+/g, ' ')).toContain('None.');
+    expect((await pendingSection.textContent())?.replace(/\s+/g, ' ')).toContain('No pending invitations.');
     expect(await ownerPage.locator('tr', { hasText: INVITEE }).locator('select[name="role"]').inputValue()).toBe('admin');
 
     // Signing up from the link confirmed the address: the link came to it.

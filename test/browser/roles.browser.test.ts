@@ -203,11 +203,16 @@ describe.runIf(HAS_CHROMIUM)('organization roles in a real browser', () => {
     expect(asSales).toEqual({ role: 'custom', role_id: role.id });
 
     await page.goto(`${world.baseUrl}/dashboard/roles`);
-    const remove = page.locator('form[action="/dashboard/roles/Sales/delete"]');
-    await remove.locator('select[name="move_to"]').selectOption('viewer');
-    await Promise.all([page.waitForLoadState('load'), remove.locator('button', { hasText: 'Delete role' }).click()]);
+    // Asked first: the confirmation page says who holds it and asks where they go.
+    await Promise.all([page.waitForLoadState('load'), page.locator('form[action="/dashboard/roles/Sales/delete"] button', { hasText: 'Delete role' }).click()]);
+    await screenshot(page, 'roles-sales-delete-confirmation');
+    expect(await page.locator('h1').textContent()).toBe('Delete the role Sales?');
+    expect((await page.locator('main').textContent())?.replace(/\s+/g, ' ')).toContain('1 member holds it.');
+    const confirm = page.locator('form[action="/dashboard/roles/Sales/delete"]');
+    await confirm.locator('select[name="move_to"]').selectOption('viewer');
+    await Promise.all([page.waitForURL(/\/dashboard\/roles$/), confirm.locator('button', { hasText: 'Delete Sales' }).click()]);
     await screenshot(page, 'roles-sales-deleted');
-    expect(await page.locator('p.notice').textContent()).toBe('Role Sales deleted; its 1 member(s) move to the role viewer.');
+    expect(await page.locator('p.notice').textContent()).toBe('Deleted the role Sales. Its 1 member moves to viewer; their connected apps keep only what viewer allows.');
     expect(await page.locator('table.roles tr[data-role="Sales"]').count()).toBe(0);
     // The members are moved by a job the deletion queued; the row goes when it is done.
     await finishJobs(db);

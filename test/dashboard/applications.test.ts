@@ -194,7 +194,12 @@ describe(`dashboard applications on ${BACKEND}`, () => {
 
   it('rotates the secret: the new one is shown once and works, the old one stops at once', async () => {
     const org = await newOrganization(w);
-    const res = await submit(w.browsers.owner, `/dashboard/applications/${org.privateApp.client_id}/secret`);
+    // Asked first: the old secret still works until the confirmation page's form is sent.
+    const ask = await submit(w.browsers.owner, `/dashboard/applications/${org.privateApp.client_id}/secret`);
+    expect(ask.statusCode).toBe(200);
+    expect(secretIn(ask.body)).toBeUndefined();
+    expect((await clientCredentials(w.app, org.id, org.privateApp.client_id, org.privateApp.client_secret)).statusCode).toBe(200);
+    const res = await submit(w.browsers.owner, `/dashboard/applications/${org.privateApp.client_id}/secret`, { confirm: 'rotate' });
     expect(res.statusCode).toBe(200);
     expect(res.headers['cache-control']).toBe('no-store');
     const secret = secretIn(res.body) ?? '';
@@ -426,7 +431,7 @@ describe(`dashboard applications on ${BACKEND}`, () => {
     const token = accessTokenIn((await submit(w.browsers.owner, `/dashboard/applications/${org.privateApp.client_id}/token`, { scopes: ['contacts.read'] })).body) ?? '';
     expect((await listContacts(w.app, org.id, token)).statusCode).toBe(200);
     const other = await userGrant(w, org, w.users.member.id, ['contacts.read']);
-    const res = await submit(w.browsers.owner, `/dashboard/applications/${org.privateApp.client_id}/disable`);
+    const res = await submit(w.browsers.owner, `/dashboard/applications/${org.privateApp.client_id}/disable`, { confirm: 'disable' });
     expect(res.statusCode).toBe(303);
     expect((await listContacts(w.app, org.id, token)).statusCode).toBe(401);
     await finishJobs(w.db);
@@ -445,7 +450,7 @@ describe(`dashboard applications on ${BACKEND}`, () => {
   it('deletes an application: gone at once, its grants revoked by the job, its row a tombstone', async () => {
     const org = await newOrganization(w);
     const token = accessTokenIn((await submit(w.browsers.admin, `/dashboard/applications/${org.privateApp.client_id}/token`, { scopes: ['contacts.read'] })).body) ?? '';
-    const res = await submit(w.browsers.admin, `/dashboard/applications/${org.privateApp.client_id}/delete`);
+    const res = await submit(w.browsers.admin, `/dashboard/applications/${org.privateApp.client_id}/delete`, { confirm: 'delete' });
     expect(res.statusCode).toBe(303);
     expect(res.headers.location).toBe('/dashboard/applications');
     expect((await listContacts(w.app, org.id, token)).statusCode).toBe(401);
@@ -460,11 +465,15 @@ describe(`dashboard applications on ${BACKEND}`, () => {
 
   // The actions on one application, each with a valid form.
   const actions: { name: string; path: (clientId: string) => string; fields: Record<string, string | string[]> }[] = [
-    { name: 'rotate secret', path: (c) => `/dashboard/applications/${c}/secret`, fields: {} },
+    { name: 'rotate secret', path: (c) => `/dashboard/applications/${c}/secret`, fields: { confirm: 'rotate' } },
     { name: 'generate token', path: (c) => `/dashboard/applications/${c}/token`, fields: { scopes: ['contacts.read'] } },
     { name: 'edit', path: (c) => `/dashboard/applications/${c}`, fields: { name: 'Changed', scopes: ['tasks.read'], confirm: 'revoke' } },
-    { name: 'disable', path: (c) => `/dashboard/applications/${c}/disable`, fields: {} },
-    { name: 'delete', path: (c) => `/dashboard/applications/${c}/delete`, fields: {} },
+    { name: 'disable', path: (c) => `/dashboard/applications/${c}/disable`, fields: { confirm: 'disable' } },
+    { name: 'delete', path: (c) => `/dashboard/applications/${c}/delete`, fields: { confirm: 'delete' } },
+    // Their confirmation pages are guarded as the actions are.
+    { name: 'ask to rotate secret', path: (c) => `/dashboard/applications/${c}/secret`, fields: {} },
+    { name: 'ask to disable', path: (c) => `/dashboard/applications/${c}/disable`, fields: {} },
+    { name: 'ask to delete', path: (c) => `/dashboard/applications/${c}/delete`, fields: {} },
   ];
 
   async function unchanged(organizationId: number, clientId: string, secret: string) {

@@ -83,9 +83,9 @@ describe(`dashboard connected apps on ${BACKEND}`, () => {
     expect(page.body).toContain('the application itself');
     expect(page.body).not.toContain(`/dashboard/connected-apps/${hidden}/revoke`);
     // A member sees Revoke only on their own grant.
-    expect(page.body.match(/>Revoke<\/button>/g)).toHaveLength(1);
+    expect(page.body.match(/>Revoke…<\/button>/g)).toHaveLength(1);
     const admin = await w.browsers.admin.get('/dashboard/connected-apps');
-    expect(admin.body.match(/>Revoke<\/button>/g)).toHaveLength(2);
+    expect(admin.body.match(/>Revoke…<\/button>/g)).toHaveLength(2);
   });
 
   it('revokes a grant: its token gets 401 from the API at once', async () => {
@@ -93,7 +93,11 @@ describe(`dashboard connected apps on ${BACKEND}`, () => {
     const token = accessTokenIn((await submit(w.browsers.owner, `/dashboard/applications/${org.privateApp.client_id}/token`, { scopes: ['contacts.read'] })).body) ?? '';
     expect((await listContacts(w.app, org.id, token)).statusCode).toBe(200);
     const grant = await w.db.selectFrom('grants').select('id').where('organization_id', '=', org.id).executeTakeFirstOrThrow();
-    const res = await submit(w.browsers.admin, `/dashboard/connected-apps/${grant.id}/revoke`);
+    // The list's button asks first; nothing is revoked until the confirmation page's form is sent.
+    const ask = await submit(w.browsers.admin, `/dashboard/connected-apps/${grant.id}/revoke`);
+    expect(ask.statusCode).toBe(200);
+    expect((await listContacts(w.app, org.id, token)).statusCode).toBe(200);
+    const res = await submit(w.browsers.admin, `/dashboard/connected-apps/${grant.id}/revoke`, { confirm: 'revoke' });
     expect(res.statusCode).toBe(303);
     expect(res.headers.location).toBe('/dashboard/connected-apps');
     expect((await listContacts(w.app, org.id, token)).statusCode).toBe(401);
@@ -106,10 +110,12 @@ describe(`dashboard connected apps on ${BACKEND}`, () => {
     const org = await newOrganization(w);
     const mine = await userGrant(w, org, w.users.member.id, ['contacts.read']);
     const theirs = await userGrant(w, org, w.users.owner.id, ['contacts.read']);
-    expect((await submit(w.browsers.member, `/dashboard/connected-apps/${theirs}/revoke`)).statusCode).toBe(403);
-    expect((await submit(w.browsers.outsider, `/dashboard/connected-apps/${theirs}/revoke`)).statusCode).toBe(404);
+    for (const fields of [{}, { confirm: 'revoke' }] as Record<string, string>[]) {
+      expect((await submit(w.browsers.member, `/dashboard/connected-apps/${theirs}/revoke`, fields)).statusCode).toBe(403);
+      expect((await submit(w.browsers.outsider, `/dashboard/connected-apps/${theirs}/revoke`, fields)).statusCode).toBe(404);
+    }
     expect((await grantRow(w, theirs)).revoked_at).toBeNull();
-    expect((await submit(w.browsers.member, `/dashboard/connected-apps/${mine}/revoke`)).statusCode).toBe(303);
+    expect((await submit(w.browsers.member, `/dashboard/connected-apps/${mine}/revoke`, { confirm: 'revoke' })).statusCode).toBe(303);
     expect((await grantRow(w, mine)).revoked_at).not.toBeNull();
   });
 
@@ -244,7 +250,11 @@ describe(`dashboard members on ${BACKEND}`, () => {
     expect((await submit(w.browsers.admin, `/dashboard/members/${w.users.owner.id}/remove`)).statusCode).toBe(403);
     expect((await submit(w.browsers.owner, `/dashboard/members/${w.users.owner.id}/remove`)).statusCode).toBe(409);
     expect(await role(org.id, w.users.owner.id)).toBe('owner');
-    const res = await submit(w.browsers.admin, `/dashboard/members/${w.users.member.id}/remove`);
+    expect((await submit(w.browsers.owner, `/dashboard/members/${w.users.owner.id}/remove`, { confirm: 'remove' })).statusCode).toBe(409);
+    const ask = await submit(w.browsers.admin, `/dashboard/members/${w.users.member.id}/remove`);
+    expect(ask.statusCode).toBe(200);
+    expect(await role(org.id, w.users.member.id)).toBe('member');
+    const res = await submit(w.browsers.admin, `/dashboard/members/${w.users.member.id}/remove`, { confirm: 'remove' });
     expect(res.statusCode).toBe(303);
     expect(await role(org.id, w.users.member.id)).toBeUndefined();
     // Revoked by the job the removal queued.
@@ -262,6 +272,7 @@ describe(`dashboard members on ${BACKEND}`, () => {
       ['/dashboard/members', { email: user.email, role: 'member' }],
       [`/dashboard/members/${w.users.member.id}/role`, { role: 'admin' }],
       [`/dashboard/members/${w.users.member.id}/remove`, {}],
+      [`/dashboard/members/${w.users.member.id}/remove`, { confirm: 'remove' }],
     ] as const) {
       expect((await w.browsers.owner.post(url, fields)).statusCode, url).toBe(403);
       const foreign = await w.browsers.admin.csrf('/dashboard');
@@ -270,6 +281,7 @@ describe(`dashboard members on ${BACKEND}`, () => {
     expect(await role(a.id, user.id)).toBeUndefined();
     expect(await role(a.id, w.users.member.id)).toBe('member');
     expect((await submit(w.browsers.owner, `/dashboard/members/${bOnly.id}/remove`)).statusCode).toBe(404);
+    expect((await submit(w.browsers.owner, `/dashboard/members/${bOnly.id}/remove`, { confirm: 'remove' })).statusCode).toBe(404);
     expect((await submit(w.browsers.owner, `/dashboard/members/${bOnly.id}/role`, { role: 'admin' })).statusCode).toBe(404);
     expect((await submit(w.browsers.outsider, `/dashboard/members/${w.users.member.id}/remove`)).statusCode).toBe(404);
     expect(await role(b.id, bOnly.id)).toBe('member');

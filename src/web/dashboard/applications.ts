@@ -1,15 +1,18 @@
 /**
  * Applications in the dashboard: list, create, edit, rotate the secret, generate a token,
  * disable and delete. Every application is looked up by (organization, client_id), so a
- * client_id of another organization is a 404 whatever the form says.
+ * client_id of another organization is a 404 whatever the form says. Rotating the secret,
+ * disabling and deleting first answer a page saying what will stop working, whose form sends the
+ * same POST again with `confirm`; a change redirects to a page that says what it did (notice.ts).
  */
+import { markClientUsed } from '../../oauth/models/registrations.js';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { recordAuditEvent } from '../../audit/events.js';
 import type { Config } from '../../config.js';
 import type { DB } from '../../db/connect.js';
 import type { MailOutbox } from '../../mail/outbox.js';
 import type { Application, ApplicationType } from '../../db/schema.js';
-import { ForbiddenError, InvalidRequestError, NotFoundError } from '../../errors.js';
+import { ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../../errors.js';
 import type { ApplicationCache } from '../../oauth/models/application-cache.js';
 import {
   type ChangeOptions,
@@ -23,6 +26,7 @@ import {
   type DeveloperAuthMethod,
 } from '../../oauth/models/applications.js';
 import type { ClientGrants } from '../../oauth/models/client-grants.js';
+import { countLiveGrants } from '../../oauth/models/grants.js';
 import type { Metrics } from '../../metrics.js';
 import { InvalidScopeError } from '../../oauth/errors.js';
 import type { KeyStore } from '../../oauth/models/key-store.js';
@@ -34,6 +38,7 @@ import { renderPage } from '../render.js';
 import { requiresDpop } from '../../oauth/helpers/fapi.js';
 import type { IdTokenAlg } from '../../db/schema.js';
 import { type ActionContext, DASHBOARD_PAGE_SIZE, dashboardContext, type DashboardContext, parseId, readForm, requireAction, requireView } from './context.js';
+import { count, redirectWithNotice } from './notice.js';
 
 export interface DashboardDeps {
   db: DB;
@@ -250,8 +255,28 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
     return { ctx, application, params, scopes };
   }
 
+  /** A page asking to confirm `action` on the application (application-confirm.eta), with what will stop working. */
+  async function confirmPage(reply: FastifyReply, ctx: ActionContext, application: Application, action: 'rotate' | 'disable' | 'delete') {
+    // It tells about the application: for those who may see its page.
+    requireView(ctx, 'applications.read');
+    const grants = await countLiveGrants(db, { applicationId: application.id });
+    return renderPage(reply, 200, 'dashboard/application-confirm', {
+      title: `${{ rotate: 'Rotate the secret of', disable: 'Disable', delete: 'Delete' }[action]} ${application.name}`,
+      ctx,
+      active: 'applications',
+      application,
+      action,
+      grants,
+      grantsText: count(grants, 'grant'),
+      path: `/dashboard/applications/${application.client_id}`,
+    });
+  }
+
   app.post<{ Params: { clientId: string } }>('/dashboard/applications/:clientId/secret', async (req, reply) => {
-    const { ctx, application } = await managedApplication(req);
+    const { ctx, application, params } = await managedApplication(req);
+    // The profile needs keys: refused before asking, as rotateClientSecret refuses it.
+    if (application.fapi2) throw new ConflictError('a FAPI 2.0 application authenticates with private_key_jwt and has no secret; turn the profile off first');
+    if (params.confirm !== 'rotate') return confirmPage(reply, ctx, application, 'rotate');
     const rotated = await rotateClientSecret(db, application, changeOptions(ctx));
     const updated = await getApplication(db, ctx.organization.id, application.client_id);
     return renderApplication(reply, ctx, updated, 200, { secret: rotated.client_secret, message: 'The secret was replaced; the old one no longer works.' });
@@ -288,7 +313,8 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
       { name: name.name, redirectUris: uris.redirectUris, postLogoutRedirectUris: uris.postLogoutRedirectUris, scopes: scopes.scopes },
       changeOptions(ctx),
     );
-    return reply.redirect(`/dashboard/applications/${application.client_id}`, 303);
+    const revoked = affected > 0 ? ` The ${count(affected, 'grant')} holding a scope it no longer has ${affected === 1 ? 'is' : 'are'} being revoked: ${affected === 1 ? 'its' : 'their'} tokens stopped working.` : '';
+    return redirectWithNotice(reply, config, ctx.session.sessionId, `/dashboard/applications/${application.client_id}`, `Saved ${name.name}.${revoked}`);
   });
 
   /**
@@ -335,7 +361,7 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
       if (!(err instanceof InvalidRequestError)) throw err;
       return renderApplication(reply, ctx, application, 400, { security: form, errors: err.details?.map((d) => d.message) ?? [err.description] });
     }
-    return reply.redirect(`/dashboard/applications/${application.client_id}`, 303);
+    return redirectWithNotice(reply, config, ctx.session.sessionId, `/dashboard/applications/${application.client_id}`, `Saved the security settings of ${application.name}.`);
   });
 
   app.post<{ Params: { clientId: string } }>('/dashboard/applications/:clientId/token', async (req, reply) => {
@@ -357,6 +383,8 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
     if (beyond.length > 0) return renderApplication(reply, ctx, application, 403, { errors: [delegationError(beyond)] });
     const token = await issueClientToken({ db, keys, config, clientGrants }, application, scopes);
     metrics.tokensIssued.inc({ grant_type: 'dashboard' });
+    req.server.activity.count(ctx.organization.id, 'tokens_dashboard');
+    await markClientUsed(db, application);
     await recordAuditEvent(db, {
       organizationId: ctx.organization.id,
       action: 'application.token_generated',
@@ -367,15 +395,27 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
   });
 
   app.post<{ Params: { clientId: string } }>('/dashboard/applications/:clientId/disable', async (req, reply) => {
-    const { ctx, application } = await managedApplication(req);
+    const { ctx, application, params } = await managedApplication(req);
+    const page = `/dashboard/applications/${application.client_id}`;
+    if (application.disabled) return redirectWithNotice(reply, config, ctx.session.sessionId, page, `${application.name} is already disabled.`);
+    if (params.confirm !== 'disable') return confirmPage(reply, ctx, application, 'disable');
+    const grants = await countLiveGrants(db, { applicationId: application.id });
     await updateApplication(db, application, { disabled: true }, changeOptions(ctx));
-    return reply.redirect(`/dashboard/applications/${application.client_id}`, 303);
+    return redirectWithNotice(reply, config, ctx.session.sessionId, page, `Disabled ${application.name}: its tokens stopped working, and its ${count(grants, 'grant')} ${grants === 1 ? 'is' : 'are'} being revoked.`);
   });
 
   app.post<{ Params: { clientId: string } }>('/dashboard/applications/:clientId/delete', async (req, reply) => {
-    const { ctx, application } = await managedApplication(req);
+    const { ctx, application, params } = await managedApplication(req);
+    if (params.confirm !== 'delete') return confirmPage(reply, ctx, application, 'delete');
+    const grants = await countLiveGrants(db, { applicationId: application.id });
     await deleteApplication(db, application, changeOptions(ctx));
-    return reply.redirect('/dashboard/applications', 303);
+    return redirectWithNotice(
+      reply,
+      config,
+      ctx.session.sessionId,
+      '/dashboard/applications',
+      `Deleted ${application.name}: its client ID and secret are refused and its tokens stopped working; its ${count(grants, 'grant')} ${grants === 1 ? 'is' : 'are'} being revoked.`,
+    );
   });
 }
 

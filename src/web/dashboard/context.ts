@@ -33,6 +33,8 @@ export interface DashboardContext {
    * anyone's connected apps, `audit.read` shows the audit log, and the .read ones show the lists.
    */
   can: Readonly<Record<Permission, boolean>>;
+  /** What the action that led here did (notice.ts), shown once at the top of the page; '' for none. */
+  notice: string;
 }
 
 export interface ActionContext extends DashboardContext {
@@ -55,6 +57,7 @@ export async function loadContext(db: DB, config: Config, req: FastifyRequest): 
     organization,
     csrfToken: csrfToken(config, { session: session.sessionId }),
     can: abilities(organization),
+    notice: '',
   };
 }
 

@@ -4,7 +4,7 @@
  * current organization for every route in it (a signed-out GET goes to the login page, a
  * signed-out POST is a 403), and setUpPages gives every route the page security headers. A
  * current organization that requires two-step sign-in sends a one-step session to its second
- * step (or to set one up) first.
+ * step (or to set one up) first. A GET page shows what the change that redirected to it did (notice.ts).
  */
 import type { FastifyInstance } from 'fastify';
 import { factorSummary, hasSecondFactor } from '../../accounts/second-factors.js';
@@ -19,7 +19,9 @@ import { FactorChangeGuard } from './factor-guard.js';
 import { passkeyRoutes } from './passkeys.js';
 import { applicationRoutes, type DashboardDeps } from './applications.js';
 import { CSRF_FAILED, loadContext, setDashboardContext } from './context.js';
+import { takeNotice } from './notice.js';
 import { organizationRoutes } from './organization.js';
+import { overviewRoutes } from './overview.js';
 import { roleRoutes } from './roles.js';
 import { ssoRoutes } from './sso.js';
 import { webhookRoutes } from './webhooks.js';
@@ -39,12 +41,15 @@ export async function dashboardPages(app: FastifyInstance, deps: DashboardDeps):
         if (req.method !== 'GET' && req.method !== 'HEAD') throw new ForbiddenError(`${ctx.organization.name} requires two-step sign-in.`);
         return reply.redirect(twoFactorsPath(hasSecondFactor(await factorSummary(deps.db, ctx.session.userId)), req.url), 303);
       }
+      // The page a change redirected to says what it did, once (notice.ts).
+      if (req.method === 'GET') ctx.notice = takeNotice(req, reply, deps.config, ctx.session.sessionId);
       return;
     }
     if (req.method === 'GET' || req.method === 'HEAD') return reply.redirect(loginPath(req.url), 303);
     throw new ForbiddenError(CSRF_FAILED);
   });
   await applicationRoutes(app, deps);
+  await overviewRoutes(app, deps);
   await organizationRoutes(app, deps);
   await roleRoutes(app, deps);
   await ssoRoutes(app, deps);

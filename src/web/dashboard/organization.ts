@@ -1,23 +1,34 @@
 /**
- * The organization pages: overview and switcher, connected apps (live grants), members and the
+ * The organization pages: the organization switcher, connected apps (live grants), members and the
  * audit log. Grant ids and user ids from URLs are always looked up within the current
- * organization.
+ * organization. A change redirects to its page, which says what it did (notice.ts); removing a
+ * member, revoking a connected app or an invitation first answers a page that says what will stop
+ * working, whose form sends the same POST again with `confirm`.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { addMember, changeMemberRole, listMembers, removeMember, UnverifiedEmailError, updateOrganization } from '../../accounts/organizations.js';
+import { addMember, changeMemberRole, checkMemberRemoval, getMember, listMembers, removeMember, UnverifiedEmailError, updateOrganization } from '../../accounts/organizations.js';
 import { signedInWithTwoFactors } from '../../accounts/sessions.js';
 import { findRole, listRoles, mayAssign, type RoleRef } from '../../accounts/roles.js';
-import { createInvitation, type InvitationActor, listPendingInvitations, resendInvitation, revokeInvitation } from '../../accounts/invitations.js';
+import {
+  checkInvitationChange,
+  createInvitation,
+  getPendingInvitation,
+  type InvitationActor,
+  listPendingInvitations,
+  resendInvitation,
+  revokeInvitation,
+} from '../../accounts/invitations.js';
 import { emailSchema, findUserByEmail } from '../../accounts/users.js';
 import { listAuditEvents } from '../../audit/events.js';
 import type { DB } from '../../db/connect.js';
 import { ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../../errors.js';
-import { findLiveGrant, listLiveGrants } from '../../oauth/models/grants.js';
+import { countLiveGrants, findLiveGrant, listLiveGrants } from '../../oauth/models/grants.js';
 import type { Params } from '../../oauth/helpers/params.js';
 import { renderPage } from '../render.js';
 import type { DashboardDeps } from './applications.js';
 import { type ActionContext, DASHBOARD_PAGE_SIZE, dashboardContext, type DashboardContext, parseId, readForm, requireAction, requireView } from './context.js';
 import { selectOrganization } from '../../accounts/current-organization.js';
+import { count, redirectWithNotice } from './notice.js';
 
 export const AUDIT_PAGE_SIZE = 50;
 
@@ -36,10 +47,6 @@ export async function assignableRoles(db: DB, ctx: DashboardContext): Promise<Ro
 export async function organizationRoutes(app: FastifyInstance, deps: DashboardDeps): Promise<void> {
   const { db, config, revocations } = deps;
 
-  app.get('/dashboard', async (req, reply) =>
-    renderPage(reply, 200, 'dashboard/overview', { title: 'Dashboard', ctx: dashboardContext(req), active: 'overview' }),
-  );
-
   app.post('/dashboard/organization', async (req, reply) => {
     const { params } = readForm(req.body);
     const ctx = dashboardContext(req);
@@ -49,7 +56,8 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
     const selected =
       organizationId !== undefined && (await selectOrganization(db, { sessionId: ctx.session.sessionId, userId: ctx.session.userId, organizationId }));
     if (!selected) throw new ForbiddenError('You are not a member of that organization.');
-    return reply.redirect('/dashboard', 303);
+    const name = ctx.organizations.find((o) => o.id === organizationId)?.name;
+    return redirectWithNotice(reply, config, ctx.session.sessionId, '/dashboard', name === undefined ? 'Organization switched.' : `You are now working in ${name}.`);
   });
 
   // Connected apps: the live grants of the current organization, newest first; without
@@ -77,8 +85,23 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
     if (!grant) throw new NotFoundError('There is no such connected app in this organization.');
     // grants.write (owners, admins) revokes any grant; anyone else only one they authorized themselves.
     if (!ctx.can['grants.write'] && grant.user_id !== ctx.session.userId) throw new ForbiddenError('You may revoke only the apps you authorized yourself.');
+    const mine = grant.user_id === ctx.session.userId;
+    if (params.confirm !== 'revoke') {
+      // The page names who gave the grant: someone else's only to those who may see every grant.
+      if (!mine) requireView(ctx, 'grants.read');
+      return renderPage(reply, 200, 'dashboard/grant-revoke', {
+        title: `Revoke ${grant.application_name}`,
+        ctx,
+        active: 'connected-apps',
+        grant,
+        mine,
+        path: `/dashboard/connected-apps/${grant.id}/revoke`,
+      });
+    }
     await revocations.revoke(grant.id, 'revoked_by_user', { actorUserId: ctx.session.userId });
-    return reply.redirect('/dashboard/connected-apps', 303);
+    const what =
+      grant.user_id === null ? `the grant ${grant.application_name} had for itself` : `${grant.application_name}’s access, given by ${mine ? 'you' : (grant.user_email ?? 'someone')}`;
+    return redirectWithNotice(reply, config, ctx.session.sessionId, '/dashboard/connected-apps', `Revoked ${what}: its tokens stopped working.`);
   });
 
   // Members, in user id order.
@@ -129,10 +152,13 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
       return renderMembers(reply, ctx, 409, { errors: ['Set up two-step sign-in for yourself first (Account page), and sign in with it, before requiring it of everyone.'] });
     }
     await updateOrganization(db, ctx.organization.id, { requireMfa }, { actorUserId: ctx.session.userId });
-    const organization = { ...ctx.organization, requireMfa };
-    return renderMembers(reply, { ...ctx, organization }, 200, {
-      message: requireMfa ? 'Two-step sign-in is now required: members without it are asked to set it up before they reach this organization.' : 'Two-step sign-in is no longer required.',
-    });
+    return redirectWithNotice(
+      reply,
+      config,
+      ctx.session.sessionId,
+      '/dashboard/members',
+      requireMfa ? 'Two-step sign-in is now required: members without it are asked to set it up before they reach this organization.' : 'Two-step sign-in is no longer required.',
+    );
   });
 
   app.post('/dashboard/members', async (req, reply) => {
@@ -152,7 +178,7 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
       if (err instanceof ForbiddenError) return renderMembers(reply, ctx, 403, { errors: [err.description], email });
       throw err;
     }
-    return reply.redirect('/dashboard/members', 303);
+    return redirectWithNotice(reply, config, ctx.session.sessionId, '/dashboard/members', `Added ${user.email} to ${ctx.organization.name} as ${role.name}.`);
   });
 
   // Invitations: by email, with a role; the invitee joins from the emailed link.
@@ -177,28 +203,42 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
       if (err instanceof ConflictError || err instanceof ForbiddenError) return refuse(err.statusCode, err.description);
       throw err;
     }
-    return renderMembers(reply, ctx, 200, { message: `Invitation sent to ${email}.` });
+    return redirectWithNotice(reply, config, ctx.session.sessionId, '/dashboard/members', `Invitation sent to ${email}.`);
   });
 
   /** The pending invitation named in the URL, for someone who manages members. */
-  function managedInvitation(req: FastifyRequest<{ Params: { id: string } }>): { ctx: ActionContext; id: number } {
+  function managedInvitation(req: FastifyRequest<{ Params: { id: string } }>): { ctx: ActionContext; id: number; params: Params } {
     const { params } = readForm(req.body);
     const ctx = requireAction(config, req, params, { permission: 'members.write' });
     const id = parseId(req.params.id);
     if (id === undefined) throw new NotFoundError('There is no such pending invitation in this organization.');
-    return { ctx, id };
+    return { ctx, id, params };
   }
 
   app.post<{ Params: { id: string } }>('/dashboard/invitations/:id/resend', async (req, reply) => {
     const { ctx, id } = managedInvitation(req);
     const invitation = await resendInvitation(db, ctx.organization.id, id, inviter(ctx), mailDeps);
-    return renderMembers(reply, ctx, 200, { message: `Invitation sent again to ${invitation.email}; the earlier link no longer works.` });
+    return redirectWithNotice(reply, config, ctx.session.sessionId, '/dashboard/members', `Invitation sent again to ${invitation.email}; the earlier link no longer works.`);
   });
 
   app.post<{ Params: { id: string } }>('/dashboard/invitations/:id/revoke', async (req, reply) => {
-    const { ctx, id } = managedInvitation(req);
+    const { ctx, id, params } = managedInvitation(req);
+    // The page names the invitation: for those who may see the Members page.
+    if (params.confirm !== 'revoke') requireView(ctx, 'members.read');
+    // What revoking would refuse is refused before asking: another organization's, or a role the user may not give.
+    await checkInvitationChange(db, ctx.organization.id, id, ctx.organization.access);
+    const invitation = await getPendingInvitation(db, ctx.organization.id, id);
+    if (params.confirm !== 'revoke') {
+      return renderPage(reply, 200, 'dashboard/invitation-revoke', {
+        title: `Revoke the invitation to ${invitation.email}`,
+        ctx,
+        active: 'members',
+        invitation,
+        path: `/dashboard/invitations/${invitation.id}/revoke`,
+      });
+    }
     await revokeInvitation(db, ctx.organization.id, id, inviter(ctx));
-    return reply.redirect('/dashboard/members', 303);
+    return redirectWithNotice(reply, config, ctx.session.sessionId, '/dashboard/members', `Revoked the invitation to ${invitation.email}: its link no longer works.`);
   });
 
   /** The member named in the URL, for someone who manages members (the domain checks which roles theirs may give). */
@@ -215,14 +255,42 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
     const role = await roleFromForm(db, ctx.organization.id, params.role);
     if (!role) throw new InvalidRequestError('Choose a role.');
     await changeMemberRole(db, { organizationId: ctx.organization.id, userId, role }, memberChange(ctx));
-    return reply.redirect('/dashboard/members', 303);
+    const member = await getMember(db, ctx.organization.id, userId);
+    return redirectWithNotice(reply, config, ctx.session.sessionId, '/dashboard/members', `${member.email} now has the role ${member.role} in ${ctx.organization.name}.`);
   });
 
   app.post<{ Params: { userId: string } }>('/dashboard/members/:userId/remove', async (req, reply) => {
-    const { ctx, userId } = managedMember(req);
+    const { ctx, userId, params } = managedMember(req);
+    const organization = ctx.organization;
+    // The page names the member: for those who may see the Members page.
+    if (params.confirm !== 'remove') requireView(ctx, 'members.read');
+    // What removing would refuse is refused before asking: no such member, a role the user's may not take away, the last owner.
+    await checkMemberRemoval(db, { organizationId: organization.id, userId }, memberChange(ctx));
+    const member = await getMember(db, organization.id, userId);
+    const self = userId === ctx.session.userId;
+    // The apps they connected here: revoked after the removal (a job); their tokens stop at once.
+    const grants = await countLiveGrants(db, { organizationId: organization.id, userId });
+    if (params.confirm !== 'remove') {
+      return renderPage(reply, 200, 'dashboard/member-remove', {
+        title: self ? `Leave ${organization.name}` : `Remove ${member.email}`,
+        ctx,
+        active: 'members',
+        member,
+        self,
+        grants,
+        grantsText: count(grants, 'connected app'),
+        path: `/dashboard/members/${member.user_id}/remove`,
+      });
+    }
     // Ends their tokens at once and queues the revocation of the grants they gave here (and refuses to remove the last owner).
-    await removeMember(db, { organizationId: ctx.organization.id, userId }, memberChange(ctx));
-    return reply.redirect(userId === ctx.session.userId ? '/dashboard' : '/dashboard/members', 303);
+    await removeMember(db, { organizationId: organization.id, userId }, memberChange(ctx));
+    const apps = count(grants, 'connected app');
+    if (self) {
+      const notice = `You left ${organization.name}.${grants > 0 ? ` Your ${apps} there lost access: every token you had there stopped working.` : ''}`;
+      return redirectWithNotice(reply, config, ctx.session.sessionId, '/dashboard', notice);
+    }
+    const notice = `Removed ${member.email} from ${organization.name}.${grants > 0 ? ` Their ${apps} lost access: every token they had there stopped working.` : ' They had no connected apps there.'}`;
+    return redirectWithNotice(reply, config, ctx.session.sessionId, '/dashboard/members', notice);
   });
 
   // Audit log: newest first, keyset pagination on id (`?before=<id>`).

@@ -18,6 +18,7 @@ import type { DashboardDeps } from './applications.js';
 import { CSRF_FAILED, type DashboardContext, dashboardContext, parseId, readForm } from './context.js';
 import { type FactorChangeGuard, SECOND_STEP_FIRST, WRONG_PASSWORD } from './factor-guard.js';
 import { ACCOUNT_PATH } from './two-step.js';
+import { setNotice } from './notice.js';
 
 const password = z.string().max(PASSWORD_MAX_LENGTH).optional();
 const optionsBody = z.object({ current_password: password });
@@ -74,8 +75,10 @@ export async function passkeyRoutes(app: FastifyInstance, deps: DashboardDeps & 
       const added = await addPasskey(db, passkeyDeps, userOf(ctx), ctx.session.sessionId, body.response, body.name);
       // The new passkey verified the user: as with a new authenticator app's first code, the
       // browser now has two factors, in a new session (new id).
-      await replaceSession(db, config, req, reply, { userId: ctx.session.userId, amr: withSecondFactor(ctx.session.amr, [added.backedUp ? 'swk' : 'hwk']) });
+      const sessionId = await replaceSession(db, config, req, reply, { userId: ctx.session.userId, amr: withSecondFactor(ctx.session.amr, [added.backedUp ? 'swk' : 'hwk']) });
       req.log.info({ user_id: ctx.session.userId, passkey_id: added.id }, 'passkey added');
+      // The page the script goes to says so (notice.ts).
+      setNotice(reply, config, sessionId, `The passkey "${body.name}" was added.`);
       const returnTo = safeReturnTo(body.return_to, '');
       const redirect = returnTo ? `/dashboard/account?${new URLSearchParams({ return_to: returnTo }).toString()}` : '/dashboard/account';
       // A first factor's recovery codes, shown once by the page script before it goes on.

@@ -5,9 +5,11 @@
  * domains from URLs are always looked up within the current organization (another
  * organization's is a 404), and every change is audited with the acting member and their role.
  *
- * Changes answer 303 back to the page (`?done=` names the notice to show, `?connection=` the
- * connection it is about); a change the domain layer refuses is shown on the page, with what was
- * typed, at the status of the refusal.
+ * Changes answer 303 back to the page, which then says what they did (notice.ts), at the
+ * connection they are about (`#connection-`; `?created=` shows a new connection's URLs to register
+ * at the provider); a change the domain layer refuses is shown on the page, with what was typed,
+ * at the status of the refusal. Deleting a connection or a domain first answers a page saying what
+ * will stop working, whose form sends the same POST again with `confirm`.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { listRoles, mayAssign } from '../../accounts/roles.js';
@@ -30,6 +32,7 @@ import { addDomain, deleteDomain, getDomain, listDomains, txtLookup, updateDomai
 import { renderPage } from '../render.js';
 import type { DashboardDeps } from './applications.js';
 import { type ActionContext, dashboardContext, type DashboardContext, parseId, readForm, requireAction, requireView } from './context.js';
+import { redirectWithNotice } from './notice.js';
 
 export const SSO_PATH = '/dashboard/sso';
 /** A pasted IdP metadata document may be up to 512 KiB (readIdpMetadata); URL-encoded, up to three times that. */
@@ -140,23 +143,11 @@ function editFormOf(c: ConnectionView): EditForm {
   };
 }
 
-/**
- * The notices a change redirects to (`?done=`), given the connection or domain it names when
- * that is this organization's (a link cannot make the page claim something about anything else);
- * undefined when the notice needs one and there is none. Anything else in the query is ignored.
- */
-const NOTICES: Record<string, (connection: ConnectionView | undefined, domain: string | undefined) => string | undefined> = {
-  created: (c) => c && `Connection ${c.name} created. Register the URLs below at your identity provider.`,
-  saved: (c) => c && `Connection ${c.name} saved.`,
-  active: (c) => c && `Connection ${c.name} is active: people can sign in through it.`,
-  draft: (c) => c && `Connection ${c.name} is a draft now: nobody can sign in through it, and everyone who had signed in through it was signed out.`,
-  disabled: (c) => c && `Connection ${c.name} is disabled: everyone who had signed in through it was signed out.`,
-  deleted: () => 'The connection was deleted; everyone who had signed in through it was signed out.',
-  'domain-added': (_c, d) => d && `${d} was added. Publish its TXT record (below), then verify it.`,
-  'domain-verified': (_c, d) => d && `${d} is verified.`,
-  'domain-sso-required': (_c, d) => d && `Single sign-on is now required for addresses at ${d}.`,
-  'domain-sso-optional': (_c, d) => d && `Single sign-on is no longer required for addresses at ${d}.`,
-  'domain-deleted': () => 'The domain was removed.',
+/** What a change of a connection's state says, once it is done. */
+const STATE_NOTICES: Record<'active' | 'draft' | 'disabled', (name: string) => string> = {
+  active: (name) => `Connection ${name} is active: people can sign in through it.`,
+  draft: (name) => `Connection ${name} is a draft now: nobody can sign in through it, and everyone who had signed in through it was signed out.`,
+  disabled: (name) => `Connection ${name} is disabled: everyone who had signed in through it was signed out.`,
 };
 
 interface PageView {
@@ -165,9 +156,8 @@ interface PageView {
   saml?: SamlForm;
   domain?: string;
   edit?: { id: number; form: EditForm };
-  done?: string;
-  connectionId?: number | undefined;
-  noticeDomain?: string | undefined;
+  /** A connection just created: its URLs to register at the provider, prominently. */
+  createdId?: number | undefined;
 }
 
 export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Promise<void> {
@@ -185,9 +175,6 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
     // The roles a connection may give its members: never owner, and only those the user's own role could give.
     const roles = organization && manage && access ? (await listRoles(db, organization.id)).filter((r) => r.kind !== 'owner' && mayAssign(access, r)).map((r) => r.name) : [];
     const now = Date.now();
-    const about = view.connectionId === undefined ? undefined : connections.find((c) => c.id === view.connectionId);
-    const aboutDomain = domains.find((d) => d.domain === view.noticeDomain)?.domain;
-    const notice = (view.done !== undefined && Object.hasOwn(NOTICES, view.done) ? NOTICES[view.done]!(about, aboutDomain) : undefined) ?? '';
     return renderPage(reply, status, 'dashboard/sso', {
       title: 'Single sign-on',
       ctx,
@@ -205,8 +192,8 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
         roleChoices: roles.includes(c.default_role) ? roles : [c.default_role, ...roles],
         path: `${SSO_PATH}/connections/${c.id}`,
       })),
-      // Just created: its URLs, prominently, to register at the provider.
-      created: view.done === 'created' ? about : undefined,
+      // Just created: its URLs, prominently, to register at the provider (only this organization's).
+      created: view.createdId === undefined ? undefined : connections.find((c) => c.id === view.createdId),
       domains: domains.map((d) => ({ ...d, path: `${SSO_PATH}/domains/${encodeURIComponent(d.domain)}`, anchor: `domain-${d.id}` })),
       roles,
       oidcForm: view.oidc ?? emptyOidc(),
@@ -215,20 +202,17 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
       maxCertificates: MAX_SAML_CERTIFICATES,
       errors: view.errors ?? [],
       editing: view.edit?.id,
-      message: notice,
     });
   }
 
   const by = (ctx: ActionContext): ConnectionActor => ({ actor: { actorUserId: ctx.session.userId }, actingAs: ctx.organization.access });
   const actor = (ctx: ActionContext) => ({ actorUserId: ctx.session.userId });
 
-  /** Where a change sends the browser: the page, with its notice and the part it is about. */
-  function done(reply: FastifyReply, notice: string, about: { connection?: number; domain?: string } = {}) {
-    const query = new URLSearchParams({ done: notice });
-    if (about.connection !== undefined) query.set('connection', String(about.connection));
-    if (about.domain !== undefined) query.set('domain', about.domain);
-    const anchor = about.connection !== undefined && notice !== 'deleted' ? `#connection-${about.connection}` : '';
-    return reply.redirect(`${SSO_PATH}?${query.toString()}${anchor}`, 303);
+  /** Where a change sends the browser: the page, at the part it is about, saying `notice`. */
+  function done(reply: FastifyReply, ctx: ActionContext, notice: string, about: { connection?: number; created?: boolean; domain?: number } = {}) {
+    const query = about.created && about.connection !== undefined ? `?created=${about.connection}` : '';
+    const anchor = about.connection !== undefined ? `#connection-${about.connection}` : about.domain !== undefined ? `#domain-${about.domain}` : '';
+    return redirectWithNotice(reply, config, ctx.session.sessionId, `${SSO_PATH}${query}${anchor}`, notice);
   }
 
   /** Runs a change; a refusal the user can act on is shown on the page (with `view`: what they typed), at its status. */
@@ -243,13 +227,7 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
     }
   }
 
-  app.get<{ Querystring: { done?: unknown; connection?: unknown; domain?: unknown } }>(SSO_PATH, async (req, reply) =>
-    render(reply, dashboardContext(req), 200, {
-      done: typeof req.query.done === 'string' ? req.query.done : undefined,
-      connectionId: parseId(req.query.connection),
-      noticeDomain: typeof req.query.domain === 'string' ? req.query.domain.slice(0, 253) : undefined,
-    }),
-  );
+  app.get<{ Querystring: { created?: unknown } }>(SSO_PATH, async (req, reply) => render(reply, dashboardContext(req), 200, { createdId: parseId(req.query.created) }));
 
   // Connections.
 
@@ -282,7 +260,7 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
           },
           by(ctx),
         );
-        return done(reply, 'created', { connection: created.id });
+        return done(reply, ctx, `Connection ${created.name} created. Register the URLs below at your identity provider.`, { connection: created.id, created: true });
       });
     }
     if (params.protocol === 'saml') {
@@ -315,7 +293,7 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
           },
           by(ctx),
         );
-        return done(reply, 'created', { connection: created.id });
+        return done(reply, ctx, `Connection ${created.name} created. Register the URLs below at your identity provider.`, { connection: created.id, created: true });
       });
     }
     throw new InvalidRequestError('Choose OpenID Connect or SAML.');
@@ -370,8 +348,8 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
       }
     }
     return attempt(reply, ctx, { edit: { id: c.id, form } }, async () => {
-      await updateConnection(db, settings, ctx.organization.id, c.id, input, by(ctx));
-      return done(reply, 'saved', { connection: c.id });
+      const saved = await updateConnection(db, settings, ctx.organization.id, c.id, input, by(ctx));
+      return done(reply, ctx, `Connection ${saved.name} saved.`, { connection: c.id });
     });
   });
 
@@ -382,18 +360,19 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
     return attempt(reply, ctx, {}, async () => {
       // Leaving active ends every session signed in through the connection (the domain does it in the same transaction).
       await updateConnection(db, settings, ctx.organization.id, c.id, { state }, by(ctx));
-      return done(reply, state, { connection: c.id });
+      return done(reply, ctx, STATE_NOTICES[state](c.name), { connection: c.id });
     });
   });
 
   app.post<{ Params: { id: string } }>(`${SSO_PATH}/connections/:id/delete`, async (req, reply) => {
     const { ctx, params, connection: c } = await managedConnection(req);
     if (params.confirm !== 'delete') {
+      requireView(ctx, 'sso.read');
       return renderPage(reply, 200, 'dashboard/sso-delete', { title: `Delete ${c.name}`, ctx, active: 'sso', connection: c, path: `${SSO_PATH}/connections/${c.id}` });
     }
     return attempt(reply, ctx, {}, async () => {
       await deleteConnection(db, ctx.organization.id, c.id, by(ctx));
-      return done(reply, 'deleted');
+      return done(reply, ctx, `Deleted the connection ${c.name}: nobody can sign in through it any more, and everyone who had signed in through it was signed out.`);
     });
   });
 
@@ -405,7 +384,7 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
     const domain = params.domain ?? '';
     return attempt(reply, ctx, { domain }, async () => {
       const added = await addDomain(db, ctx.organization.id, { domain }, actor(ctx));
-      return done(reply, 'domain-added', { domain: added.domain });
+      return done(reply, ctx, `${added.domain} was added. Publish its TXT record (below), then verify it.`, { domain: added.id });
     });
   });
 
@@ -420,7 +399,7 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
     // A failed lookup (no record, the wrong token, DNS trouble) is a DomainVerificationFailedError: shown on the page.
     return attempt(reply, ctx, {}, async () => {
       const verified = await verifyDomain(db, lookup, ctx.organization.id, domain, actor(ctx));
-      return done(reply, 'domain-verified', { domain: verified.domain });
+      return done(reply, ctx, `${verified.domain} is verified.`, { domain: verified.id });
     });
   });
 
@@ -433,15 +412,29 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
       const current = await getDomain(db, ctx.organization.id, domain);
       if (ssoRequired && current.state !== 'verified') throw new InvalidRequestError(`Verify ${current.domain} before requiring single sign-on for it.`);
       const updated = await updateDomain(db, ctx.organization.id, domain, { sso_required: ssoRequired }, actor(ctx));
-      return done(reply, ssoRequired ? 'domain-sso-required' : 'domain-sso-optional', { domain: updated.domain });
+      const notice = ssoRequired ? `Single sign-on is now required for addresses at ${updated.domain}.` : `Single sign-on is no longer required for addresses at ${updated.domain}.`;
+      return done(reply, ctx, notice, { domain: updated.id });
     });
   });
 
   app.post<{ Params: { domain: string } }>(`${SSO_PATH}/domains/:domain/delete`, async (req, reply) => {
-    const { ctx, domain } = managedDomain(req);
+    const { ctx, params, domain } = managedDomain(req);
+    // The page tells about the domain: for those who may see the page.
+    if (params.confirm !== 'delete') requireView(ctx, 'sso.read');
     return attempt(reply, ctx, {}, async () => {
+      const current = await getDomain(db, ctx.organization.id, domain);
+      if (params.confirm !== 'delete') {
+        return renderPage(reply, 200, 'dashboard/sso-domain-delete', {
+          title: `Remove ${current.domain}`,
+          ctx,
+          active: 'sso',
+          domain: current,
+          path: `${SSO_PATH}/domains/${encodeURIComponent(current.domain)}`,
+        });
+      }
       await deleteDomain(db, ctx.organization.id, domain, actor(ctx));
-      return done(reply, 'domain-deleted', { domain });
+      const routed = current.state === 'verified' ? ': addresses there are no longer sent to your identity provider' : '';
+      return done(reply, ctx, `Removed the domain ${current.domain}${routed}.`);
     });
   });
 }

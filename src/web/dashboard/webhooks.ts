@@ -7,8 +7,8 @@
  *
  * A new or rotated secret is shown in the answer to the POST itself (no-store, never a redirect),
  * as the client secrets of applications are: it exists in plaintext nowhere else. Other changes
- * answer 303 back to the page (`?done=` names the notice, `?endpoint=` the endpoint); a change
- * the rules refuse is shown on the page, with what was typed, at the status of the refusal.
+ * answer 303 back to the page, at the endpoint, which then says what they did (notice.ts); a
+ * change the rules refuse is shown on the page, with what was typed, at the status of the refusal.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { type AppError, ConflictError, InvalidRequestError, NotFoundError } from '../../errors.js';
@@ -31,6 +31,7 @@ import {
 import { renderPage } from '../render.js';
 import type { DashboardDeps } from './applications.js';
 import { type ActionContext, dashboardContext, type DashboardContext, parseId, readForm, requireAction, requireView } from './context.js';
+import { redirectWithNotice } from './notice.js';
 
 export const WEBHOOKS_PATH = '/dashboard/webhooks';
 /** Deliveries shown per endpoint on the page, newest first; the API and the CLI page through all of them. */
@@ -70,22 +71,10 @@ interface EndpointForm {
 const emptyForm = (): EndpointForm => ({ url: '', description: '', events: [] });
 const formOf = (e: WebhookEndpointView): EndpointForm => ({ url: e.url, description: e.description, events: e.events });
 
-/** The notices a change redirects to (`?done=`), given the endpoint when it is this organization's. */
-const NOTICES: Record<string, (endpoint: WebhookEndpointView | undefined) => string | undefined> = {
-  saved: (e) => e && `Endpoint ${e.url} saved.`,
-  enabled: (e) => e && `Endpoint ${e.url} is enabled: events are sent to it again.`,
-  disabled: (e) => e && `Endpoint ${e.url} is disabled: nothing is sent to it, and its pending deliveries fail.`,
-  pinged: (e) => e && `A webhook.ping event is on its way to ${e.url}; its delivery is listed below.`,
-  retried: (e) => e && `The delivery to ${e.url} is sent again now.`,
-  deleted: () => 'The endpoint was deleted; nothing more is sent to it.',
-};
-
 interface PageView {
   errors?: string[];
   form?: EndpointForm;
   edit?: { id: number; form: EndpointForm };
-  done?: string;
-  endpointId?: number | undefined;
   /** A secret just made (create, rotate): shown this once. */
   secret?: { endpoint: WebhookEndpointView; value: string; rotated: boolean };
 }
@@ -106,8 +95,6 @@ export async function webhookRoutes(app: FastifyInstance, deps: DashboardDeps): 
         path: `${WEBHOOKS_PATH}/${e.id}`,
       })),
     );
-    const about = view.endpointId === undefined ? undefined : endpoints.find((e) => e.id === view.endpointId);
-    const notice = (view.done !== undefined && Object.hasOwn(NOTICES, view.done) ? NOTICES[view.done]!(about) : undefined) ?? '';
     return renderPage(reply, status, 'dashboard/webhooks', {
       title: 'Webhooks',
       ctx,
@@ -122,16 +109,14 @@ export async function webhookRoutes(app: FastifyInstance, deps: DashboardDeps): 
       secret: view.secret,
       errors: view.errors ?? [],
       editing: view.edit?.id,
-      message: notice,
     });
   }
 
   const actor = (ctx: ActionContext) => ({ actor: { actorUserId: ctx.session.userId } });
 
-  function done(reply: FastifyReply, notice: string, endpoint?: number) {
-    const query = new URLSearchParams({ done: notice });
-    if (endpoint !== undefined) query.set('endpoint', String(endpoint));
-    return reply.redirect(`${WEBHOOKS_PATH}?${query.toString()}${endpoint !== undefined && notice !== 'deleted' ? `#endpoint-${endpoint}` : ''}`, 303);
+  /** Back to the page, at the endpoint the change was about, saying `notice`. */
+  function done(reply: FastifyReply, ctx: ActionContext, notice: string, endpoint?: number) {
+    return redirectWithNotice(reply, config, ctx.session.sessionId, `${WEBHOOKS_PATH}${endpoint === undefined ? '' : `#endpoint-${endpoint}`}`, notice);
   }
 
   /** Runs a change; a refusal the user can act on is shown on the page (with `view`: what they typed), at its status. */
@@ -146,9 +131,7 @@ export async function webhookRoutes(app: FastifyInstance, deps: DashboardDeps): 
     }
   }
 
-  app.get<{ Querystring: { done?: unknown; endpoint?: unknown } }>(WEBHOOKS_PATH, async (req, reply) =>
-    render(reply, dashboardContext(req), 200, { done: typeof req.query.done === 'string' ? req.query.done : undefined, endpointId: parseId(req.query.endpoint) }),
-  );
+  app.get(WEBHOOKS_PATH, async (req, reply) => render(reply, dashboardContext(req)));
 
   app.post(WEBHOOKS_PATH, async (req, reply) => {
     const { params, events } = readWebhookForm(req.body);
@@ -174,8 +157,8 @@ export async function webhookRoutes(app: FastifyInstance, deps: DashboardDeps): 
     const { ctx, params, events, endpoint } = await managedEndpoint(req);
     const form: EndpointForm = { url: params.url ?? '', description: params.description ?? '', events };
     return attempt(reply, ctx, { edit: { id: endpoint.id, form } }, async () => {
-      await updateWebhookEndpoint(db, ctx.organization.id, endpoint.id, form, { ...actor(ctx), config });
-      return done(reply, 'saved', endpoint.id);
+      const saved = await updateWebhookEndpoint(db, ctx.organization.id, endpoint.id, form, { ...actor(ctx), config });
+      return done(reply, ctx, `Endpoint ${saved.url} saved.`, endpoint.id);
     });
   });
 
@@ -185,7 +168,10 @@ export async function webhookRoutes(app: FastifyInstance, deps: DashboardDeps): 
     const enabled = params.enabled === 'yes';
     return attempt(reply, ctx, {}, async () => {
       await updateWebhookEndpoint(db, ctx.organization.id, endpoint.id, { enabled }, { ...actor(ctx), config });
-      return done(reply, enabled ? 'enabled' : 'disabled', endpoint.id);
+      const notice = enabled
+        ? `Endpoint ${endpoint.url} is enabled: events are sent to it again.`
+        : `Endpoint ${endpoint.url} is disabled: nothing is sent to it, and its pending deliveries fail.`;
+      return done(reply, ctx, notice, endpoint.id);
     });
   });
 
@@ -199,7 +185,7 @@ export async function webhookRoutes(app: FastifyInstance, deps: DashboardDeps): 
     const { ctx, endpoint } = await managedEndpoint(req);
     return attempt(reply, ctx, {}, async () => {
       await pingWebhookEndpoint(db, ctx.organization.id, endpoint.id, actor(ctx));
-      return done(reply, 'pinged', endpoint.id);
+      return done(reply, ctx, `A webhook.ping event is on its way to ${endpoint.url}; its delivery is listed below.`, endpoint.id);
     });
   });
 
@@ -209,17 +195,18 @@ export async function webhookRoutes(app: FastifyInstance, deps: DashboardDeps): 
     if (deliveryId === undefined) throw new NotFoundError('There is no such delivery of this endpoint.');
     return attempt(reply, ctx, {}, async () => {
       await retryWebhookDelivery(db, ctx.organization.id, endpoint.id, deliveryId, actor(ctx));
-      return done(reply, 'retried', endpoint.id);
+      return done(reply, ctx, `The delivery to ${endpoint.url} is sent again now.`, endpoint.id);
     });
   });
 
   app.post<{ Params: { id: string } }>(`${WEBHOOKS_PATH}/:id/delete`, async (req, reply) => {
     const { ctx, params, endpoint } = await managedEndpoint(req);
     if (params.confirm !== 'delete') {
+      requireView(ctx, 'webhooks.read');
       return renderPage(reply, 200, 'dashboard/webhook-delete', { title: 'Delete the webhook endpoint', ctx, active: 'webhooks', endpoint, path: `${WEBHOOKS_PATH}/${endpoint.id}` });
     }
     await deleteWebhookEndpoint(db, ctx.organization.id, endpoint.id, actor(ctx));
-    return done(reply, 'deleted');
+    return done(reply, ctx, `Deleted the endpoint ${endpoint.url}: nothing more is sent to it.`);
   });
 
   // One delivery: its payload and every attempt, for whoever may see the page.
