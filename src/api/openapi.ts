@@ -1,14 +1,15 @@
 /**
  * The OpenAPI 3.1 document, generated from the API routes' zod schemas (one definition for
  * validation, serialization and documentation), with the OAuth 2.0 security scheme and each
- * operation's scope; GET /openapi.json, and a browsable GET /docs served from npm packages.
+ * operation's scope; GET /openapi.json, and GET /docs, our own server-rendered API reference built
+ * from the same document (src/web/api-reference.ts).
  */
 import swagger from '@fastify/swagger';
-import swaggerUi from '@fastify/swagger-ui';
 import type { FastifyInstance } from 'fastify';
 import { jsonSchemaTransform, jsonSchemaTransformObject } from 'fastify-type-provider-zod';
 import type { Config } from '../config.js';
 import { DATA_SCOPES, SCOPE_DESCRIPTIONS } from '../oauth/helpers/scopes.js';
+import { apiReferencePage } from '../web/api-reference.js';
 
 const API_PATH = /^\/api\/v1\//;
 
@@ -54,13 +55,8 @@ export async function registerOpenApi(app: FastifyInstance, config: Config): Pro
 }
 
 /** Registered after the routes: the document can only be built once they exist. */
-export async function openApiRoutes(app: FastifyInstance): Promise<void> {
+export async function openApiRoutes(app: FastifyInstance, { config }: { config: Config }): Promise<void> {
   app.get('/openapi.json', { schema: { hide: true } }, async () => app.swagger());
-  await app.register(swaggerUi, {
-    routePrefix: '/docs',
-    // No validator badge (it would call another origin) and a CSP built from the assets' hashes.
-    uiConfig: { validatorUrl: null, deepLinking: false },
-    staticCSP: true,
-    transformStaticCSP: (header) => `${header}; frame-ancestors 'none'`,
-  });
+  // The page in a plugin of its own: its headers (setUpPages) stay off /openapi.json.
+  await app.register(apiReferencePage, { config });
 }
