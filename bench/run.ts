@@ -25,6 +25,8 @@ import { sql } from 'kysely';
 import pg from 'pg';
 import { createOrganization } from '../src/accounts/organizations.js';
 import { createUser } from '../src/accounts/users.js';
+import { createSession } from '../src/accounts/sessions.js';
+import { ACTIVITY_METRICS } from '../src/activity.js';
 import { connectDatabase, type DB } from '../src/db/connect.js';
 import { migrateToLatest } from '../src/db/migrate.js';
 import { generateSecret, sha256Hex } from '../src/lib/crypto.js';
@@ -55,6 +57,9 @@ const TEMPLATE = 'orgauth_bench_template';
 const BULK = QUICK ? { live: 10_000, revoked: 10_000, refresh: 50_000 } : { live: 1_000_000, revoked: 1_000_000, refresh: 5_000_000 };
 const LARGE_SEED = `grants-${BULK.live}-revoked-${BULK.revoked}-refresh-${BULK.refresh}-v1`;
 const LARGE_TEMPLATE = `orgauth_bench_template_large${QUICK ? '_quick' : ''}`;
+/** Audit events of the large database's small organization (the Overview row); added to the large template once. */
+const AUDIT_VOLUME = QUICK ? 10_000 : 1_000_000;
+const AUDIT_SEED = `audit-${AUDIT_VOLUME}-v1`;
 const PEER_CLIENT_ID = 'bench-peer';
 const PEER_CLIENT_SECRET = 'bench-peer-secret-0123456789abcdefghijklmnop';
 const CONNECTIONS = 50;
@@ -186,6 +191,36 @@ async function ensureLargeTemplate(): Promise<void> {
   }
 }
 
+/**
+ * The large template's small organization also holds AUDIT_VOLUME audit events, spread over the
+ * last 30 days (added to an existing template without rebuilding it; its own marker).
+ */
+async function ensureAuditVolume(): Promise<void> {
+  const t = new pg.Client({ connectionString: dbUrl(LARGE_TEMPLATE) });
+  await t.connect();
+  try {
+    const marker = (await t.query<{ version: string }>('select version from bench_audit_marker').catch(() => ({ rows: [] as { version: string }[] }))).rows[0]?.version;
+    if (marker === AUDIT_SEED) return;
+    console.log(`adding ${AUDIT_VOLUME.toLocaleString('en')} audit events to ${LARGE_TEMPLATE} (once)...`);
+    const org = Number((await t.query<{ small_org: string }>('select small_org from bench_marker')).rows[0]!.small_org);
+    await t.query('begin');
+    await t.query('drop table if exists bench_audit_marker');
+    await t.query('delete from audit_events where organization_id = $1', [org]);
+    await t.query(
+      `insert into audit_events (organization_id, action, actor_client_id, details, created_at)
+       select $1, 'grant.revoked', 'bench-bulk', jsonb_build_object('grant_id', g), now() - (g % 2592000) * interval '1 second'
+       from generate_series(1, $2::int) g`,
+      [org, AUDIT_VOLUME],
+    );
+    await t.query('create table bench_audit_marker (version text not null)');
+    await t.query('insert into bench_audit_marker values ($1)', [AUDIT_SEED]);
+    await t.query('commit');
+    await t.query('analyze audit_events');
+  } finally {
+    await t.end();
+  }
+}
+
 interface Fixture {
   smallOrg: number;
   bigOrg: number;
@@ -296,6 +331,31 @@ async function seedRun(db: DB, port: number): Promise<Fixture> {
     dpop: { key: dpopKeys.privateKey, jwk: dpopJwk, token: dpopToken },
     keyClient: { clientId: keyed.client_id, key: clientKeys.privateKey, kid },
   };
+}
+
+/**
+ * The Overview row: on the large database, two sessions of the bench user (owner of both
+ * organizations), one whose current organization is the small one (BULK.live live grants,
+ * BULK.revoked revoked, AUDIT_VOLUME audit events, 30 days of activity counters) and one on a
+ * new organization with nothing but the same activity counters. The session cookie is the session id (src/accounts/sessions.ts).
+ */
+async function seedOverview(db: DB): Promise<{ full: string; empty: string; counts: { grants: number; audit: number } }> {
+  const { rows } = await sql<{ small_org: number }>`select small_org from bench_marker`.execute(db);
+  const org = Number(rows[0]!.small_org);
+  const user = await db.selectFrom('users').select('id').where('email', '=', 'bench@example.com').executeTakeFirstOrThrow();
+  const empty = await createOrganization(db, { name: 'Overview Empty', ownerUserId: user.id });
+  // Both have the same 30 days of activity counters (a fixed-size read and the same charts to
+  // draw): what differs is the volume of grants and audit events only.
+  for (const id of [org, empty.id]) {
+    await sql`insert into activity_daily (organization_id, metric, day, count)
+      select ${id}, m, current_date - d, 1 + (d * 7 + length(m)) % 50
+      from unnest(${[...ACTIVITY_METRICS]}::text[]) m, generate_series(0, 29) d`.execute(db);
+  }
+  const full = await createSession(db, user.id, { currentOrganizationId: org });
+  const none = await createSession(db, user.id, { currentOrganizationId: empty.id });
+  const grants = Number((await sql<{ n: number }>`select count(*) as n from grants where organization_id = ${org} and revoked_at is null`.execute(db)).rows[0]!.n);
+  const audit = Number((await sql<{ n: number }>`select count(*) as n from audit_events where organization_id = ${org}`.execute(db)).rows[0]!.n);
+  return { full, empty: none, counts: { grants, audit } };
 }
 
 /** What the application-disabling scenario needs on the large database: the bulk application, a management token, a token of the bulk application. */
@@ -605,6 +665,7 @@ async function main(): Promise<void> {
   buildServer();
   await ensureTemplate();
   await ensureLargeTemplate();
+  await ensureAuditVolume();
   const runDb = `orgauth_bench_run_${process.pid}`;
   const largeDb = `orgauth_bench_run_large_${process.pid}`;
   await admin(async (c) => {
@@ -638,7 +699,7 @@ async function main(): Promise<void> {
     const disableFx = await (async () => {
       const handle = await connectDatabase({ kind: 'postgres', url: dbUrl(largeDb) });
       try {
-        return await seedDisable(handle.db, largePort);
+        return { ...(await seedDisable(handle.db, largePort)), overview: await seedOverview(handle.db) };
       } finally {
         await handle.close();
       }
@@ -808,6 +869,27 @@ async function main(): Promise<void> {
         'throughput',
         1.5,
         { p99NoWorse: true },
+      ),
+    );
+    // The Overview reads counters, LIMITs and index ranges only: an organization with a million
+    // live grants, a million revoked and a million audit events against a new, empty one.
+    const { overview } = disableFx;
+    const overviewLoad = (name: string, session: string): Load => ({
+      name,
+      port: largePort,
+      method: 'GET',
+      path: '/dashboard',
+      headers: { cookie: `orgauth_session=${session}`, accept: 'text/html' },
+    });
+    add(
+      await runScenario(
+        overviewLoad(
+          `Overview of an organization with ${overview.counts.grants.toLocaleString('en')} live grants and ${overview.counts.audit.toLocaleString('en')} audit events`,
+          overview.full,
+        ),
+        overviewLoad('Overview of an empty organization (the same activity counters)', overview.empty),
+        'p50 latency',
+        1.2,
       ),
     );
     const rssMb = peakRssMb(server.pid!);

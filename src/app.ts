@@ -32,6 +32,7 @@ import { ClientGrants } from './oauth/models/client-grants.js';
 import { ResourceRegistry } from './oauth/models/resources.js';
 import { ClientMetadataDocuments } from './oauth/models/client-metadata.js';
 import { Metrics } from './metrics.js';
+import { ActivityCounter } from './activity.js';
 import { tokenEndpoint } from './oauth/endpoints/token.js';
 import { parEndpoint } from './oauth/endpoints/par.js';
 import { ClientAssertionVerifier } from './oauth/helpers/client-assertion.js';
@@ -49,6 +50,13 @@ import { devOutboxPage } from './web/dev-outbox.js';
 import { MailOutbox } from './mail/outbox.js';
 import { WebhookDispatcher } from './webhooks/dispatcher.js';
 import { logTransport, type MailTransport, smtpTransport } from './mail/transport.js';
+
+declare module 'fastify' {
+  interface FastifyInstance {
+    /** What happens per organization and day, counted where it happens (src/activity.ts). */
+    activity: ActivityCounter;
+  }
+}
 
 export interface AppDeps {
   db: DB;
@@ -144,6 +152,12 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
     reply.code(404).send({ error: 'not_found', error_description: sanitizeDescription(`no route for ${req.method} ${req.url.split('?')[0]}`) }),
   );
 
+  // Counted in memory as it happens, written every ACTIVITY_FLUSH_INTERVAL seconds and at close.
+  const activity = new ActivityCounter(deps.db, { intervalSeconds: config.activityFlushInterval, logger: deps.logger });
+  app.decorate('activity', activity);
+  activity.start();
+  app.addHook('onClose', () => activity.stop());
+
   await app.register(formbody);
   await app.register(cookie, { secret: Buffer.from(deriveKey(config.secretKey, 'cookie-signing')).toString('base64url') });
   await app.register(healthRoutes, { db: deps.db });
@@ -204,7 +218,7 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await app.register(userinfoEndpoint, oauth);
   await registerOpenApi(app, config);
   await app.register(apiRoutes, { ...oauth, mail, prefix: API_PREFIX });
-  await app.register(openApiRoutes);
+  await app.register(openApiRoutes, { config });
 
   // Browser pages: each plugin sets up its own security headers and HTML error pages (AZ-7).
   await app.register(pageAssets);

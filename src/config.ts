@@ -78,6 +78,10 @@ export interface Config {
   readonly trustProxy: boolean | string[];
   /** Seconds between deletions of expired codes, refresh tokens, revocations and sessions (src/retention.ts); 0: never. */
   readonly cleanupInterval: number;
+  /** ACTIVITY_FLUSH_INTERVAL: seconds between writes of the activity counted in memory (src/activity.ts). */
+  readonly activityFlushInterval: number;
+  /** SIGNING_KEY_ROTATION_DAYS: the Overview asks owners to have a signing key older than this rotated; 0: never. */
+  readonly signingKeyRotationDays: number;
   readonly mail: MailConfig;
   /** DNS_SERVERS: the resolvers domain verification asks (`host:port`); empty: the system's. */
   readonly dnsServers: readonly string[];
@@ -229,6 +233,8 @@ const envSchema = z
   DEVICE_POLL_INTERVAL: optional(wholeNumber(1, 60, 'must be a whole number of seconds between 1 and 60')),
   REFRESH_REUSE_GRACE: optional(wholeNumber(0, 3600, 'must be a whole number of seconds between 0 and 3600')),
   CLEANUP_INTERVAL: optional(wholeNumber(0, 7 * 24 * 3600, 'must be a whole number of seconds between 0 and 604800 (0 disables the cleanup)')),
+  ACTIVITY_FLUSH_INTERVAL: optional(wholeNumber(1, 300, 'must be a whole number of seconds between 1 and 300')),
+  SIGNING_KEY_ROTATION_DAYS: optional(wholeNumber(0, 3650, 'must be a whole number of days between 0 and 3650 (0: no reminder)')),
   DPOP_REQUIRE_NONCE: optional(z.enum(['0', '1', 'true', 'false'], { error: 'must be 1 or 0 (true or false)' })),
   DPOP_PROOF_MAX_AGE: optional(wholeNumber(10, 600, 'must be a whole number of seconds between 10 and 600')),
   SIGNING_ALG: optional(z.enum(SIGNING_ALGS, { error: `must be one of ${SIGNING_ALGS.join(', ')}` })),
@@ -413,6 +419,8 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
     redisUrl: e.REDIS_URL ?? null,
     trustProxy: e.TRUST_PROXY === undefined ? false : (parseTrustProxy(e.TRUST_PROXY) ?? false),
     cleanupInterval: e.CLEANUP_INTERVAL ?? 600,
+    activityFlushInterval: e.ACTIVITY_FLUSH_INTERVAL ?? 5,
+    signingKeyRotationDays: e.SIGNING_KEY_ROTATION_DAYS ?? 90,
     mail: {
       smtpUrl: e.SMTP_URL ?? null,
       from: e.MAIL_FROM ?? `orgauth <no-reply@${new URL(issuer).hostname}>`,

@@ -26,6 +26,7 @@
  *   documents) and never obtained a token go UNUSED_CLIENT_TTL (a day) after they registered
  *   (AG-3): what a flood of registrations leaves behind. One that holds a grant stays, whatever
  *   first_used_at says: deleting it would drop its grants without publishing their revocation.
+ * - The Overview's activity counters go ACTIVITY_RETENTION_DAYS (400) days after their day.
  * - Jobs go 30 days after they finished (succeeded or failed); webhook events 30 days after they
  *   happened, with their deliveries and the log of attempts.
  */
@@ -65,7 +66,10 @@ const RULES = [
   { table: 'webhook_events', key: 'id', at: 'created_at', graceSeconds: 30 * DAY_S },
 ] as const;
 
-export type Expired = Record<(typeof RULES)[number]['table'] | 'unused_clients', number>;
+export type Expired = Record<(typeof RULES)[number]['table'] | 'unused_clients' | 'activity_daily', number>;
+
+/** The Overview's per-day counters are kept this many days (GET .../activity answers at most 366 at once). */
+export const ACTIVITY_RETENTION_DAYS = 400;
 
 /** How long a self-registered client that never obtained a token is kept, unless the caller says (config.clientRegistration.unusedClientTtl). */
 export const DEFAULT_UNUSED_CLIENT_TTL = DAY_S;
@@ -116,6 +120,17 @@ export async function deleteExpired(
         limit ${BATCH}
         for update skip locked
       ))`,
+  });
+  // The activity counters (src/activity.ts), by their day.
+  steps.push({
+    name: 'activity_daily',
+    statement: sql`
+      delete from activity_daily where (organization_id, metric, day) in (
+        select organization_id, metric, day from activity_daily
+        where day < current_date - ${ACTIVITY_RETENTION_DAYS}::int
+        limit ${BATCH}
+        for update skip locked
+      )`,
   });
   const deleted = {} as Expired;
   for (const [i, { name, statement }] of steps.entries()) {

@@ -61,7 +61,7 @@ beforeAll(async () => {
 });
 afterAll(() => database.close());
 
-const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0, jobs: 0, webhook_events: 0, seen_jtis: 0, pushed_authorization_requests: 0 };
+const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0, jobs: 0, webhook_events: 0, seen_jtis: 0, pushed_authorization_requests: 0, activity_daily: 0 };
 
 describe(`deleting expired rows on ${BACKEND}`, () => {
   it('deletes what expired, keeps what is live, and keeps codes a week past expiry for replay detection', async () => {
@@ -113,6 +113,10 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
     for (const [id, createdAgo] of [['msg_old', -31 * DAY], ['msg_recent', -29 * DAY]] as const) {
       await db.insertInto('webhook_events').values({ organization_id: fixture.organizationId, type: 'member.added', message_id: id, payload: '{}', created_at: at(createdAgo) }).execute();
     }
+    // The Overview's counters: kept 400 days.
+    for (const [metric, daysAgo] of [['sign_ins', 401], ['consents', 399]] as const) {
+      await sql`insert into activity_daily (organization_id, metric, day, count) values (${fixture.organizationId}, ${metric}, current_date - ${daysAgo}::int, 1)`.execute(db);
+    }
 
     expect(await deleteExpired(db)).toEqual({
       authorization_codes: 1,
@@ -135,7 +139,9 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
       webhook_events: 1,
       seen_jtis: 1,
       pushed_authorization_requests: 1,
+      activity_daily: 1,
     });
+    expect((await db.selectFrom('activity_daily').select('metric').where('organization_id', '=', fixture.organizationId).execute()).map((r) => r.metric)).toEqual(['consents']);
     expect((await db.selectFrom('seen_jtis').select('key').execute()).map((r) => r.key)).toEqual(['dpop-live']);
     expect((await db.selectFrom('pushed_authorization_requests').select('request_uri_hash').execute()).map((r) => r.request_uri_hash)).toEqual(['par-recent']);
     expect((await db.selectFrom('jobs').select('kind').orderBy('id').execute()).map((j) => j.kind)).toEqual(['recent', 'waiting']);

@@ -17,7 +17,7 @@ import type { RevocationList } from '../oauth/models/revocation-list.js';
 import type { ApplicationCache } from '../oauth/models/application-cache.js';
 import { applicationRoutes } from './applications.js';
 import { auditEventRoutes } from './audit-events.js';
-import { actorOf, authenticateApiRequest, authOf } from './auth.js';
+import { actorOf, authenticateApiRequest, authOf, parsePathId, presentedToken } from './auth.js';
 import { contactRoutes } from './contacts.js';
 import { domainRoutes } from './domains.js';
 import { registerApiRateLimit } from './rate-limit.js';
@@ -28,6 +28,7 @@ import { roleRoutes } from './roles.js';
 import { errorResponses, orgParams, serializerCompiler } from './schemas.js';
 import { ssoConnectionRoutes } from './sso-connections.js';
 import { taskRoutes } from './tasks.js';
+import { activityRoutes } from './activity.js';
 import { webhookRoutes } from './webhooks.js';
 import type { RoleScopes } from '../accounts/role-scopes.js';
 
@@ -54,6 +55,17 @@ export async function apiRoutes(
   app.removeContentTypeParser('application/x-www-form-urlencoded');
   app.decorateRequest('auth', null);
   app.addHook('onRequest', authenticateApiRequest(options));
+  // The Overview's API counts, for the organization in the path: answers by class, and the
+  // tokens the gate refused (invalid, expired, revoked, another organization's, short of scope).
+  app.addHook('onResponse', async (req, reply) => {
+    const organizationId = req.auth?.organizationId ?? parsePathId((req.params as { organization_id?: unknown }).organization_id);
+    if (organizationId === undefined) return;
+    const status = reply.statusCode;
+    req.server.activity.count(organizationId, status >= 500 ? 'api_5xx' : status >= 400 ? 'api_4xx' : 'api_2xx');
+    if ((status === 401 || status === 403) && req.auth === null && presentedToken(req.headers.authorization) !== undefined) {
+      req.server.activity.count(organizationId, 'api_refused');
+    }
+  });
   await registerApiRateLimit(app, options.config);
   app.addHook('onSend', async (_req, reply, payload) => {
     reply.header('cache-control', 'no-store');
@@ -101,6 +113,7 @@ export async function apiRoutes(
   await api.register(invitationRoutes, { db: options.db, mail: options.mail, issuer: options.config.issuer });
   await api.register(grantRoutes, { db: options.db, revocations: options.revocations });
   await api.register(auditEventRoutes, { db: options.db });
+  await api.register(activityRoutes, { db: options.db });
   // Single sign-on: the organization's identity providers and the email domains routed to them.
   await api.register(ssoConnectionRoutes, { db: options.db, config: options.config });
   await api.register(domainRoutes, { db: options.db, config: options.config });

@@ -1,8 +1,10 @@
+import { addActivity, utcDay } from '../activity.js';
 import { issueClientToken } from '../oauth/grants/token-response.js';
 import { requiresDpop } from '../oauth/helpers/fapi.js';
 import { UnauthorizedClientError } from '../oauth/errors.js';
 import { grantableScopes } from '../oauth/helpers/scopes.js';
 import { ClientGrants } from '../oauth/models/client-grants.js';
+import { markClientUsed } from '../oauth/models/registrations.js';
 import { KeyStore } from '../oauth/models/key-store.js';
 import { ensureSigningKey } from '../oauth/models/signing-keys.js';
 import { applicationByClientId, optionalString, required, type Command } from './shared.js';
@@ -21,6 +23,9 @@ export const tokenCommands: Record<string, Command> = {
       const scopes = grantableScopes(optionalString(v, 'scopes'), application.scopes);
       await ensureSigningKey(db, { alg: config.signingAlg, secretKey: config.secretKey });
       const response = await issueClientToken({ db, keys: new KeyStore(db, config), config, clientGrants: new ClientGrants(db) }, application, scopes);
+      // The CLI runs beside the servers: it adds its one token to the Overview's counts itself.
+      await addActivity(db, [{ organizationId: response.organization_id, metric: 'tokens_cli', day: utcDay(), count: 1 }]);
+      await markClientUsed(db, application);
       return {
         json: response,
         text: [

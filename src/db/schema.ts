@@ -175,6 +175,17 @@ export interface OrganizationsTable {
   require_mfa: ColumnType<boolean, boolean | undefined, boolean>;
   created_at: Generated<Date>;
   updated_at: Timestamp;
+  /** The Overview's first-run checklist was put away. */
+  checklist_dismissed_at: NullableTimestamp;
+}
+
+/** Per organization, metric and UTC day, how many times it happened (src/activity.ts). */
+export interface ActivityDailyTable {
+  organization_id: number;
+  metric: string;
+  /** 'YYYY-MM-DD' (pg returns dates as text, see connect.ts). */
+  day: ColumnType<string, string, never>;
+  count: ColumnType<number, number, number>;
 }
 
 export interface MembershipsTable {
@@ -678,6 +689,7 @@ export interface Database {
   webhook_attempts: WebhookAttemptsTable;
   pushed_authorization_requests: PushedAuthorizationRequestsTable;
   seen_jtis: SeenJtisTable;
+  activity_daily: ActivityDailyTable;
 }
 
 export type User = Selectable<UsersTable>;

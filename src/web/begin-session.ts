@@ -40,7 +40,16 @@ export async function replaceSession(
   return sessionId;
 }
 
-/** Signs the browser in (replaceSession) and goes on to `returnTo`. */
+/** Organizations a sign-in is counted for, at most: a person in more sees it counted in the first ones. */
+const SIGN_IN_COUNTED_ORGANIZATIONS = 1000;
+
+/** A completed sign-in counts once in each organization the user is a member of (the Overview's "sign-ins"). */
+async function countSignIn(db: DB, req: FastifyRequest, userId: number): Promise<void> {
+  const rows = await db.selectFrom('memberships').select('organization_id').where('user_id', '=', userId).orderBy('organization_id').limit(SIGN_IN_COUNTED_ORGANIZATIONS).execute();
+  for (const row of rows) req.server.activity.count(row.organization_id, 'sign_ins');
+}
+
+/** Signs the browser in (replaceSession) and goes on to `returnTo`, counting the sign-in. */
 export async function beginSession(
   db: DB,
   config: Config,
@@ -49,5 +58,6 @@ export async function beginSession(
   input: { userId: number; amr: readonly string[]; returnTo: string; json?: boolean; currentOrganizationId?: number; ssoConnectionId?: number },
 ) {
   await replaceSession(db, config, req, reply, input);
+  await countSignIn(db, req, input.userId);
   return goTo(reply, input.returnTo, input.json);
 }

@@ -217,6 +217,7 @@ export async function devicePages(app: FastifyInstance, { db, config, resources 
     // Decided a moment ago in another tab, or expired while the page was open.
     if (!approved) return codeForm(reply, 400, user, '', NOT_FOUND);
     req.log.info({ client_id: found.application.clientId, organization_id: membership.id }, 'device authorization approved');
+    req.server.activity.count(membership.id, 'consents');
     return done(reply, 'Device connected', `${found.application.name} now has access to ${membership.name}. You can return to your device.`);
   });
 }

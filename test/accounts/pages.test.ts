@@ -134,7 +134,7 @@ describe(`sign-in on ${BACKEND}`, () => {
     expectPageSecurityHeaders(dashboard);
     // The name is escaped, and each organization is listed with its id and the user's role.
     expect(dashboard.body).toContain('Signed in as <strong>Alice &lt;b&gt;A&lt;/b&gt;</strong>');
-    expect(dashboard.body).toContain(`<tr><td>Acme &amp; Co</td><td>${aliceOrgId}</td><td>owner</td></tr>`);
+    expect(dashboard.body).toContain(`<tr><td data-label="Organization">Acme &amp; Co</td><td data-label="ID">${aliceOrgId}</td><td data-label="Your role">owner</td></tr>`);
     expect(dashboard.body).toMatch(/<form method="post" action="\/logout">\s*<input type="hidden" name="csrf_token" value="[^"]+">/);
   });
 

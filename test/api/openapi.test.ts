@@ -71,6 +71,7 @@ describe('GET /openapi.json', () => {
       'GET /api/v1/{organization_id}/grants/{id}': ['grants.read'],
       'DELETE /api/v1/{organization_id}/grants/{id}': ['grants.write'],
       'GET /api/v1/{organization_id}/audit-events': ['audit.read'],
+      'GET /api/v1/{organization_id}/activity': ['audit.read'],
       'GET /api/v1/{organization_id}/sso-connections': ['sso.read'],
       'POST /api/v1/{organization_id}/sso-connections': ['sso.write'],
       'GET /api/v1/{organization_id}/sso-connections/{id}': ['sso.read'],
@@ -111,12 +112,57 @@ describe('GET /openapi.json', () => {
 });
 
 describe('GET /docs', () => {
-  it('serves a browsable page that loads nothing from other origins', async () => {
-    let res = await app.inject('/docs');
-    if (res.statusCode === 302) res = await app.inject(String(res.headers.location));
+  it('is our own API reference: every operation of the document with its scope, the page headers, nothing from other origins', async () => {
+    const res = await app.inject('/docs');
     expect(res.statusCode).toBe(200);
-    expect(res.body).toContain('swagger-ui');
-    expect(res.body).not.toMatch(/(src|href)="(https?:)?\/\//);
-    expect(String(res.headers['content-security-policy'])).toContain("frame-ancestors 'none'");
+    expect(res.headers['content-type']).toBe('text/html; charset=utf-8');
+    const csp = String(res.headers['content-security-policy']);
+    expect(csp).toContain("default-src 'self'");
+    expect(csp).toContain("frame-ancestors 'none'");
+    expect(csp).toContain("script-src 'self'");
+    expect(res.headers['x-frame-options']).toBe('DENY');
+    expect(res.headers['cache-control']).toBe('no-store');
+    // No Swagger UI, no script at all, and every link or resource on this origin.
+    expect(res.body).not.toMatch(/swagger-ui/i);
+    expect(res.body).not.toMatch(/<script/i);
+    expect(res.body).not.toMatch(/(src|href|action)="(https?:)?\/\//);
+    expect(res.body).toContain('<link rel="stylesheet" href="/assets/style.css">');
+    expect(res.body).toContain('<a href="/openapi.json">');
+    expect(res.body).toContain('<main class="wide">');
+
+    const doc = (await app.inject('/openapi.json')).json() as { paths: Record<string, Record<string, Operation & { summary: string }>> };
+    const operations = Object.entries(doc.paths).flatMap(([path, ops]) => Object.entries(ops).map(([method, op]) => ({ method: method.toUpperCase(), path, op })));
+    expect(operations.length).toBeGreaterThan(50);
+    // The page split into its operations (one <article> each, in the document's order).
+    const articles = res.body.split('<article class="operation"').slice(1);
+    expect(articles).toHaveLength(operations.length);
+    const escape = (s: string) => s.replaceAll('&', '&amp;').replaceAll("'", '&#39;').replaceAll('"', '&quot;');
+    for (const { method, path, op } of operations) {
+      const article = articles.find((a) => a.includes(`>${method}</span> <code class="path">${escape(path)}</code>`));
+      expect(article, `${method} ${path}`).toBeDefined();
+      expect(article).toContain(`>${escape(op.summary)}</h3>`);
+      const scopes = op.security![0]!.oauth2;
+      if (scopes.length > 0) for (const scope of scopes) expect(article).toContain(`<code>${scope}</code>`);
+      else expect(article).toContain('Scope: none');
+      for (const status of Object.keys(op.responses)) expect(article).toContain(`<td data-label="Status">${status}</td>`);
+      expect(article).toContain('Authorization: Bearer $TOKEN');
+      // Every table header says what it heads.
+      expect(article).not.toMatch(/<th(?=[\s>])(?! scope="col")/);
+    }
+    // A request body's fields, and a path with its parameters as shell variables in the example.
+    const create = articles.find((a) => a.includes('>POST</span> <code class="path">/api/v1/{organization_id}/contacts</code>'))!;
+    expect(create).toContain('<td data-label="Field"><code>name</code></td><td data-label="Type">string, 1 to 200 characters</td><td data-label="Required">yes</td>');
+    expect(create).toContain('-d &#39;{&quot;name&quot;:&quot;string&quot;}&#39;');
+    expect(articles.find((a) => a.includes('>DELETE</span> <code class="path">/api/v1/{organization_id}/contacts/{id}</code>'))).toContain('curl -s -X DELETE &quot;http://localhost:3000/api/v1/$ORGANIZATION_ID/contacts/$ID&quot;');
+  });
+
+  it('sends /docs/ to /docs, and leaves /openapi.json without the page headers', async () => {
+    const res = await app.inject('/docs/');
+    expect(res.statusCode).toBe(301);
+    expect(res.headers.location).toBe('/docs');
+    const json = await app.inject('/openapi.json');
+    expect(json.headers['content-type']).toMatch(/^application\/json/);
+    expect(json.headers['content-security-policy']).toBeUndefined();
+    expect(json.headers['cache-control']).toBeUndefined();
   });
 });

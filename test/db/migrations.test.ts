@@ -8,7 +8,7 @@ import { BACKEND, createEmptyDatabase, type TestDatabase } from '../helpers/db.j
 /** The data model as schema.ts declares it; a column added to one must be added to the other. */
 const EXPECTED_COLUMNS: Record<string, string[]> = {
   users: ['id', 'email', 'password_hash', 'name', 'created_at', 'updated_at', 'email_verified_at', 'second_step_locked_until'],
-  organizations: ['id', 'name', 'created_at', 'updated_at', 'require_mfa'],
+  organizations: ['id', 'name', 'created_at', 'updated_at', 'require_mfa', 'checklist_dismissed_at'],
   memberships: ['organization_id', 'user_id', 'role', 'created_at', 'role_id'],
   roles: ['id', 'organization_id', 'name', 'description', 'permissions', 'created_at', 'updated_at', 'deleting'],
   applications: [
@@ -68,6 +68,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   client_registrations: ['id', 'ip', 'created_at'],
   pushed_authorization_requests: ['id', 'request_uri_hash', 'application_id', 'params', 'dpop_jkt', 'expires_at', 'first_used_at', 'consumed_at', 'created_at'],
   seen_jtis: ['key', 'expires_at'],
+  activity_daily: ['organization_id', 'metric', 'day', 'count'],
   device_authorizations: [
     'id', 'device_code_hash', 'user_code', 'application_id', 'resource_id', 'scopes', 'identity_scopes', 'status', 'user_id', 'organization_id',
     'granted_scopes', 'auth_time', 'amr', 'grant_id', 'interval_s', 'last_polled_at', 'expires_at', 'created_at',
@@ -75,7 +76,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
 };
 
 // applications is not here: a client that registered itself (RFC 7591, a metadata document) belongs to no organization.
-const ORG_OWNED = ['memberships', 'roles', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations', 'sso_connections', 'sso_domains', 'removed_members', 'webhook_endpoints'];
+const ORG_OWNED = ['memberships', 'roles', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations', 'sso_connections', 'sso_domains', 'removed_members', 'webhook_endpoints', 'activity_daily'];
 const HASH = 'a'.repeat(64);
 
 let database: TestDatabase;
@@ -120,6 +121,7 @@ const MIGRATIONS = [
   '20261127_0017_jobs_and_webhooks',
   '20261127_0018_member_removal_job',
   '20261128_0019_high_assurance',
+  '20261129_0020_activity',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {
@@ -156,7 +158,7 @@ describe(`migrations on ${BACKEND}`, () => {
     expect(rows).toEqual([{ disabled: true, token_endpoint_auth_method: 'client_secret_basic', client_secret_hash: expect.stringMatching(/^[0-9a-f]{64}$/) }]);
     const { rows: active } = await sql<{ kid: string }>`select kid from signing_keys where retired_at is null`.execute(handle.db);
     expect(active).toEqual([{ kid: 'before' }]);
-    expect(await migrateToLatest(handle.db)).toEqual(['20261128_0019_high_assurance']);
+    expect(await migrateToLatest(handle.db)).toEqual(['20261128_0019_high_assurance', '20261129_0020_activity']);
     await sql`delete from applications where organization_id = ${org}`.execute(handle.db);
     await sql`delete from organizations where id = ${org}`.execute(handle.db);
     await sql`delete from signing_keys`.execute(handle.db);

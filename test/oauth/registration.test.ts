@@ -533,7 +533,7 @@ describe(`reaping clients that never obtained a token on ${BACKEND}`, () => {
     expect(await exists(recent.client_id)).toBe(false);
   });
 
-  it('markClientUsed: once, for self-registered clients only (no query for a developer’s application)', async () => {
+  it('markClientUsed: once, the first use staying the first; a developer’s application too (the Overview’s “never used”)', async () => {
     const fresh = (await rowOf((await register(MCP_CLIENT)).json().client_id))!;
     await markClientUsed(db, fresh);
     const first = (await rowOf(fresh.client_id))!.first_used_at;
@@ -544,8 +544,9 @@ describe(`reaping clients that never obtained a token on ${BACKEND}`, () => {
     // Set only while null: the first use stays the first.
     expect((await rowOf(fresh.client_id))!.first_used_at).toEqual(marked.first_used_at);
     const developer = (await rowOf(org.publicApp.client_id))!;
+    expect(developer.first_used_at).toBeNull();
     await markClientUsed(db, developer);
-    expect((await rowOf(org.publicApp.client_id))!.first_used_at).toBeNull();
+    expect((await rowOf(org.publicApp.client_id))!.first_used_at).toBeInstanceOf(Date);
   });
 
   it('runs in the server with UNUSED_CLIENT_TTL', async () => {

@@ -489,6 +489,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
       return issued;
     });
     req.log.info({ client_id: request.application.client_id, organization_id: organizationId, remembered }, 'authorization code issued');
+    req.server.activity.count(organizationId, 'consents');
     return reply.redirect(redirectLocation(request.redirectUri, { code, state: request.state, iss: config.issuer }), 303);
   }
 

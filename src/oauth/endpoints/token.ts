@@ -16,6 +16,7 @@ import { requireParam } from '../helpers/params.js';
 import { requiresDpop } from '../helpers/fapi.js';
 import { endpointDpopJkt } from '../models/dpop-proofs.js';
 import { AppError } from '../../errors.js';
+import { tokenMetric } from '../../activity.js';
 
 const GRANTS: ReadonlyMap<string, GrantHandler> = new Map([authorizationCode, refreshToken, clientCredentials, deviceCode].map((g) => [g.grantType, g]));
 
@@ -41,6 +42,8 @@ export async function tokenEndpoint(app: FastifyInstance, options: OAuthEndpoint
     // A fresh nonce with every answer, so a client's next proof has one (RFC 9449 §8.2).
     if (options.dpop.requireNonce) reply.header('dpop-nonce', options.dpop.nonce());
     metrics.tokensIssued.inc({ grant_type: grant.grantType });
+    const counted = tokenMetric(grant.grantType);
+    if (counted) app.activity.count(issued.organization_id, counted);
     // A client that registered itself and got a token is in use: the reaper leaves it.
     await markClientUsed(db, application);
     return issued;

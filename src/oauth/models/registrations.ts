@@ -327,12 +327,14 @@ export async function deleteRegisteredClient(db: DB, application: Pick<Applicati
 }
 
 /**
- * Records that a self-registered client obtained its first token, so the retention sweep keeps
- * it. For the token endpoint, after a grant issued tokens; does nothing (no query) for a
- * developer's application or a client already marked.
+ * Records that an application obtained its first token: a self-registered client is then kept by
+ * the retention sweep, and the Overview stops listing a developer's application as never used.
+ * After tokens were issued (the token endpoint, Generate Token, `orgauth token create`); no query
+ * for an application already marked.
  */
-export async function markClientUsed(db: DB, application: Pick<Application, 'id' | 'registration' | 'first_used_at'>): Promise<void> {
-  if (application.registration === 'developer' || application.first_used_at !== null) return;
+export async function markClientUsed(db: DB, application: Pick<Application, 'id' | 'first_used_at'>): Promise<void> {
+  // Once: the update publishes the change (migration 0002), every instance's cache then holds first_used_at.
+  if (application.first_used_at !== null) return;
   await db.updateTable('applications').set({ first_used_at: sql`now()` }).where('id', '=', application.id).where('first_used_at', 'is', null).execute();
 }
 
