@@ -28,7 +28,7 @@ export async function up(db: Kysely<any>): Promise<void> {
   // first_used_at was kept for self-registered clients only; now for every application. Those
   // in use already: since their first grant.
   await sql`update applications a set first_used_at = (select min(g.created_at) from grants g where g.application_id = a.id)
-    where a.first_used_at is null and a.registration = 'developer'`.execute(db);
+    where a.first_used_at is null and a.registration = 'developer' and exists (select 1 from grants g where g.application_id = a.id)`.execute(db);
   await sql`create index invitations_pending_organization_id_expires_at_idx on invitations (organization_id, expires_at)
     where accepted_at is null and revoked_at is null`.execute(db);
 }

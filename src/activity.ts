@@ -73,6 +73,8 @@ export class ActivityCounter {
   private counts = new Map<string, ActivityCount>();
   private timer: NodeJS.Timeout | undefined;
   private flushing: Promise<void> | undefined;
+  /** A write asked for because the map is full, not yet started: one, however many counts arrive meanwhile. */
+  private flushAsked = false;
   private dropped = 0;
 
   constructor(
@@ -95,7 +97,12 @@ export class ActivityCounter {
       return;
     }
     this.counts.set(key, { organizationId, metric, day, count: n });
-    if (this.counts.size >= MAX_KEYS) void this.flush();
+    if (this.counts.size >= MAX_KEYS && !this.flushAsked) {
+      this.flushAsked = true;
+      void this.flush().finally(() => {
+        this.flushAsked = false;
+      });
+    }
   }
 
   start(): void {
@@ -130,6 +137,7 @@ export class ActivityCounter {
           const now = this.counts.get(key);
           if (now) now.count += entry.count;
           else if (this.counts.size < 2 * MAX_KEYS) this.counts.set(key, entry);
+          else this.dropped += entry.count;
         }
       })
       .finally(() => {

@@ -125,12 +125,12 @@ export async function deleteExpired(
   steps.push({
     name: 'activity_daily',
     statement: sql`
-      delete from activity_daily where (organization_id, metric, day) in (
-        select organization_id, metric, day from activity_daily
+      delete from activity_daily where ctid = any(array(
+        select ctid from activity_daily
         where day < current_date - ${ACTIVITY_RETENTION_DAYS}::int
         limit ${BATCH}
         for update skip locked
-      )`,
+      ))`,
   });
   const deleted = {} as Expired;
   for (const [i, { name, statement }] of steps.entries()) {

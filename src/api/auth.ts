@@ -27,6 +27,8 @@ export interface ApiAuth {
 declare module 'fastify' {
   interface FastifyRequest {
     auth: ApiAuth | null;
+    /** A token this server signed was refused for this request: its organization (the Overview's refused tokens). */
+    refusedFor: number | null;
   }
   interface FastifyContextConfig {
     /** The scope a route needs (RFC 6750 §3.1 insufficient_scope otherwise); null: any valid token. */
@@ -173,12 +175,21 @@ export function authenticateApiRequest(ctx: {
       verified = await verifier.verify(presented.token);
     } catch (err) {
       if (!(err instanceof InvalidTokenError)) throw err;
+      req.refusedFor = err.organizationId ?? null;
       req.log.info({ reason: err.reason }, 'access token refused');
       const challenge = presented.scheme === 'DPoP' ? dpopChallenge({ error: 'invalid_token' }) : apiChallenge(ctx.config, { error: 'invalid_token' });
       throw new AppError(401, 'invalid_token', 'the access token is invalid, expired or revoked', { headers: { 'www-authenticate': challenge } });
     }
     const { claims, scopes, application } = verified;
-    await checkSenderConstraint(ctx.dpop, ctx.config, req, presented, claims, dpopChallenge, reply);
+    // Whatever refuses it from here on refuses a token of this organization.
+    req.refusedFor = claims.organization_id;
+    try {
+      await checkSenderConstraint(ctx.dpop, ctx.config, req, presented, claims, dpopChallenge, reply);
+    } catch (err) {
+      // Asking for a fresh nonce is the protocol at work (RFC 9449 §9), not a refusal.
+      if (err instanceof AppError && err.code === 'use_dpop_nonce') req.refusedFor = null;
+      throw err;
+    }
     // The contract: the organization in the token is the organization in the path (BR-3).
     if (claims.organization_id !== organizationId) {
       throw new AppError(403, 'organization_mismatch', 'the access token was issued for another organization');

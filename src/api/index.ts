@@ -17,7 +17,7 @@ import type { RevocationList } from '../oauth/models/revocation-list.js';
 import type { ApplicationCache } from '../oauth/models/application-cache.js';
 import { applicationRoutes } from './applications.js';
 import { auditEventRoutes } from './audit-events.js';
-import { actorOf, authenticateApiRequest, authOf, parsePathId, presentedToken } from './auth.js';
+import { actorOf, authenticateApiRequest, authOf } from './auth.js';
 import { contactRoutes } from './contacts.js';
 import { domainRoutes } from './domains.js';
 import { registerApiRateLimit } from './rate-limit.js';
@@ -54,17 +54,18 @@ export async function apiRoutes(
   // JSON bodies only: a form is 415 here, not a parsed object.
   app.removeContentTypeParser('application/x-www-form-urlencoded');
   app.decorateRequest('auth', null);
+  app.decorateRequest('refusedFor', null);
   app.addHook('onRequest', authenticateApiRequest(options));
-  // The Overview's API counts, for the organization in the path: answers by class, and the
-  // tokens the gate refused (invalid, expired, revoked, another organization's, short of scope).
+  // The Overview's API counts: answers by class for the token's organization, and the tokens
+  // this server signed that the gate refused (expired, revoked, another organization's path,
+  // short of scope, a bad proof), counted for the token's organization. A request without a
+  // token this server signed counts for nobody: nobody can inflate another's counts.
   app.addHook('onResponse', async (req, reply) => {
-    const organizationId = req.auth?.organizationId ?? parsePathId((req.params as { organization_id?: unknown }).organization_id);
-    if (organizationId === undefined) return;
+    const organizationId = req.auth?.organizationId ?? req.refusedFor;
+    if (organizationId === null) return;
     const status = reply.statusCode;
     req.server.activity.count(organizationId, status >= 500 ? 'api_5xx' : status >= 400 ? 'api_4xx' : 'api_2xx');
-    if ((status === 401 || status === 403) && req.auth === null && presentedToken(req.headers.authorization) !== undefined) {
-      req.server.activity.count(organizationId, 'api_refused');
-    }
+    if (req.auth === null && (status === 401 || status === 403)) req.server.activity.count(organizationId, 'api_refused');
   });
   await registerApiRateLimit(app, options.config);
   app.addHook('onSend', async (_req, reply, payload) => {

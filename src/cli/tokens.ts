@@ -24,8 +24,9 @@ export const tokenCommands: Record<string, Command> = {
       await ensureSigningKey(db, { alg: config.signingAlg, secretKey: config.secretKey });
       const response = await issueClientToken({ db, keys: new KeyStore(db, config), config, clientGrants: new ClientGrants(db) }, application, scopes);
       // The CLI runs beside the servers: it adds its one token to the Overview's counts itself.
-      await addActivity(db, [{ organizationId: response.organization_id, metric: 'tokens_cli', day: utcDay(), count: 1 }]);
-      await markClientUsed(db, application);
+      // Best effort: the token is issued, and printed whatever happens to these two.
+      await addActivity(db, [{ organizationId: response.organization_id, metric: 'tokens_cli', day: utcDay(), count: 1 }]).catch(() => {});
+      await markClientUsed(db, application).catch(() => {});
       return {
         json: response,
         text: [

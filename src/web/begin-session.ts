@@ -45,8 +45,13 @@ const SIGN_IN_COUNTED_ORGANIZATIONS = 1000;
 
 /** A completed sign-in counts once in each organization the user is a member of (the Overview's "sign-ins"). */
 async function countSignIn(db: DB, req: FastifyRequest, userId: number): Promise<void> {
-  const rows = await db.selectFrom('memberships').select('organization_id').where('user_id', '=', userId).orderBy('organization_id').limit(SIGN_IN_COUNTED_ORGANIZATIONS).execute();
-  for (const row of rows) req.server.activity.count(row.organization_id, 'sign_ins');
+  try {
+    const rows = await db.selectFrom('memberships').select('organization_id').where('user_id', '=', userId).orderBy('organization_id').limit(SIGN_IN_COUNTED_ORGANIZATIONS).execute();
+    for (const row of rows) req.server.activity.count(row.organization_id, 'sign_ins');
+  } catch (err) {
+    // The person is signed in (the cookie is set): a count is not worth an error page.
+    req.log.warn({ err }, 'could not count a sign-in');
+  }
 }
 
 /** Signs the browser in (replaceSession) and goes on to `returnTo`, counting the sign-in. */

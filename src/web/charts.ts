@@ -1,14 +1,14 @@
 /**
  * Server-drawn SVG bar charts for the Overview: one bar per day, stacked by series, with a title
- * and a summary for screen readers (role="img"), a <title> per bar for a pointer, and each bar's
- * day, series and count in data attributes. No script and no external resource (the pages' CSP
+ * and a summary for screen readers (role="img"), a <title> per day for a pointer, and each
+ * bar's day (its group's), series and count in data attributes. No script and no external resource (the pages' CSP
  * is default-src 'self'). Every string that reaches the markup is escaped here.
  */
 
 export interface ChartSeries {
   key: string;
   label: string;
-  /** A fill the CSS does not override (each series a class too: .series-N). */
+  /** The bars' fill (an attribute: the pages' CSP allows no inline style). */
   color: string;
 }
 
@@ -72,18 +72,22 @@ export function barChart(input: ChartInput): string {
       `<text class="axis" x="${LEFT - 4}" y="${(y + 5).toFixed(1)}" text-anchor="end">${value}</text>`,
     );
   }
+  // One group per day with a count: its title (a pointer's tooltip) says every series of it.
   input.days.forEach((d, i) => {
-    const x = LEFT + i * slot + (slot - barW) / 2;
+    if (totals[i] === 0) return;
+    const x = (LEFT + i * slot + (slot - barW) / 2).toFixed(1);
+    const w = barW.toFixed(1);
     let y = TOP + plotH;
-    input.series.forEach((s, k) => {
+    const said = input.series.filter((s) => (d.counts[s.key] ?? 0) > 0).map((s) => `${d.counts[s.key]} ${s.label}`);
+    parts.push(`<g data-day="${escape(d.day)}"><title>${escape(`${d.day}: ${said.join(', ')}`)}</title>`);
+    for (const s of input.series) {
       const count = d.counts[s.key] ?? 0;
-      if (count === 0) return;
+      if (count === 0) continue;
       const h = (count / max) * plotH;
       y -= h;
-      parts.push(
-        `<rect class="series-${k}" x="${x.toFixed(1)}" y="${y.toFixed(1)}" width="${barW.toFixed(1)}" height="${h.toFixed(1)}" fill="${escape(s.color)}" data-day="${escape(d.day)}" data-series="${escape(s.key)}" data-count="${count}"><title>${escape(`${d.day}: ${count} ${s.label}`)}</title></rect>`,
-      );
-    });
+      parts.push(`<rect x="${x}" y="${y.toFixed(1)}" width="${w}" height="${h.toFixed(1)}" fill="${escape(s.color)}" data-series="${escape(s.key)}" data-count="${count}"/>`);
+    }
+    parts.push('</g>');
   });
   if (first) {
     parts.push(

@@ -18,7 +18,10 @@ describe('the Overview charts (server-drawn SVG)', () => {
     expect(svg).toContain('<title id="c1-title">A &#60;b&#62;&#34;title&#34;&#60;/b&#62;</title>');
     expect(svg).toContain('<desc id="c1-desc">14 things from 2026-11-26 to 2026-11-27; the most on 2026-11-27 (10); 10 today.</desc>');
     expect(svg).not.toMatch(/<b>|& b/);
-    const rects = [...svg.matchAll(/<rect [^>]*height="([\d.]+)"[^>]*data-day="([\d-]+)" data-series="(\w+)" data-count="(\d+)"/g)].map((m) => ({ h: Number(m[1]), day: m[2], series: m[3], n: Number(m[4]) }));
+    const rects = [...svg.matchAll(/<g data-day="([\d-]+)">(.*?)<\/g>/g)].flatMap((g) =>
+      [...g[2]!.matchAll(/<rect [^>]*height="([\d.]+)"[^>]*data-series="(\w+)" data-count="(\d+)"\/>/g)].map((m) => ({ h: Number(m[1]), day: g[1], series: m[2], n: Number(m[3]) })),
+    );
+    expect(svg).toContain('<title>2026-11-26: 3 a &#38; b, 1 b</title>');
     // No bar for a zero; heights in proportion to the counts.
     expect(rects.map((r) => [r.day, r.series, r.n])).toEqual([['2026-11-26', 'a', 3], ['2026-11-26', 'b', 1], ['2026-11-27', 'b', 10]]);
     expect(rects[2]!.h / rects[0]!.h).toBeCloseTo(10 / 3, 1);

@@ -62,11 +62,14 @@ export function isApplicationToken(claims: Pick<AccessTokenClaims, 'sub' | 'clie
 
 /** Any reason an access token is not acceptable; RFC 6750 §3.1 `invalid_token`. */
 export class InvalidTokenError extends AppError {
-  constructor(reason: string, options?: ErrorOptions) {
+  constructor(reason: string, options?: ErrorOptions & { organizationId?: number | undefined }) {
     super(401, 'invalid_token', 'the access token is invalid or expired', options);
     this.reason = reason;
+    this.organizationId = options?.organizationId;
   }
   readonly reason: string;
+  /** The organization of a token this server signed (expired, revoked...), when the refusal knows it. */
+  organizationId: number | undefined;
 }
 
 /**
@@ -128,7 +131,9 @@ export async function verifyAccessToken(keys: KeyStore, config: Pick<Config, 'is
     ));
   } catch (err) {
     if (err instanceof InvalidTokenError) throw err;
-    if (err instanceof joseErrors.JOSEError) throw new InvalidTokenError(err.code, { cause: err });
+    // A signed token that expired (or fails another claim check) still names its organization.
+    const signed = err instanceof joseErrors.JWTClaimValidationFailed || err instanceof joseErrors.JWTExpired ? (err.payload as { organization_id?: unknown }).organization_id : undefined;
+    if (err instanceof joseErrors.JOSEError) throw new InvalidTokenError(err.code, { cause: err, organizationId: typeof signed === 'number' ? signed : undefined });
     throw err;
   }
   const claims = claimsSchema.safeParse(payload);
@@ -188,31 +193,37 @@ export class AccessTokenVerifier {
       this.verified.set(token, verified);
     }
     const { claims, scopes } = verified;
-    if (this.ctx.revocations.isTokenRevoked(claims)) throw new InvalidTokenError('token revoked');
-    // Its application must still exist, enabled: a disabled or deleted application's grants are
-    // revoked too, but an instance that missed those revocations (LISTEN down while the rows were
-    // deleted) still learns it here within the cache's 500 ms.
-    const application = await this.ctx.applications.find(claims.client_id);
-    if (!application || application.disabled) throw new InvalidTokenError('application disabled or deleted');
-    // An application that now requires DPoP-bound tokens (or FAPI 2.0): its bearer tokens from
-    // before are refused on every instance within the cache's 500 ms; its clients refresh, with a proof.
-    if (claims.cnf === undefined && requiresDpop(application)) throw new InvalidTokenError('bearer token of an application that requires DPoP');
-    // Nor may it carry a scope its application no longer has: narrowing an application's scopes
-    // revokes the grants that hold a removed one, and this refuses their tokens on every
-    // instance at once, while those revocations are still being written.
-    // The OpenID scopes are not registered by applications (any public one may ask for them).
-    for (const scope of scopes) if (!application.scopes.includes(scope) && !isIdentityScope(scope)) throw new InvalidTokenError('scope beyond the application’s');
-    // Nor one its user's custom role no longer allows: a role losing a permission refuses its
-    // members' tokens with it at once, while the job narrowing their grants is on its way.
-    if (claims.role_id !== undefined && this.ctx.roles) {
-      const roles = this.ctx.roles;
-      const roleId = claims.role_id;
-      const beyond = (role: { organizationId: number; permissions: ReadonlySet<string> } | null) =>
-        role !== null && role.organizationId === claims.organization_id && [...scopes].some((s) => isKnownScope(s) && !role.permissions.has(s));
-      // Refused only by a reading of the role made after the token was issued (iat is whole
-      // seconds: after the end of that second), so a role widened just before it is seen widened.
-      if (beyond(await roles.find(roleId)) && beyond(await roles.find(roleId, (claims.iat + 1) * 1000))) throw new InvalidTokenError('scope beyond the member’s role');
+    // Refused for what it says (revoked, its application gone, scopes narrowed): the refusal names its organization (the Overview's refused tokens).
+    try {
+      if (this.ctx.revocations.isTokenRevoked(claims)) throw new InvalidTokenError('token revoked');
+      // Its application must still exist, enabled: a disabled or deleted application's grants are
+      // revoked too, but an instance that missed those revocations (LISTEN down while the rows were
+      // deleted) still learns it here within the cache's 500 ms.
+      const application = await this.ctx.applications.find(claims.client_id);
+      if (!application || application.disabled) throw new InvalidTokenError('application disabled or deleted');
+      // An application that now requires DPoP-bound tokens (or FAPI 2.0): its bearer tokens from
+      // before are refused on every instance within the cache's 500 ms; its clients refresh, with a proof.
+      if (claims.cnf === undefined && requiresDpop(application)) throw new InvalidTokenError('bearer token of an application that requires DPoP');
+      // Nor may it carry a scope its application no longer has: narrowing an application's scopes
+      // revokes the grants that hold a removed one, and this refuses their tokens on every
+      // instance at once, while those revocations are still being written.
+      // The OpenID scopes are not registered by applications (any public one may ask for them).
+      for (const scope of scopes) if (!application.scopes.includes(scope) && !isIdentityScope(scope)) throw new InvalidTokenError('scope beyond the application’s');
+      // Nor one its user's custom role no longer allows: a role losing a permission refuses its
+      // members' tokens with it at once, while the job narrowing their grants is on its way.
+      if (claims.role_id !== undefined && this.ctx.roles) {
+        const roles = this.ctx.roles;
+        const roleId = claims.role_id;
+        const beyond = (role: { organizationId: number; permissions: ReadonlySet<string> } | null) =>
+          role !== null && role.organizationId === claims.organization_id && [...scopes].some((s) => isKnownScope(s) && !role.permissions.has(s));
+        // Refused only by a reading of the role made after the token was issued (iat is whole
+        // seconds: after the end of that second), so a role widened just before it is seen widened.
+        if (beyond(await roles.find(roleId)) && beyond(await roles.find(roleId, (claims.iat + 1) * 1000))) throw new InvalidTokenError('scope beyond the member’s role');
+      }
+      return { ...verified, application };
+    } catch (err) {
+      if (err instanceof InvalidTokenError) err.organizationId ??= claims.organization_id;
+      throw err;
     }
-    return { ...verified, application };
   }
 }

@@ -118,11 +118,21 @@ export interface RevokedGrantsMemory {
 }
 
 /** How many live grants match (an application's, or a member's in an organization): a revocation job's progress total, counted once off the partial indexes of live grants. */
-export async function countLiveGrants(trx: DB, where: { applicationId: number } | { organizationId: number; userId: number }): Promise<number> {
-  let query = trx.selectFrom('grants').select((eb) => eb.fn.countAll<number>().as('n')).where('revoked_at', 'is', null);
-  query = 'applicationId' in where ? query.where('application_id', '=', where.applicationId) : query.where('organization_id', '=', where.organizationId).where('user_id', '=', where.userId);
-  return Number((await query.executeTakeFirstOrThrow()).n);
+export async function countLiveGrants(
+  trx: DB,
+  where: { applicationId: number } | { organizationId: number; userId: number },
+  options: { cap?: number } = {},
+): Promise<number> {
+  let rows = trx.selectFrom('grants').select('id').where('revoked_at', 'is', null);
+  rows = 'applicationId' in where ? rows.where('application_id', '=', where.applicationId) : rows.where('organization_id', '=', where.organizationId).where('user_id', '=', where.userId);
+  // With a cap, at most cap + 1 rows are read: a page says "more than cap" instead of counting millions.
+  if (options.cap !== undefined) rows = rows.limit(options.cap + 1);
+  const { n } = await trx.selectFrom(rows.as('live')).select((eb) => eb.fn.countAll<number>().as('n')).executeTakeFirstOrThrow();
+  return Number(n);
 }
+
+/** What the dashboard's pages count of grants, at most (then "more than 1,000"). */
+export const GRANT_COUNT_CAP = 1000;
 
 /** Grants revoked per transaction: short locks beside the requests, and NOTIFY payloads under PostgreSQL's 8000 bytes. */
 const REVOKE_BATCH = 300;

@@ -26,7 +26,7 @@ import {
   type DeveloperAuthMethod,
 } from '../../oauth/models/applications.js';
 import type { ClientGrants } from '../../oauth/models/client-grants.js';
-import { countLiveGrants } from '../../oauth/models/grants.js';
+import { countLiveGrants, GRANT_COUNT_CAP } from '../../oauth/models/grants.js';
 import type { Metrics } from '../../metrics.js';
 import { InvalidScopeError } from '../../oauth/errors.js';
 import type { KeyStore } from '../../oauth/models/key-store.js';
@@ -259,7 +259,8 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
   async function confirmPage(reply: FastifyReply, ctx: ActionContext, application: Application, action: 'rotate' | 'disable' | 'delete') {
     // It tells about the application: for those who may see its page.
     requireView(ctx, 'applications.read');
-    const grants = await countLiveGrants(db, { applicationId: application.id });
+    // Rotating the secret leaves the grants alone: nothing to count.
+    const grants = action === 'rotate' ? 0 : await countLiveGrants(db, { applicationId: application.id }, { cap: GRANT_COUNT_CAP });
     return renderPage(reply, 200, 'dashboard/application-confirm', {
       title: `${{ rotate: 'Rotate the secret of', disable: 'Disable', delete: 'Delete' }[action]} ${application.name}`,
       ctx,
@@ -267,7 +268,7 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
       application,
       action,
       grants,
-      grantsText: count(grants, 'grant'),
+      grantsText: count(grants, 'grant', 'grants', GRANT_COUNT_CAP),
       path: `/dashboard/applications/${application.client_id}`,
     });
   }
@@ -399,22 +400,22 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
     const page = `/dashboard/applications/${application.client_id}`;
     if (application.disabled) return redirectWithNotice(reply, config, ctx.session.sessionId, page, `${application.name} is already disabled.`);
     if (params.confirm !== 'disable') return confirmPage(reply, ctx, application, 'disable');
-    const grants = await countLiveGrants(db, { applicationId: application.id });
+    const grants = await countLiveGrants(db, { applicationId: application.id }, { cap: GRANT_COUNT_CAP });
     await updateApplication(db, application, { disabled: true }, changeOptions(ctx));
-    return redirectWithNotice(reply, config, ctx.session.sessionId, page, `Disabled ${application.name}: its tokens stopped working, and its ${count(grants, 'grant')} ${grants === 1 ? 'is' : 'are'} being revoked.`);
+    return redirectWithNotice(reply, config, ctx.session.sessionId, page, `Disabled ${application.name}: its tokens stopped working, and its ${count(grants, 'grant', 'grants', GRANT_COUNT_CAP)} ${grants === 1 ? 'is' : 'are'} being revoked.`);
   });
 
   app.post<{ Params: { clientId: string } }>('/dashboard/applications/:clientId/delete', async (req, reply) => {
     const { ctx, application, params } = await managedApplication(req);
     if (params.confirm !== 'delete') return confirmPage(reply, ctx, application, 'delete');
-    const grants = await countLiveGrants(db, { applicationId: application.id });
+    const grants = await countLiveGrants(db, { applicationId: application.id }, { cap: GRANT_COUNT_CAP });
     await deleteApplication(db, application, changeOptions(ctx));
     return redirectWithNotice(
       reply,
       config,
       ctx.session.sessionId,
       '/dashboard/applications',
-      `Deleted ${application.name}: its client ID and secret are refused and its tokens stopped working; its ${count(grants, 'grant')} ${grants === 1 ? 'is' : 'are'} being revoked.`,
+      `Deleted ${application.name}: its client ID and secret are refused and its tokens stopped working; its ${count(grants, 'grant', 'grants', GRANT_COUNT_CAP)} ${grants === 1 ? 'is' : 'are'} being revoked.`,
     );
   });
 }

@@ -51,7 +51,8 @@ export function takeNotice(req: FastifyRequest, reply: FastifyReply, config: Con
   }
 }
 
-/** "1 connected app", "3 connected apps": for notices and confirmation pages. */
-export function count(n: number, one: string, many = `${one}s`): string {
+/** "1 connected app", "3 connected apps" (above `cap`: "more than 1,000 connected apps"): for notices and confirmation pages. */
+export function count(n: number, one: string, many = `${one}s`, cap?: number): string {
+  if (cap !== undefined && n > cap) return `more than ${cap.toLocaleString('en-US')} ${many}`;
   return `${n} ${n === 1 ? one : many}`;
 }

@@ -22,7 +22,7 @@ import { emailSchema, findUserByEmail } from '../../accounts/users.js';
 import { listAuditEvents } from '../../audit/events.js';
 import type { DB } from '../../db/connect.js';
 import { ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../../errors.js';
-import { countLiveGrants, findLiveGrant, listLiveGrants } from '../../oauth/models/grants.js';
+import { countLiveGrants, findLiveGrant, GRANT_COUNT_CAP, listLiveGrants } from '../../oauth/models/grants.js';
 import type { Params } from '../../oauth/helpers/params.js';
 import { renderPage } from '../render.js';
 import type { DashboardDeps } from './applications.js';
@@ -269,7 +269,7 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
     const member = await getMember(db, organization.id, userId);
     const self = userId === ctx.session.userId;
     // The apps they connected here: revoked after the removal (a job); their tokens stop at once.
-    const grants = await countLiveGrants(db, { organizationId: organization.id, userId });
+    const grants = await countLiveGrants(db, { organizationId: organization.id, userId }, { cap: GRANT_COUNT_CAP });
     if (params.confirm !== 'remove') {
       return renderPage(reply, 200, 'dashboard/member-remove', {
         title: self ? `Leave ${organization.name}` : `Remove ${member.email}`,
@@ -278,13 +278,13 @@ export async function organizationRoutes(app: FastifyInstance, deps: DashboardDe
         member,
         self,
         grants,
-        grantsText: count(grants, 'connected app'),
+        grantsText: count(grants, 'connected app', 'connected apps', GRANT_COUNT_CAP),
         path: `/dashboard/members/${member.user_id}/remove`,
       });
     }
     // Ends their tokens at once and queues the revocation of the grants they gave here (and refuses to remove the last owner).
     await removeMember(db, { organizationId: organization.id, userId }, memberChange(ctx));
-    const apps = count(grants, 'connected app');
+    const apps = count(grants, 'connected app', 'connected apps', GRANT_COUNT_CAP);
     if (self) {
       const notice = `You left ${organization.name}.${grants > 0 ? ` Your ${apps} there lost access: every token you had there stopped working.` : ''}`;
       return redirectWithNotice(reply, config, ctx.session.sessionId, '/dashboard', notice);

@@ -142,7 +142,7 @@ async function attention(db: DB, config: Config, ctx: DashboardContext, organiza
       const text = !w.enabled
         ? `The webhook to ${w.url} was turned off: ${w.disabled_reason}.`
         : `The webhook to ${w.url} has been failing since ${w.failing_since!.toISOString().slice(0, 16).replace('T', ' ')} UTC.`;
-      items.push({ text, href: `/dashboard/webhooks?endpoint=${w.id}`, link: "See its deliveries" });
+      items.push({ text, href: `/dashboard/webhooks#endpoint-${w.id}`, link: "See its deliveries" });
     }
   }
   return items;
