@@ -42,6 +42,8 @@ describe('parseConfig', () => {
       redisUrl: null,
       trustProxy: false,
       cleanupInterval: 600,
+      activityFlushInterval: 5,
+      signingKeyRotationDays: 90,
       mail: { smtpUrl: null, from: 'orgauth <no-reply@localhost>', devOutbox: true },
       dnsServers: [],
       outbound: { allowHttp: true, allowedNetworks: [], timeoutMs: 5000, maxBytes: 1024 * 1024, caFile: null },

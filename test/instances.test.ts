@@ -101,7 +101,8 @@ describe.skipIf(!TEST_DATABASE_URL)('two server processes on one PostgreSQL data
   async function dashboardAction(instance: Instance, clientId: string, action: 'secret' | 'disable'): Promise<Response> {
     const page = await browser.fetch(instance, `/dashboard/applications/${clientId}`);
     expect(page.status).toBe(200);
-    return browser.postForm(instance, `/dashboard/applications/${clientId}/${action}`, { csrf_token: csrfIn(await page.text()) });
+    // Confirmed, as the confirmation page's form posts it.
+    return browser.postForm(instance, `/dashboard/applications/${clientId}/${action}`, { csrf_token: csrfIn(await page.text()), confirm: action === 'secret' ? 'rotate' : 'disable' });
   }
 
   /**
