@@ -65,7 +65,10 @@ const PEER_CLIENT_SECRET = 'bench-peer-secret-0123456789abcdefghijklmnop';
 const CONNECTIONS = 50;
 const WARMUP_S = QUICK ? 0.5 : 3;
 const ROUND_S = QUICK ? 1 : 8;
-const ROUNDS = QUICK ? 1 : 3;
+/** `--rounds N`: more interleaved rounds for a steadier median on a noisy machine (default 3; --quick 1). */
+const ROUNDS_ARG = process.argv.includes('--rounds') ? Number(process.argv[process.argv.indexOf('--rounds') + 1]) : undefined;
+if (ROUNDS_ARG !== undefined && !(Number.isInteger(ROUNDS_ARG) && ROUNDS_ARG >= 1 && ROUNDS_ARG <= 50)) throw new Error('--rounds takes a whole number from 1 to 50');
+const ROUNDS = ROUNDS_ARG ?? (QUICK ? 1 : 3);
 /** Distinct refresh tokens and codes per scenario: more than the run can use. */
 const PRE_ISSUED = QUICK ? 20_000 : 200_000;
 const REDIRECT = 'https://bench.example.com/cb';
