@@ -12,12 +12,12 @@ import { sql } from 'kysely';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
 import { runCli } from '../src/cli/index.js';
 import { applicationByClientId, PROGRESS_INTERVAL_MS, progressLine } from '../src/cli/shared.js';
-import { connectDatabase } from '../src/db/connect.js';
+import type { DB } from '../src/db/connect.js';
 import { jobHandlers } from '../src/jobs/handlers.js';
 import { type JobProgress, JobRunner } from '../src/jobs/queue.js';
 import { updateApplication } from '../src/oauth/models/applications.js';
 import { deleteExpired } from '../src/retention.js';
-import { BACKEND, createEmptyDatabase, type TestDatabase } from './helpers/db.js';
+import { BACKEND, createEmptyDatabase, type TestDatabase, withDatabase } from './helpers/db.js';
 import { CLI, HAS_SCRIPT, ROOT, run } from './helpers/process.js';
 
 const CLEAR = '\r\x1b[K';
@@ -107,14 +107,7 @@ async function json(...argv: string[]): Promise<Record<string, unknown>> {
   return JSON.parse(result.stdout) as Record<string, unknown>;
 }
 
-async function withDb<T>(fn: (db: Awaited<ReturnType<typeof connectDatabase>>['db']) => Promise<T>): Promise<T> {
-  const handle = await connectDatabase(database.target);
-  try {
-    return await fn(handle.db);
-  } finally {
-    await handle.close();
-  }
-}
+const withDb = <T>(fn: (db: DB) => Promise<T>): Promise<T> => withDatabase(database.target, fn);
 
 const SESSIONS = 2500;
 const GRANTS = 700;

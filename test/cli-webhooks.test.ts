@@ -7,10 +7,10 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCli } from '../src/cli/index.js';
-import { connectDatabase } from '../src/db/connect.js';
+import type { DB } from '../src/db/connect.js';
 import { openWebhookSecret } from '../src/webhooks/secrets.js';
 import { TEST_SECRET_KEY } from './helpers/app.js';
-import { BACKEND, createEmptyDatabase, type TestDatabase } from './helpers/db.js';
+import { BACKEND, createEmptyDatabase, type TestDatabase, withDatabase } from './helpers/db.js';
 
 let database: TestDatabase;
 let orgId: string;
@@ -51,14 +51,7 @@ async function jsonError(...argv: string[]): Promise<{ error: string; error_desc
   return JSON.parse(result.stderr) as { error: string; error_description: string };
 }
 
-async function withDb<T>(fn: (db: Awaited<ReturnType<typeof connectDatabase>>['db']) => Promise<T>): Promise<T> {
-  const handle = await connectDatabase(database.target);
-  try {
-    return await fn(handle.db);
-  } finally {
-    await handle.close();
-  }
-}
+const withDb = <T>(fn: (db: DB) => Promise<T>): Promise<T> => withDatabase(database.target, fn);
 
 // Every command opens the embedded database on disk (a second or two each on a busy machine).
 describe(`orgauth webhook on ${BACKEND}`, { timeout: 180_000 }, () => {

@@ -4,9 +4,9 @@ import path from 'node:path';
 import { exportJWK, generateKeyPair } from 'jose';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCli } from '../src/cli/index.js';
-import { connectDatabase } from '../src/db/connect.js';
+import type { DB } from '../src/db/connect.js';
 import { secretMatches } from '../src/lib/crypto.js';
-import { BACKEND, createEmptyDatabase, type TestDatabase } from './helpers/db.js';
+import { BACKEND, createEmptyDatabase, type TestDatabase, withDatabase } from './helpers/db.js';
 
 let database: TestDatabase;
 
@@ -37,14 +37,7 @@ async function jsonError(...argv: string[]): Promise<{ error: string; error_desc
   return JSON.parse(result.stderr) as { error: string; error_description: string };
 }
 
-async function withDb<T>(fn: (db: Awaited<ReturnType<typeof connectDatabase>>['db']) => Promise<T>): Promise<T> {
-  const handle = await connectDatabase(database.target);
-  try {
-    return await fn(handle.db);
-  } finally {
-    await handle.close();
-  }
-}
+const withDb = <T>(fn: (db: DB) => Promise<T>): Promise<T> => withDatabase(database.target, fn);
 
 describe(`orgauth CLI on ${BACKEND}`, () => {
   let orgId: number;

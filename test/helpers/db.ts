@@ -78,3 +78,13 @@ export async function createTestDatabase(options: { onDisk?: boolean } = {}): Pr
     },
   };
 }
+
+/** Runs `fn` on a connection of its own to `target` (beside a CLI or a server using the database), closed after. */
+export async function withDatabase<T>(target: DatabaseTarget, fn: (db: DatabaseHandle['db']) => Promise<T>): Promise<T> {
+  const handle = await connectDatabase(target);
+  try {
+    return await fn(handle.db);
+  } finally {
+    await handle.close();
+  }
+}

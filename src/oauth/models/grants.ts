@@ -131,7 +131,7 @@ export async function countLiveGrants(
   return Number(n);
 }
 
-/** What the dashboard's pages count of grants, at most (then "more than 1,000"). */
+/** What the dashboard's pages count at most, of grants, members, applications (then "1,000+" / "more than 1,000"): counting a million rows to draw one number is not worth it. */
 export const GRANT_COUNT_CAP = 1000;
 
 /** Grants revoked per transaction: short locks beside the requests, and NOTIFY payloads under PostgreSQL's 8000 bytes. */

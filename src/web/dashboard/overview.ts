@@ -12,13 +12,12 @@ import { ACTIVITY_METRICS, type ActivityMetric, everCounted, readActivity, utcDa
 import type { Config } from '../../config.js';
 import type { DB } from '../../db/connect.js';
 import { barChart, type ChartSeries } from '../charts.js';
+import { GRANT_COUNT_CAP } from '../../oauth/models/grants.js';
 import { renderPage } from '../render.js';
 import { redirectWithNotice } from './notice.js';
 import type { DashboardDeps } from './applications.js';
 import { type DashboardContext, dashboardContext, readForm, requireAction } from './context.js';
 
-/** Counts above this show as "1,000+": counting a million rows to draw one number is not worth it. */
-export const COUNT_CAP = 1000;
 const DAYS = 30;
 /** Invitations expiring within this many hours are shown as needing attention. */
 const EXPIRING_HOURS = 48;
@@ -52,9 +51,9 @@ export const CHARTS: { id: string; title: string; unit: string; series: ChartSer
   { id: 'chart-refused', title: 'Refused tokens', unit: 'refused tokens', series: [{ key: 'api_refused', label: 'refused tokens', color: '#cf222e' }] },
 ];
 
-/** `count(*)` of at most COUNT_CAP + 1 rows of `from`: exact below the cap, "more than" above. */
+/** `count(*)` of at most GRANT_COUNT_CAP + 1 rows of `from`: exact below the cap, "more than" above. */
 async function cappedCount(db: DB, from: ReturnType<typeof sql>): Promise<number> {
-  const { rows } = await sql<{ n: number }>`select count(*)::int as n from (${from} limit ${COUNT_CAP + 1}) capped`.execute(db);
+  const { rows } = await sql<{ n: number }>`select count(*)::int as n from (${from} limit ${GRANT_COUNT_CAP + 1}) capped`.execute(db);
   return Number(rows[0]?.n ?? 0);
 }
 
@@ -213,7 +212,7 @@ export async function overviewRoutes(app: FastifyInstance, deps: DashboardDeps):
       today,
       from,
       n,
-      cap: COUNT_CAP,
+      cap: GRANT_COUNT_CAP,
       attention: await attention(db, config, ctx, org.id),
       steps: steps.every((s) => s.done) ? [] : steps,
     });
