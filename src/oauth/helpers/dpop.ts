@@ -7,11 +7,13 @@
  *   WebCrypto): this runs on every DPoP API request; the rest of the checks add 10–30 µs. The
  *   callback form costs a hop to the pool (10–50 µs) but frees the event loop for the ~110 µs of
  *   an ES256 verify: at the token endpoint 0.440 → 0.533 of the same request without DPoP.
- * - Imported KeyObjects are cached by JWK thumbprint (RFC 7638) in an LRU of 1,000: importing a
- *   P-256 JWK costs ~150 µs (the point is checked on the curve), more than the verify, and a client
- *   signs thousands of proofs with one key. The thumbprint covers exactly the members that make the
- *   key, so one thumbprint is one key; a key enters only after a signature verified with it, and a
- *   flood of fresh keys only evicts (Map order: delete + set on each hit).
+ * - What a proof's header yields (its alg, the imported key and its thumbprint) is cached by the
+ *   header's exact encoded text, in an LRU of 1,000: a client signs thousands of proofs with one
+ *   header, importing a P-256 JWK costs ~150 µs (the point is checked on the curve), more than the
+ *   verify, and decoding and checking the header and hashing its key cost another 5–10 µs. The
+ *   header's checks are a function of its text alone, so one text is one outcome; an entry enters
+ *   only after a signature verified with its key, and a flood of fresh headers only evicts (Map
+ *   order: delete + set on each hit).
  * - The key in the `jwk` header is checked strictly before anything uses it: public members only
  *   (a private JWK would import as its public half, hiding the client's mistake), members in
  *   canonical base64url with the curve's exact length (RFC 7518 §2, §6.2.1; Node would accept
@@ -76,7 +78,7 @@ const DEFAULT_MAX_FUTURE_SECONDS = 5;
 const MIN_RSA_BITS = 2048;
 const MAX_RSA_BITS = 8192;
 const MAX_RSA_EXPONENT_BITS = 33;
-const KEY_CACHE_MAX = 1000;
+const HEADER_CACHE_MAX = 1000;
 
 type AlgSpec = { kty: 'EC'; crv: 'P-256' | 'P-384' | 'P-521'; size: number } | { kty: 'RSA' } | { kty: 'OKP'; crv: 'Ed25519'; size: number };
 
@@ -240,28 +242,62 @@ export function normalizeHtu(url: string): string | undefined {
   return `${parsed.protocol}//${parsed.host}${path}`;
 }
 
-// ---- The key cache (LRU by thumbprint) ----
+// ---- The header cache (LRU by the header's encoded text) ----
 
-const keyCache = new Map<string, KeyObject>();
+/** What a checked header yields: the proof's alg, its key imported, and the key's thumbprint. */
+interface CheckedHeader {
+  alg: DpopAlg;
+  key: KeyObject;
+  jkt: string;
+}
 
-function cachedKey(jkt: string): KeyObject | undefined {
-  const key = keyCache.get(jkt);
-  if (key !== undefined) {
-    keyCache.delete(jkt);
-    keyCache.set(jkt, key);
+const headerCache = new Map<string, CheckedHeader>();
+
+function cachedHeader(encodedHeader: string): CheckedHeader | undefined {
+  const checked = headerCache.get(encodedHeader);
+  if (checked !== undefined) {
+    headerCache.delete(encodedHeader);
+    headerCache.set(encodedHeader, checked);
   }
-  return key;
+  return checked;
 }
 
-function rememberKey(jkt: string, key: KeyObject): void {
-  keyCache.delete(jkt);
-  keyCache.set(jkt, key);
-  if (keyCache.size > KEY_CACHE_MAX) keyCache.delete(keyCache.keys().next().value!);
+function rememberHeader(encodedHeader: string, checked: CheckedHeader): void {
+  headerCache.delete(encodedHeader);
+  headerCache.set(encodedHeader, checked);
+  if (headerCache.size > HEADER_CACHE_MAX) headerCache.delete(headerCache.keys().next().value!);
 }
 
-/** How many imported keys the cache holds (at most 1,000). */
+/** How many checked headers (and imported keys) the cache holds (at most 1,000). */
 export function dpopKeyCacheSize(): number {
-  return keyCache.size;
+  return headerCache.size;
+}
+
+/** The header's checks (§4.2, §4.3 points 4, 5, 7): its alg, its JWK, and the JWK's thumbprint. */
+function checkHeader(encodedHeader: string): { alg: DpopAlg; jwk: JsonObject; jkt: string } {
+  const header = decodeJsonPart(encodedHeader, 'header');
+  if (header.typ !== 'dpop+jwt') throw invalid('the DPoP proof typ header must be dpop+jwt');
+  if (header.crit !== undefined) throw invalid('the DPoP proof has a crit header, and no extension is understood');
+  const spec = typeof header.alg === 'string' ? ALGS.get(header.alg) : undefined;
+  if (spec === undefined) throw invalid(`the DPoP proof alg header is not an accepted algorithm (${DPOP_ALGS.join(', ')})`);
+  const alg = header.alg as DpopAlg;
+  if (!isObject(header.jwk)) throw invalid('the DPoP proof jwk header must be a JWK object');
+  const jwk = header.jwk;
+  return { alg, jwk, jkt: sha256(checkedThumbprintInput(jwk, alg, spec), 'utf8') };
+}
+
+/** The path part of a URL as sent, without query and fragment (what htu is compared on). */
+function withoutQuery(url: string): string {
+  const end = url.search(/[?#]/);
+  return end === -1 ? url : url.slice(0, end);
+}
+
+/** The last token's ath: a client sends one token with many proofs. */
+let lastAth: { token: string; ath: string } | undefined;
+
+function athOf(accessToken: string): string {
+  if (lastAth?.token !== accessToken) lastAth = { token: accessToken, ath: accessTokenHashForDpop(accessToken) };
+  return lastAth.ath;
 }
 
 // ---- The verifier ----
@@ -277,17 +313,9 @@ export async function verifyDpopProof(proof: string, expected: DpopExpectation):
   const parts = proof.split('.');
   if (parts.length !== 3) throw invalid('the DPoP proof is not a compact JWS of three parts');
   const [encodedHeader, encodedPayload, encodedSignature] = parts as [string, string, string];
-  const header = decodeJsonPart(encodedHeader, 'header');
-
-  // Header (§4.2, §4.3 points 4, 5, 7).
-  if (header.typ !== 'dpop+jwt') throw invalid('the DPoP proof typ header must be dpop+jwt');
-  if (header.crit !== undefined) throw invalid('the DPoP proof has a crit header, and no extension is understood');
-  const spec = typeof header.alg === 'string' ? ALGS.get(header.alg) : undefined;
-  if (spec === undefined) throw invalid(`the DPoP proof alg header is not an accepted algorithm (${DPOP_ALGS.join(', ')})`);
-  const alg = header.alg as DpopAlg;
-  if (!isObject(header.jwk)) throw invalid('the DPoP proof jwk header must be a JWK object');
-  const jwk = header.jwk;
-  const jkt = sha256(checkedThumbprintInput(jwk, alg, spec), 'utf8');
+  const cached = cachedHeader(encodedHeader);
+  const checked = cached === undefined ? checkHeader(encodedHeader) : undefined;
+  const { alg, jkt } = cached ?? checked!;
 
   // Claims (§4.2, §4.3 points 3, 8, 9, 11, 12), before any crypto.
   const payload = decodeJsonPart(encodedPayload, 'payload');
@@ -298,10 +326,13 @@ export async function verifyDpopProof(proof: string, expected: DpopExpectation):
   if (typeof htm !== 'string') throw invalid('the htm claim is missing');
   if (htm !== expected.htm) throw invalid('htm does not match the request method');
   if (typeof htu !== 'string') throw invalid('the htu claim is missing');
-  const claimedUrl = normalizeHtu(htu);
-  if (claimedUrl === undefined) throw invalid('the htu claim is not an absolute http(s) URI');
-  const requestUrl = normalizeHtu(expected.htu);
   // The request URL comes partly from the Host header: a bad one is the caller's, not a server error.
+  // The same text normalizes alike: only a different one is normalized too (most clients send the URL as is).
+  const requestPath = withoutQuery(expected.htu);
+  const claimedPath = withoutQuery(htu);
+  const requestUrl = normalizeHtu(requestPath);
+  const claimedUrl = claimedPath === requestPath ? requestUrl : normalizeHtu(claimedPath);
+  if (claimedUrl === undefined) throw invalid('the htu claim is not an absolute http(s) URI');
   if (requestUrl === undefined) throw invalid('the request URL cannot be compared with htu');
   if (claimedUrl !== requestUrl) throw invalid('htu does not match the request URL');
   if (typeof iat !== 'number' || !Number.isFinite(iat)) throw invalid('the iat claim must be a number');
@@ -312,22 +343,23 @@ export async function verifyDpopProof(proof: string, expected: DpopExpectation):
   if (iat > now + maxFuture) throw invalid('the DPoP proof is issued in the future (iat)');
   if (expected.accessToken !== undefined) {
     if (typeof ath !== 'string') throw invalid('the ath claim is missing, and an access token is presented');
-    if (ath !== accessTokenHashForDpop(expected.accessToken)) throw invalid('ath does not match the access token');
+    if (ath !== athOf(expected.accessToken)) throw invalid('ath does not match the access token');
   }
 
   // Signature (§4.3 point 6).
   const signature = b64uBytes(encodedSignature);
   if (signature === undefined) throw invalid('the DPoP proof signature is not base64url');
-  let key = cachedKey(jkt);
-  const fresh = key === undefined;
-  if (key === undefined) {
+  let key: KeyObject;
+  if (cached !== undefined) {
+    key = cached.key;
+  } else {
     try {
-      key = createPublicKey({ key: jwk, format: 'jwk' });
+      key = createPublicKey({ key: checked!.jwk, format: 'jwk' });
     } catch {
       throw invalid('the DPoP proof jwk header is not a valid public key');
     }
   }
-  const signed = Buffer.from(`${encodedHeader}.${encodedPayload}`, 'ascii');
+  const signed = Buffer.from(proof.slice(0, encodedHeader.length + 1 + encodedPayload.length), 'ascii');
   let valid: boolean;
   try {
     valid = await verifyJwsSignature(alg, signed, signature, key);
@@ -335,7 +367,7 @@ export async function verifyDpopProof(proof: string, expected: DpopExpectation):
     valid = false;
   }
   if (!valid) throw invalid('the DPoP proof signature is invalid');
-  if (fresh) rememberKey(jkt, key);
+  if (cached === undefined) rememberHeader(encodedHeader, { alg, key, jkt });
 
   // Nonce last (§4.3 point 10, §8): use_dpop_nonce only ever answers an otherwise valid proof.
   if (expected.nonce !== undefined) {
