@@ -4,6 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { DB } from '../src/db/connect.js';
 import { generateSecret, sha256Hex } from '../src/lib/crypto.js';
 import { deleteExpired } from '../src/retention.js';
+import { seenJtiDigest } from '../src/oauth/models/seen-jtis.js';
 import { BACKEND, createTestDatabase } from './helpers/db.js';
 import { buildTestApp } from './helpers/app.js';
 import { createOrgFixture, type OrgFixture } from './helpers/oauth.js';
@@ -101,7 +102,7 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
     }
     // Replay stores go five minutes after their entries could no longer be accepted (clocks differ); a pushed request an hour past its expiry.
     for (const [key, expiresIn] of [['dpop-gone', -310], ['dpop-live', -60]] as const) {
-      await db.insertInto('seen_jtis').values({ key, expires_at: at(expiresIn) }).execute();
+      await db.insertInto('seen_jtis').values({ key: seenJtiDigest(key), expires_at: at(expiresIn) }).execute();
     }
     for (const [uri, expiresIn] of [['par-gone', -3700], ['par-recent', -60]] as const) {
       await db.insertInto('pushed_authorization_requests').values({ request_uri_hash: uri, application_id: applicationId, params: '{}', dpop_jkt: null, expires_at: at(expiresIn) }).execute();
@@ -142,7 +143,7 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
       activity_daily: 1,
     });
     expect((await db.selectFrom('activity_daily').select('metric').where('organization_id', '=', fixture.organizationId).execute()).map((r) => r.metric)).toEqual(['consents']);
-    expect((await db.selectFrom('seen_jtis').select('key').execute()).map((r) => r.key)).toEqual(['dpop-live']);
+    expect((await db.selectFrom('seen_jtis').select('key').execute()).map((r) => r.key)).toEqual([seenJtiDigest('dpop-live')]);
     expect((await db.selectFrom('pushed_authorization_requests').select('request_uri_hash').execute()).map((r) => r.request_uri_hash)).toEqual(['par-recent']);
     expect((await db.selectFrom('jobs').select('kind').orderBy('id').execute()).map((j) => j.kind)).toEqual(['recent', 'waiting']);
     expect((await db.selectFrom('webhook_events').select('message_id').execute()).map((e) => e.message_id)).toEqual(['msg_recent']);

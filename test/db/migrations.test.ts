@@ -3,6 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectDatabase, type DatabaseHandle } from '../../src/db/connect.js';
 import { isForeignKeyViolation, isUniqueViolation } from '../../src/db/errors.js';
 import { createMigrator, migrateDownAll, migrateToLatest } from '../../src/db/migrate.js';
+import { SeenJtis } from '../../src/oauth/models/seen-jtis.js';
 import { BACKEND, createEmptyDatabase, type TestDatabase } from '../helpers/db.js';
 
 /** The data model as schema.ts declares it; a column added to one must be added to the other. */
@@ -122,6 +123,7 @@ const MIGRATIONS = [
   '20261127_0018_member_removal_job',
   '20261128_0019_high_assurance',
   '20261129_0020_activity',
+  '20261130_0021_seen_jtis_digest',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {
@@ -158,10 +160,21 @@ describe(`migrations on ${BACKEND}`, () => {
     expect(rows).toEqual([{ disabled: true, token_endpoint_auth_method: 'client_secret_basic', client_secret_hash: expect.stringMatching(/^[0-9a-f]{64}$/) }]);
     const { rows: active } = await sql<{ kid: string }>`select kid from signing_keys where retired_at is null`.execute(handle.db);
     expect(active).toEqual([{ kid: 'before' }]);
-    expect(await migrateToLatest(handle.db)).toEqual(['20261128_0019_high_assurance', '20261129_0020_activity']);
+    expect(await migrateToLatest(handle.db)).toEqual(['20261128_0019_high_assurance', '20261129_0020_activity', '20261130_0021_seen_jtis_digest']);
     await sql`delete from applications where organization_id = ${org}`.execute(handle.db);
     await sql`delete from organizations where id = ${org}`.execute(handle.db);
     await sql`delete from signing_keys`.execute(handle.db);
+  });
+
+  it('0021: the replay store keeps the keys seen before the upgrade, as the digests the application now computes', async () => {
+    const { error } = await createMigrator(handle.db).migrateTo('20261129_0020_activity');
+    expect(error).toBeUndefined();
+    const key = 'dpop:NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs:seen-before-the-upgrade';
+    await sql`insert into seen_jtis (key, expires_at) values (${key}, now() + interval '1 minute')`.execute(handle.db);
+    expect(await migrateToLatest(handle.db)).toEqual(['20261130_0021_seen_jtis_digest']);
+    expect(await new SeenJtis(handle.db).firstUse(key, Math.floor(Date.now() / 1000) + 60)).toBe(false);
+    expect(await new SeenJtis(handle.db).firstUse(`${key}-not`, Math.floor(Date.now() / 1000) + 60)).toBe(true);
+    await sql`delete from seen_jtis`.execute(handle.db);
   });
 
   it('give every org-owned table a NOT NULL organization_id, a foreign key to organizations (or through a composite key to an org-owned table that has one) and an index led by it', async () => {
