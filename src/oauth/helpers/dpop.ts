@@ -3,10 +3,9 @@
  * request (no database, no I/O; replay of `jti` is the caller's: remember it until `replayUntil`).
  *
  * Choices:
- * - The signature is checked by helpers/jws.ts (node:crypto on the thread pool, not jose through
- *   WebCrypto): this runs on every DPoP API request; the rest of the checks add 10–30 µs. The
- *   callback form costs a hop to the pool (10–50 µs) but frees the event loop for the ~110 µs of
- *   an ES256 verify: at the token endpoint 0.440 → 0.533 of the same request without DPoP.
+ * - The signature is checked by helpers/jws.ts (node:crypto on a worker thread, in batches, off
+ *   the event loop; not jose through WebCrypto): this runs on every DPoP API request, and an
+ *   ES256 verify (~48 µs) is most of what a proof costs; the rest of the checks add 10–30 µs.
  * - What a proof's header yields (its alg, the imported key and its thumbprint) is cached by the
  *   header's exact encoded text, in an LRU of 1,000: a client signs thousands of proofs with one
  *   header, importing a P-256 JWK costs ~150 µs (the point is checked on the curve), more than the
@@ -213,6 +212,12 @@ const SCHEME_AUTHORITY_PATH = /^([A-Za-z][A-Za-z0-9+.-]*):\/\/([^/]+)(\/.*)?$/;
 /** RFC 3986 characters allowed outside query and fragment (no `?` or `#`), and well-formed `%XX`. */
 const URI_CHARS = /^(?:[A-Za-z0-9\-._~:/[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})*$/;
 
+/** The path part of a URL as sent, without query and fragment (what htu is compared on). */
+function withoutQuery(url: string): string {
+  const end = url.search(/[?#]/);
+  return end === -1 ? url : url.slice(0, end);
+}
+
 /**
  * The htu comparison form of a URL (RFC 9449 §4.3 point 9): scheme, authority and path; no query,
  * no fragment; after RFC 3986 §6.2.2 syntax-based and §6.2.3 scheme-based normalization.
@@ -220,8 +225,7 @@ const URI_CHARS = /^(?:[A-Za-z0-9\-._~:/[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})*$/;
  */
 export function normalizeHtu(url: string): string | undefined {
   if (typeof url !== 'string') return undefined;
-  const end = url.search(/[?#]/);
-  const base = end === -1 ? url : url.slice(0, end);
+  const base = withoutQuery(url);
   if (!URI_CHARS.test(base)) return undefined;
   const parts = SCHEME_AUTHORITY_PATH.exec(base);
   if (parts === null) return undefined;
@@ -273,8 +277,15 @@ export function dpopKeyCacheSize(): number {
   return headerCache.size;
 }
 
+/** A header checked now: its key not imported yet. */
+interface FreshHeader {
+  alg: DpopAlg;
+  jwk: JsonObject;
+  jkt: string;
+}
+
 /** The header's checks (§4.2, §4.3 points 4, 5, 7): its alg, its JWK, and the JWK's thumbprint. */
-function checkHeader(encodedHeader: string): { alg: DpopAlg; jwk: JsonObject; jkt: string } {
+function checkHeader(encodedHeader: string): FreshHeader {
   const header = decodeJsonPart(encodedHeader, 'header');
   if (header.typ !== 'dpop+jwt') throw invalid('the DPoP proof typ header must be dpop+jwt');
   if (header.crit !== undefined) throw invalid('the DPoP proof has a crit header, and no extension is understood');
@@ -284,12 +295,6 @@ function checkHeader(encodedHeader: string): { alg: DpopAlg; jwk: JsonObject; jk
   if (!isObject(header.jwk)) throw invalid('the DPoP proof jwk header must be a JWK object');
   const jwk = header.jwk;
   return { alg, jwk, jkt: sha256(checkedThumbprintInput(jwk, alg, spec), 'utf8') };
-}
-
-/** The path part of a URL as sent, without query and fragment (what htu is compared on). */
-function withoutQuery(url: string): string {
-  const end = url.search(/[?#]/);
-  return end === -1 ? url : url.slice(0, end);
 }
 
 /** The last token's ath: a client sends one token with many proofs. */
@@ -313,9 +318,8 @@ export async function verifyDpopProof(proof: string, expected: DpopExpectation):
   const parts = proof.split('.');
   if (parts.length !== 3) throw invalid('the DPoP proof is not a compact JWS of three parts');
   const [encodedHeader, encodedPayload, encodedSignature] = parts as [string, string, string];
-  const cached = cachedHeader(encodedHeader);
-  const checked = cached === undefined ? checkHeader(encodedHeader) : undefined;
-  const { alg, jkt } = cached ?? checked!;
+  const header: CheckedHeader | FreshHeader = cachedHeader(encodedHeader) ?? checkHeader(encodedHeader);
+  const { alg, jkt } = header;
 
   // Claims (§4.2, §4.3 points 3, 8, 9, 11, 12), before any crypto.
   const payload = decodeJsonPart(encodedPayload, 'payload');
@@ -350,16 +354,16 @@ export async function verifyDpopProof(proof: string, expected: DpopExpectation):
   const signature = b64uBytes(encodedSignature);
   if (signature === undefined) throw invalid('the DPoP proof signature is not base64url');
   let key: KeyObject;
-  if (cached !== undefined) {
-    key = cached.key;
+  if ('key' in header) {
+    key = header.key;
   } else {
     try {
-      key = createPublicKey({ key: checked!.jwk, format: 'jwk' });
+      key = createPublicKey({ key: header.jwk, format: 'jwk' });
     } catch {
       throw invalid('the DPoP proof jwk header is not a valid public key');
     }
   }
-  const signed = Buffer.from(proof.slice(0, encodedHeader.length + 1 + encodedPayload.length), 'ascii');
+  const signed = Buffer.from(`${encodedHeader}.${encodedPayload}`, 'ascii');
   let valid: boolean;
   try {
     valid = await verifyJwsSignature(alg, signed, signature, key);
@@ -367,7 +371,7 @@ export async function verifyDpopProof(proof: string, expected: DpopExpectation):
     valid = false;
   }
   if (!valid) throw invalid('the DPoP proof signature is invalid');
-  if (cached === undefined) rememberHeader(encodedHeader, { alg, key, jkt });
+  if (!('key' in header)) rememberHeader(encodedHeader, { alg, key, jkt });
 
   // Nonce last (§4.3 point 10, §8): use_dpop_nonce only ever answers an otherwise valid proof.
   if (expected.nonce !== undefined) {

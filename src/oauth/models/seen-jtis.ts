@@ -22,8 +22,8 @@
  * - A batch is a plain insert: the unique index refuses a key seen before, and refuses the whole
  *   statement with it. Only then (a replay, or a row whose window closed long ago and that the
  *   cleanup has not reached) is the batch sent again as `on conflict ... returning`, which tells
- *   key by key; a speculative insertion per key, and a row back per fresh key, cost every batch
- *   that (7.9 → 6.1 µs a key, and the rows no longer parsed).
+ *   key by key. Sent first, that statement cost every batch a speculative insertion per key and
+ *   a row back per fresh key (7.9 → 6.1 µs a key, and no rows to parse).
  *   A 128-bit digest: two different keys share one with probability 2^-128 per pair; a client
  *   that found two jtis with one digest could only refuse its own second proof.
  */
