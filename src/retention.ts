@@ -13,6 +13,9 @@
  *   revocations that recent.
  * - Browser sessions go once expired; the tokens of links sent by email an hour after they
  *   expired or were used (they count toward the hourly limits on links sent until then).
+ * - Sign-ups waiting for their address to be confirmed go once their link expired; the record of
+ *   each admitted sign-up (sign_up_attempts) an hour after it was made, once out of the window the
+ *   per-address and per-client sign-up limits count (src/accounts/sign-ups.ts).
  * - Invitations go 30 days after they expire (the Members page lists expired ones, to re-send).
  * - Sent and failed emails go a week after they were done with (mail_outbox.expires_at, set
  *   then; a message still waiting to be sent has none).
@@ -20,6 +23,8 @@
  *   are out of the window that counts them (15 minutes).
  * - Device authorizations (RFC 8628) go an hour after their device code expired, whatever was
  *   decided: the grant a redeemed one created lives on by itself.
+ * - Pushed authorization requests (RFC 9126) go as soon as they can no longer be used: unused
+ *   60 s after the push, used up at once, otherwise at the end of the sign-in they started.
  * - The record of each dynamic registration (client_registrations) goes an hour after it was
  *   made, once out of the window the per-address registration limit counts.
  * - Clients that registered themselves (RFC 7591 dynamic registration, client ID metadata
@@ -45,6 +50,9 @@ const RULES = [
   { table: 'sessions', key: 'id_hash', at: 'expires_at', graceSeconds: 0 },
   { table: 'account_tokens', key: 'id', at: 'expires_at', graceSeconds: 3600 },
   { table: 'invitations', key: 'id', at: 'expires_at', graceSeconds: 30 * DAY_S },
+  { table: 'pending_sign_ups', key: 'id', at: 'expires_at', graceSeconds: 0 },
+  // An admitted sign-up counts toward its address's and its client's limits for an hour.
+  { table: 'sign_up_attempts', key: 'id', at: 'created_at', graceSeconds: 3600 },
   { table: 'mail_outbox', key: 'id', at: 'expires_at', graceSeconds: 0 },
   { table: 'pending_sign_ins', key: 'id_hash', at: 'expires_at', graceSeconds: 0 },
   { table: 'sso_sign_ins', key: 'id', at: 'expires_at', graceSeconds: 0 },
@@ -60,8 +68,9 @@ const RULES = [
   // Replay stores: a DPoP proof's jti and a private_key_jwt assertion's, until they could no longer be accepted anyway.
   // Five minutes on: their expiry times come from an instance's clock, compared here with the database's.
   { table: 'seen_jtis', key: 'key', at: 'expires_at', graceSeconds: 300 },
-  // A pushed request's request_uri: 60 s to first use, then the sign-in it started may take up to 15 minutes.
-  { table: 'pushed_authorization_requests', key: 'id', at: 'expires_at', graceSeconds: 3600 },
+  // A pushed request once no longer usable: its expires_at says when (60 s to first use, the end of the
+  // sign-in it started, or the moment it was used up), set by the database's clock it is compared with.
+  { table: 'pushed_authorization_requests', key: 'id', at: 'expires_at', graceSeconds: 0 },
   // The webhook delivery log: events go 30 days on, their deliveries and attempts with them.
   { table: 'webhook_events', key: 'id', at: 'created_at', graceSeconds: 30 * DAY_S },
 ] as const;

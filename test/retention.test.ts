@@ -62,7 +62,7 @@ beforeAll(async () => {
 });
 afterAll(() => database.close());
 
-const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0, jobs: 0, webhook_events: 0, seen_jtis: 0, pushed_authorization_requests: 0, activity_daily: 0 };
+const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, pending_sign_ups: 0, sign_up_attempts: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0, jobs: 0, webhook_events: 0, seen_jtis: 0, pushed_authorization_requests: 0, activity_daily: 0 };
 
 describe(`deleting expired rows on ${BACKEND}`, () => {
   it('deletes what expired, keeps what is live, and keeps codes a week past expiry for replay detection', async () => {
@@ -83,6 +83,13 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
     for (const expiresIn of [-31 * DAY, -29 * DAY]) {
       await db.insertInto('invitations').values({ organization_id: fixture.organizationId, email: `i${expiresIn}@example.com`, role: 'member', token_hash: sha256Hex(generateSecret(32)), expires_at: at(expiresIn) }).execute();
     }
+    // A sign-up waiting for its link goes once the link expired; an admitted sign-up's record an hour after it was made.
+    for (const [email, expiresIn] of [['signup-gone@example.com', -10], ['signup-live@example.com', 600]] as const) {
+      await db.insertInto('pending_sign_ups').values({ email, token_hash: sha256Hex(generateSecret(32)), password_hash: '$argon2id$x', name: '', organization_name: 'Org', return_to: '/dashboard', expires_at: at(expiresIn) }).execute();
+    }
+    for (const [email, createdAgo] of [['attempt-gone@example.com', -3610], ['attempt-live@example.com', -3500]] as const) {
+      await db.insertInto('sign_up_attempts').values({ email, ip: '192.0.2.1', created_at: at(createdAgo) }).execute();
+    }
     await db.insertInto('mail_outbox').values({ recipient: 'sent@example.com', subject: 'sent', sent_at: at(-8 * DAY), expires_at: at(-DAY) }).execute();
     await db.insertInto('mail_outbox').values({ recipient: 'waiting@example.com', subject: 'waiting', body_encrypted: 'x' }).execute();
     // A sign-in waiting for its second step goes once expired; a wrong code once out of its 15-minute window.
@@ -100,11 +107,11 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
       await db.insertInto('sso_sign_ins').values({ handle_hash: handle, connection_id: connectionId, browser_hash: null, return_to: '/', expires_at: at(expiresIn) }).execute();
       await db.insertInto('saml_assertion_ids').values({ connection_id: connectionId, assertion_id: handle, expires_at: at(expiresIn) }).execute();
     }
-    // Replay stores go five minutes after their entries could no longer be accepted (clocks differ); a pushed request an hour past its expiry.
+    // Replay stores go five minutes after their entries could no longer be accepted (clocks differ); a pushed request once expired (its expiry is the database's clock).
     for (const [key, expiresIn] of [['dpop-gone', -310], ['dpop-live', -60]] as const) {
       await db.insertInto('seen_jtis').values({ key: seenJtiDigest(key), expires_at: at(expiresIn) }).execute();
     }
-    for (const [uri, expiresIn] of [['par-gone', -3700], ['par-recent', -60]] as const) {
+    for (const [uri, expiresIn] of [['par-gone', -1], ['par-live', 60]] as const) {
       await db.insertInto('pushed_authorization_requests').values({ request_uri_hash: uri, application_id: applicationId, params: '{}', dpop_jkt: null, expires_at: at(expiresIn) }).execute();
     }
     // Jobs go a month after they finished, never while unfinished; webhook events (with their deliveries) a month after they happened.
@@ -126,6 +133,8 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
       sessions: 1,
       account_tokens: 1,
       invitations: 1,
+      pending_sign_ups: 1,
+      sign_up_attempts: 1,
       mail_outbox: 1,
       pending_sign_ins: 1,
       sso_sign_ins: 1,
@@ -144,13 +153,15 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
     });
     expect((await db.selectFrom('activity_daily').select('metric').where('organization_id', '=', fixture.organizationId).execute()).map((r) => r.metric)).toEqual(['consents']);
     expect((await db.selectFrom('seen_jtis').select('key').execute()).map((r) => r.key)).toEqual([seenJtiDigest('dpop-live')]);
-    expect((await db.selectFrom('pushed_authorization_requests').select('request_uri_hash').execute()).map((r) => r.request_uri_hash)).toEqual(['par-recent']);
+    expect((await db.selectFrom('pushed_authorization_requests').select('request_uri_hash').execute()).map((r) => r.request_uri_hash)).toEqual(['par-live']);
     expect((await db.selectFrom('jobs').select('kind').orderBy('id').execute()).map((j) => j.kind)).toEqual(['recent', 'waiting']);
     expect((await db.selectFrom('webhook_events').select('message_id').execute()).map((e) => e.message_id)).toEqual(['msg_recent']);
     expect((await db.selectFrom('sso_sign_ins').select('handle_hash').execute()).map((r) => r.handle_hash)).toEqual(['sso-live']);
     expect((await db.selectFrom('saml_assertion_ids').select('assertion_id').execute()).map((r) => r.assertion_id)).toEqual(['sso-live']);
     expect((await db.selectFrom('pending_sign_ins').select('id_hash').execute()).map((p) => p.id_hash)).toEqual(['pending-live']);
     expect((await db.selectFrom('mail_outbox').select('recipient').execute()).map((m) => m.recipient)).toEqual(['waiting@example.com']);
+    expect((await db.selectFrom('pending_sign_ups').select('email').execute()).map((p) => p.email)).toEqual(['signup-live@example.com']);
+    expect((await db.selectFrom('sign_up_attempts').select('email').execute()).map((p) => p.email)).toEqual(['attempt-live@example.com']);
     expect((await db.selectFrom('invitations').select('email').execute()).map((i) => i.email)).toEqual([`i${-29 * DAY}@example.com`]);
 
     const codes = await db.selectFrom('authorization_codes').select('code_hash').execute();

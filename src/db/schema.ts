@@ -49,6 +49,35 @@ export interface AccountTokensTable {
   used_at: NullableTimestamp;
 }
 
+/**
+ * A sign-up waiting for its address to be confirmed (src/accounts/sign-ups.ts): the user and
+ * their organization are made only when the mailed link is followed. One per address.
+ */
+export interface PendingSignUpsTable {
+  id: Generated<number>;
+  email: string;
+  /** SHA-256 (hex) of the link's token. */
+  token_hash: string;
+  /** argon2id. */
+  password_hash: string;
+  name: string;
+  organization_name: string;
+  /** Where the browser goes once signed in (a same-origin path, sessions.ts safeReturnTo). */
+  return_to: string;
+  created_at: Generated<Date>;
+  expires_at: Timestamp;
+}
+
+/** A sign-up the throttles let through: counted per address and per client address group for an hour. */
+export interface SignUpAttemptsTable {
+  id: Generated<number>;
+  /** The address as typed, lowercased. */
+  email: string;
+  /** The client's address group (lib/client-address.ts). */
+  ip: string;
+  created_at: Generated<Date>;
+}
+
 export interface InvitationsTable {
   id: Generated<number>;
   organization_id: number;
@@ -309,6 +338,8 @@ export interface DeviceAuthorizationsTable {
   last_polled_at: NullableTimestamp;
   expires_at: Timestamp;
   created_at: Generated<Date>;
+  /** SS-4: the SSO connection the user signed in through (null: not through SSO). */
+  sso_connection_id: ColumnType<number | null, number | null | undefined, number | null>;
 }
 
 /** Why a grant (or an access token) was revoked: grants.revoked_reason, the audit log, the metrics. */
@@ -350,6 +381,8 @@ export interface GrantsTable {
   resource_id: ColumnType<number | null, number | null | undefined, number | null>;
   /** RFC 9449: the thumbprint of the key the grant's tokens are bound to (its refresh needs a proof; a public client's, by that key). */
   dpop_jkt: ColumnType<string | null, string | null | undefined, string | null>;
+  /** SS-4: the SSO connection the user signed in through (null: not through SSO). */
+  sso_connection_id: ColumnType<number | null, number | null | undefined, number | null>;
 }
 
 /** An access token revoked by itself (its grant lives on), kept until it expires. */
@@ -386,6 +419,8 @@ export interface AuthorizationCodesTable {
   resource_id: ColumnType<number | null, number | null | undefined, number | null>;
   /** RFC 9449 §10: the key the code must be redeemed with (dpop_jkt, or the pushed request's proof). */
   dpop_jkt: ColumnType<string | null, string | null | undefined, string | null>;
+  /** SS-4: the SSO connection the user signed in through (null: not through SSO). */
+  sso_connection_id: ColumnType<number | null, number | null | undefined, number | null>;
 }
 
 export interface RefreshTokensTable {
@@ -669,6 +704,8 @@ export interface Database {
   tasks: TasksTable;
   account_tokens: AccountTokensTable;
   invitations: InvitationsTable;
+  pending_sign_ups: PendingSignUpsTable;
+  sign_up_attempts: SignUpAttemptsTable;
   mail_outbox: MailOutboxTable;
   totp_factors: TotpFactorsTable;
   recovery_codes: RecoveryCodesTable;

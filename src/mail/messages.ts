@@ -36,6 +36,21 @@ export function verifyEmailMessage(input: { issuer: string; to: string; name: st
   return compose('verify-email', input.to, subject, { ...input, email: input.to });
 }
 
+/** The link that creates a pending sign-up's account (src/accounts/sign-ups.ts). */
+export function signUpConfirmMessage(input: { issuer: string; to: string; name: string; organizationName: string; link: string; minutes: number }): MailMessage {
+  return compose('sign-up-confirm', input.to, 'Finish creating your account', { ...input, email: input.to });
+}
+
+/** To the owner of an address someone tried to sign up with: where to sign in, or reset the password. No link that changes anything. */
+export function signUpTakenMessage(input: { issuer: string; to: string; name: string }): MailMessage {
+  return compose('sign-up-taken', input.to, 'Someone tried to sign up with your email address', {
+    ...input,
+    email: input.to,
+    loginLink: `${input.issuer}/login?${new URLSearchParams({ login_hint: input.to }).toString()}`,
+    forgotLink: `${input.issuer}/forgot-password`,
+  });
+}
+
 export function resetPasswordMessage(input: { issuer: string; to: string; name: string; link: string; minutes: number }): MailMessage {
   return compose('reset-password', input.to, 'Reset your password', { ...input, email: input.to });
 }

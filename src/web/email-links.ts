@@ -5,6 +5,8 @@
  * - GET/POST /reset-password?token=…: the new-password form; the POST uses the link.
  * - GET/POST /verify-email?token=…: a button that confirms the address. Opening a link never
  *   uses it: mail scanners that fetch every link in a message must not spend single-use links.
+ * - GET/POST /signup/confirm?token=…: a sign-up's link; the form asks for the password chosen at
+ *   sign-up, then creates the account and its organization and signs in (accounts/sign-ups.ts).
  * - GET /invitation?token=…, POST /invitation/accept, POST /invitation/signup.
  *
  * Forms before sign-in carry the pre-session CSRF token (sessions.ts), so no other site can
@@ -31,6 +33,7 @@ import { hashPassword, PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH } from '../accou
 import { CSRF_FAILED, csrfToken, csrfTokenMatches, currentUser, checkPreSessionCsrf, ensurePreSession } from '../accounts/sessions.js';
 import { emailSchema, findUserByEmail } from '../accounts/users.js';
 import { confirmEmail } from '../accounts/verification.js';
+import { completeSignUp, findPendingSignUp, SIGN_UP_TTL_S } from '../accounts/sign-ups.js';
 
 const HOUR_MS = 3600_000;
 /** Reset requests per address an hour (whether or not it has an account), and per client IP in 15 minutes. */
@@ -40,6 +43,8 @@ export const RESET_REQUESTS_PER_IP = 20;
 export const BAD_LINKS_PER_IP = 30;
 
 const BAD_RESET_LINK = 'This password reset link is not valid: it has expired (links work for 30 minutes), has been used, or a newer one was sent. Ask for a new link.';
+const BAD_SIGN_UP_LINK = `This link to finish creating an account is not valid: it has expired (links work for ${SIGN_UP_TTL_S / 60} minutes), has been used, or a newer one was sent. Sign up again.`;
+const SSO_REQUIRED_SIGN_UP = 'Your organization signs you in through its identity provider, so no password account can be made for this address. On the sign-in page, enter your email and choose Continue.';
 const BAD_VERIFY_LINK = 'This confirmation link is not valid: it has expired, has been used, or a newer one was sent. Sign in and ask for a new link on the Account page.';
 
 export interface EmailPagesDeps {
@@ -187,6 +192,51 @@ export async function emailLinkPages(app: FastifyInstance, { db, config, mail, b
       message: confirmed.previousEmail !== undefined ? `Your account's email address is now ${confirmed.email}.` : `${confirmed.email} is confirmed. Thank you.`,
       link: { href: '/dashboard', label: 'Go to the dashboard' },
     });
+  });
+
+  // ---- sign-up ----
+  // The account is made here, not at sign-up: this needs the link (the mailbox) and the password
+  // chosen at sign-up, so one click by an address's owner on a sign-up someone else made does
+  // not give that someone an account on the address (pre-account takeover).
+  const signUpPage = (req: FastifyRequest, reply: FastifyReply, status: number, view: { token: string; email: string; organizationName: string; errors?: string[] }) =>
+    renderPage(reply, status, 'signup-confirm', {
+      title: 'Finish creating your account',
+      csrfToken: preCsrf(req, reply),
+      token: view.token,
+      email: view.email,
+      organizationName: view.organizationName,
+      errors: view.errors ?? [],
+    });
+
+  app.get('/signup/confirm', async (req, reply) => {
+    refuseLinkGuessing(req);
+    const token = queryToken(req);
+    const pending = await findPendingSignUp(db, token);
+    if (!pending || token === undefined) return badLink(req, reply, BAD_SIGN_UP_LINK);
+    return signUpPage(req, reply, 200, { token, email: pending.email, organizationName: pending.organization_name });
+  });
+
+  app.post('/signup/confirm', async (req, reply) => {
+    const { token, password } = readLinkForm(req);
+    const pending = await findPendingSignUp(db, token);
+    if (!pending) return badLink(req, reply, BAD_SIGN_UP_LINK);
+    // The domain may have come to require its single sign-on since the sign-up.
+    if ((await findSsoRoute(db, pending.email))?.ssoRequired) return renderPage(reply, 403, 'error', { title: 'Sign in with your company account', message: SSO_REQUIRED_SIGN_UP });
+    let done;
+    try {
+      done = password.length <= PASSWORD_MAX_LENGTH ? await completeSignUp(db, token, password) : ({ outcome: 'wrong_password' } as const);
+    } catch (err) {
+      if (err instanceof ConflictError) return renderPage(reply, 409, 'error', { title: 'This address has an account now', message: 'An account with this email address was created since you signed up. Sign in, or reset its password if you do not know it.' });
+      throw err;
+    }
+    if (done.outcome === 'unknown') return badLink(req, reply, BAD_SIGN_UP_LINK);
+    if (done.outcome === 'wrong_password') {
+      // Each try costs an argon2 verification: counted with the links that do not work.
+      badLinks.recordFailure(req.ip);
+      return signUpPage(req, reply, 400, { token, email: pending.email, organizationName: pending.organization_name, errors: ['That is not the password chosen at sign-up.'] });
+    }
+    req.log.info({ user_id: done.userId, organization_id: done.organizationId }, 'sign-up completed');
+    return beginSession(db, config, req, reply, { userId: done.userId, amr: ['pwd'], returnTo: done.returnTo, currentOrganizationId: done.organizationId });
   });
 
   // ---- invitations ----

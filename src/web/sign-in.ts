@@ -7,7 +7,7 @@
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Config } from '../config.js';
-import { type DB, inTransaction } from '../db/connect.js';
+import type { DB } from '../db/connect.js';
 import { startPendingSignIn } from '../accounts/pending-sign-ins.js';
 import { factorSummary, hasSecondFactor } from '../accounts/second-factors.js';
 import { SECOND_STEP_PATH, secondStepPages } from './second-step.js';
@@ -15,13 +15,12 @@ import { beginSession } from './begin-session.js';
 import { passkeyPages } from './passkey-pages.js';
 import { ssoPages } from './sso-pages.js';
 import { findSsoRoute } from '../sso/domains.js';
-import { ConflictError, InvalidRequestError } from '../errors.js';
 import { FailureThrottle } from '../lib/throttle.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
 import { readParams } from '../oauth/helpers/params.js';
 import { ForbiddenError, renderPage, setUpPages } from './render.js';
 import { type EmailPagesDeps, emailLinkPages } from './email-links.js';
-import { createOrganization, organizationNameSchema } from '../accounts/organizations.js';
+import { organizationNameSchema } from '../accounts/organizations.js';
 import { PASSWORD_MAX_LENGTH, PASSWORD_MIN_LENGTH, verifyPassword } from '../accounts/passwords.js';
 import {
   clearSessionCookie,
@@ -34,8 +33,9 @@ import {
   checkPreSessionCsrf,
   safeReturnTo,
 } from '../accounts/sessions.js';
-import { emailSchema, findUserByEmail, insertUser, prepareUser } from '../accounts/users.js';
-import { queueVerification } from '../accounts/verification.js';
+import { emailSchema, findUserByEmail } from '../accounts/users.js';
+import { admitSignUp, requestSignUp, SIGN_UP_TTL_S } from '../accounts/sign-ups.js';
+import { clientAddress } from '../lib/client-address.js';
 
 export const LOGIN_WINDOW_MS = 15 * 60 * 1000;
 export const LOGIN_MAX_FAILURES_PER_EMAIL = 5;
@@ -61,6 +61,14 @@ export function loginPath(returnTo: string, options: { again?: boolean; loginHin
   if (options.again) query.set('prompt', 'login');
   if (options.loginHint !== undefined) query.set('login_hint', options.loginHint);
   return `/login?${query.toString()}`;
+}
+
+/**
+ * Signing in again through the identity provider of the address's organization (SS-4): the email
+ * step, which routes such an address to its connection, even while signed in another way.
+ */
+export function ssoSignInPath(email: string, returnTo: string): string {
+  return loginPath(returnTo, { again: true, loginHint: email });
 }
 
 /** A login_hint worth pre-filling: something shaped like an email address, of a sane length. */
@@ -230,24 +238,18 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
     if (errors.length === 0 && (await findSsoRoute(db, email))?.ssoRequired) errors.push(`${SSO_REQUIRED.replace('Choose Continue', 'On the sign-in page, enter your email and choose Continue')}`);
     if (errors.length > 0) return again(errors);
 
-    let userId: number;
-    try {
-      // One transaction: never a user without the organization they asked for.
-      const prepared = await prepareUser({ email, password, name });
-      userId = await inTransaction(db, async (trx) => {
-        const user = await insertUser(trx, prepared);
-        await createOrganization(trx, { name: organizationName, ownerUserId: user.id });
-        // The account works at once; the link confirms the address (needed to join others' organizations).
-        await queueVerification(trx, { mail, issuer: config.issuer }, user, false);
-        return user.id;
-      });
-      mail.wake();
-    } catch (err) {
-      if (err instanceof ConflictError) return again(['An account with this email address already exists. Sign in instead.']);
-      if (err instanceof InvalidRequestError) return again((err.details ?? []).map((d) => `${d.path}: ${d.message}`));
-      throw err;
-    }
-    return signIn(req, reply, userId, returnTo);
+    // DO-1: the address and the client may sign up only so often, whichever instance is asked;
+    // a refusal comes before the password is hashed (argon2id costs about a second of CPU).
+    const wait = await admitSignUp(db, { email, ip: clientAddress(req) });
+    if (wait > 0) throw new TooManyAttemptsError(wait, 'Too many sign-ups from here or for this address. Please wait and try again later.');
+    // AC-2: the same answer, after the same argon2 work, whether or not the address has an account;
+    // only the mail differs (a link to finish, or "someone tried to sign up" to the owner).
+    const outcome = await requestSignUp(db, { mail, issuer: config.issuer }, { email: email.trim(), password, name: name.trim(), organizationName, returnTo });
+    req.log.info({ outcome }, 'sign-up requested');
+    return renderPage(reply, 200, 'message', {
+      title: 'Check your inbox',
+      message: `We sent a message to the address you entered. Open the link in it within ${SIGN_UP_TTL_S / 60} minutes to finish creating your account. Nothing is created until then.`,
+    });
   });
 
   app.post('/logout', async (req, reply) => {

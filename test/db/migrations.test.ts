@@ -32,6 +32,8 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   contacts: ['id', 'organization_id', 'name', 'email', 'phone', 'company', 'notes', 'created_at', 'updated_at'],
   tasks: ['id', 'organization_id', 'title', 'description', 'status', 'due_on', 'contact_id', 'completed_at', 'created_at', 'updated_at'],
   account_tokens: ['id', 'token_hash', 'purpose', 'user_id', 'email', 'created_at', 'expires_at', 'used_at'],
+  pending_sign_ups: ['id', 'email', 'token_hash', 'password_hash', 'name', 'organization_name', 'return_to', 'created_at', 'expires_at'],
+  sign_up_attempts: ['id', 'email', 'ip', 'created_at'],
   invitations: [
     'id', 'organization_id', 'email', 'role', 'token_hash', 'invited_by_user_id', 'invited_by_client_id', 'created_at', 'sent_at',
     'expires_at', 'accepted_at', 'accepted_by_user_id', 'revoked_at', 'role_id',
@@ -124,6 +126,7 @@ const MIGRATIONS = [
   '20261128_0019_high_assurance',
   '20261129_0020_activity',
   '20261130_0021_seen_jtis_digest',
+  '20261206_0023_pushed_requests_by_client',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {
