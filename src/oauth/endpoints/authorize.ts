@@ -48,6 +48,12 @@ export const STATE_MIN_LENGTH = 16;
 const CODE_CHALLENGE = /^[A-Za-z0-9\-._~]{43,128}$/;
 /** The OAuth parameters the consent form carries back, in hidden fields. */
 const CARRIED_PARAMS = ['client_id', 'redirect_uri', 'response_type', 'scope', 'state', 'code_challenge', 'code_challenge_method', 'nonce', 'acr_values', 'resource', 'dpop_jkt'] as const;
+/**
+ * Every parameter of an authorization request this endpoint reads (RFC 6749 §3.1: the others are
+ * ignored): what /oauth/par keeps of a push. The ones the sign-in settles (prompt, max_age and the
+ * hints) are not carried by the consent form, but a pushed request holds them.
+ */
+export const AUTHORIZATION_PARAMS: readonly string[] = [...CARRIED_PARAMS, 'prompt', 'max_age', 'login_hint', 'id_token_hint'];
 /** A DPoP key thumbprint (RFC 7638, SHA-256, base64url). */
 const JKT = /^[A-Za-z0-9_-]{43}$/;
 /** What a form or the sign-in adds beside a pushed request's request_uri: never an authorization parameter. */

@@ -60,6 +60,7 @@ export async function registerFormEndpoint(
   app: FastifyInstance,
   url: string,
   handler: (req: FastifyRequest, reply: FastifyReply) => Promise<unknown>,
+  options: { bodyLimit?: number } = {},
 ): Promise<void> {
   app.addHook('onSend', noStore);
   app.removeAllContentTypeParsers();
@@ -71,7 +72,7 @@ export async function registerFormEndpoint(
     if (req.method !== 'POST') return reply.code(405).header('allow', 'POST').send({ error: 'invalid_request', error_description: `${url} accepts POST only` });
     if (mediaType(req) !== FORM) throw new InvalidRequestError(`the body must be ${FORM}`);
   });
-  app.post(url, async (req, reply) => {
+  app.post(url, options.bodyLimit === undefined ? {} : { bodyLimit: options.bodyLimit }, async (req, reply) => {
     if (mediaType(req) !== FORM) throw new InvalidRequestError(`the body must be ${FORM}`);
     return handler(req, reply);
   });
