@@ -27,7 +27,8 @@
  * current run of failures and a success clears it; a failure when the run is DISABLE_AFTER_S old
  * disables the endpoint (disabled_reason 'failing'), fails its pending deliveries and emails the
  * organization's owners, in one transaction. Deliveries claimed for a disabled endpoint are
- * failed without a request; a deleted endpoint's go with it (the foreign key cascades).
+ * failed without a request; a deleted endpoint's go with it (the foreign key cascades), and an
+ * attempt in flight meanwhile ends unrecorded (see record()).
  */
 import { sql } from 'kysely';
 import type { Logger } from 'pino';
@@ -338,6 +339,13 @@ export class WebhookDispatcher {
    * Writes the attempt and its consequences in one transaction, only while the lease is still
    * ours (`attempts` unchanged, still pending): otherwise another instance has taken the
    * delivery over, or an admin has retried it, and their outcome stands.
+   *
+   * The endpoint's row is key-shared first, before the delivery is touched: the order a delete
+   * takes them in (the endpoint, then its deliveries by the cascade; see EndpointLock in
+   * endpoints.ts). Taken the other way round, a delete arriving between the delivery's update and
+   * the endpoint's (failing_since) would deadlock with it. Now a delete in progress is waited for
+   * and the endpoint is then gone: the delivery went with it and nothing is written, as when a
+   * delete comes after. A delete that comes during this transaction waits for it instead.
    */
   private async record(delivery: Claimed, result: AttemptResult): Promise<void> {
     const { config, logger, metrics } = this.options;
@@ -345,6 +353,8 @@ export class WebhookDispatcher {
     const succeeded = result.error === null;
     const retryIn = succeeded ? undefined : delays[delivery.attempts - 1];
     const outcome = await inTransaction(this.db, async (trx) => {
+      const endpoint = await trx.selectFrom('webhook_endpoints').select('id').where('id', '=', delivery.endpoint_id).forKeyShare().executeTakeFirst();
+      if (!endpoint) return undefined;
       const ours = trx
         .updateTable('webhook_deliveries')
         .where('id', '=', delivery.id)

@@ -134,16 +134,33 @@ function validId(id: number): boolean {
   return Number.isSafeInteger(id) && id > 0;
 }
 
-async function endpointRow(db: DB, organizationId: number, id: number, lock = false) {
+/**
+ * How a transaction holds the endpoint's row. The lock order of everything that writes an
+ * endpoint's deliveries is: the endpoint's row first, then its deliveries (then their attempts).
+ * A delete takes the row for 'update' before its cascade reaches the deliveries; the dispatcher
+ * key-shares it before it records an attempt (dispatcher.ts), a ping and a retry before they
+ * write a delivery. Whichever comes second waits for the first to commit, and nobody holds a
+ * delivery while waiting for the endpoint, so a delete during a delivery queues instead of
+ * deadlocking (40P01, which would answer 503).
+ * - 'no key update': an edit. The outbox trigger (migration 0017) and the dispatcher key-share
+ *   the rows they queue or record for, and an edit must not hold up either meanwhile.
+ * - 'update': a delete, which conflicts with those key-share locks: it waits for a recording in
+ *   progress, and a recording or a queued event that comes later waits for it, then finds the row
+ *   gone.
+ * - 'key share': a write of the endpoint's deliveries that leaves the row alone.
+ */
+type EndpointLock = 'no key update' | 'update' | 'key share';
+
+async function endpointRow(db: DB, organizationId: number, id: number, lock?: EndpointLock) {
   const row = validId(id)
     ? await db
         .selectFrom('webhook_endpoints')
         .select(ENDPOINT_COLUMNS)
         .where('organization_id', '=', organizationId)
         .where('id', '=', id)
-        // NO KEY: the outbox trigger key-share-locks endpoints it queues deliveries for, and an
-        // edit must not hold up the organization's audited changes meanwhile.
-        .$if(lock, (qb) => qb.forNoKeyUpdate())
+        .$if(lock === 'no key update', (qb) => qb.forNoKeyUpdate())
+        .$if(lock === 'update', (qb) => qb.forUpdate())
+        .$if(lock === 'key share', (qb) => qb.forKeyShare())
         .executeTakeFirst()
     : undefined;
   if (!row) throw new NotFoundError('no such webhook endpoint in this organization');
@@ -211,7 +228,7 @@ export async function updateWebhookEndpoint(db: DB, organizationId: number, id: 
   const parsed = parseInput(updateSchema, input);
   const url = parsed.url === undefined ? undefined : (await checkWebhookUrl(parsed.url, options.config, { ...(options.lookup ? { lookup: options.lookup } : {}) })).href;
   return inTransaction(db, async (trx) => {
-    const current = await endpointRow(trx, organizationId, id, true);
+    const current = await endpointRow(trx, organizationId, id, 'no key update');
     const changes: { url?: string; events?: string[]; description?: string; enabled?: boolean; disabled_reason?: null; failing_since?: null } = {};
     const changed: string[] = [];
     if (url !== undefined && url !== current.url) {
@@ -257,10 +274,15 @@ export async function updateWebhookEndpoint(db: DB, organizationId: number, id: 
   });
 }
 
-/** Deletes an endpoint; its deliveries and their attempts go with it (foreign keys cascade), so nothing more is sent to it. */
+/**
+ * Deletes an endpoint; its deliveries and their attempts go with it (foreign keys cascade), so
+ * nothing more is sent to it. A delivery in flight meanwhile simply ends: if the dispatcher is
+ * recording its attempt, the delete waits for that (a few milliseconds) and takes the record
+ * with it; otherwise the dispatcher finds the endpoint gone and writes nothing (EndpointLock).
+ */
 export async function deleteWebhookEndpoint(db: DB, organizationId: number, id: number, options: { actor?: Actor | undefined } = {}): Promise<void> {
   await inTransaction(db, async (trx) => {
-    const current = await endpointRow(trx, organizationId, id, true);
+    const current = await endpointRow(trx, organizationId, id, 'update');
     await trx.deleteFrom('webhook_endpoints').where('id', '=', current.id).execute();
     await recordAuditEvent(trx, { actor: options.actor, organizationId, action: 'webhook.deleted', details: { endpoint_id: current.id, url: urlWithoutQuery(current.url) } });
   });
@@ -280,7 +302,7 @@ export async function rotateWebhookSecret(
 ): Promise<{ endpoint: WebhookEndpointView; secret: string }> {
   const secret = newWebhookSecret();
   const endpoint = await inTransaction(db, async (trx) => {
-    const current = await endpointRow(trx, organizationId, id, true);
+    const current = await endpointRow(trx, organizationId, id, 'no key update');
     const row = await trx
       .updateTable('webhook_endpoints')
       .set({
@@ -391,7 +413,7 @@ export async function retryWebhookDelivery(
   options: { actor?: Actor | undefined } = {},
 ): Promise<WebhookDeliveryView> {
   return inTransaction(db, async (trx) => {
-    const endpoint = await endpointRow(trx, organizationId, endpointId);
+    const endpoint = await endpointRow(trx, organizationId, endpointId, 'key share');
     refuseDisabled(endpoint, 'retry its deliveries');
     const current = await deliveryRow(trx, organizationId, endpointId, deliveryId, true);
     if (current.state === 'succeeded') throw new ConflictError('the delivery succeeded: there is nothing to retry (send a ping to test the endpoint)');
@@ -419,7 +441,9 @@ export async function retryWebhookDelivery(
  */
 export async function pingWebhookEndpoint(db: DB, organizationId: number, endpointId: number, options: { actor?: Actor | undefined } = {}): Promise<WebhookDeliveryView> {
   return inTransaction(db, async (trx) => {
-    const endpoint = await endpointRow(trx, organizationId, endpointId);
+    // Key-shared: a delete going on is waited for and then the endpoint is not found (404),
+    // rather than the delivery's foreign key failing at its insert.
+    const endpoint = await endpointRow(trx, organizationId, endpointId, 'key share');
     refuseDisabled(endpoint, 'ping it');
     const { now } = await sql<{ now: string }>`select to_char(now() at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') as now`.execute(trx).then((r) => r.rows[0]!);
     const payload = { type: PING_EVENT_TYPE, timestamp: now, data: { organization_id: organizationId, endpoint_id: endpoint.id } };

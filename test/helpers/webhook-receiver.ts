@@ -1,7 +1,8 @@
 /**
  * A real webhook receiver for the tests: a node:http server on 127.0.0.1 that verifies every
  * request with the Standard Webhooks reference library (as a customer's receiver would), records
- * it, and answers as the test says: a status and body, a redirect, or never (a hanging receiver).
+ * it, and answers as the test says: a status and body, a redirect, never (a hanging receiver), or
+ * when the test lets it (a slow receiver: the answer is a promise the test settles).
  * It can go down (connections refused) and come back on the same port, as a receiver's outage.
  */
 import { once } from 'node:events';
@@ -33,8 +34,8 @@ export class WebhookReceiver {
   readonly received: ReceivedWebhook[] = [];
   /** The secrets each request is verified with. */
   secrets: string[] = [];
-  /** Decides each answer; 204 by default. */
-  answer: (request: ReceivedWebhook) => Answer = () => ({ status: 204 });
+  /** Decides each answer, at once or when its promise settles; 204 by default. */
+  answer: (request: ReceivedWebhook) => Answer | Promise<Answer> = () => ({ status: 204 });
   private server: http.Server | undefined;
   private readonly sockets = new Set<Socket>();
 
@@ -110,7 +111,7 @@ export class WebhookReceiver {
       at: Date.now(),
     };
     this.received.push(received);
-    const answer = this.answer(received);
+    const answer = await this.answer(received);
     if (answer === 'hang') return;
     if (answer === 'reset') {
       req.socket.destroy();
