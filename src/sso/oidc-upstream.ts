@@ -1,9 +1,13 @@
 /**
  * orgauth as the relying party of an organization's OpenID provider, through openid-client (a
  * certified relying party): authorization code flow with PKCE (S256), state and nonce, the ID
- * token's signature, iss, aud, exp and nonce checked, RFC 9207's iss checked when the provider
- * sends it. Every request to the provider goes through the guarded outbound client (AG-1): the
- * issuer is a URL an organization's admin typed.
+ * token's iss, aud, exp, nonce and alg checked, RFC 9207's iss checked when the provider sends
+ * it. openid-client does not verify the signature of an ID token it took from the token endpoint
+ * itself: that response came straight from the provider over TLS (OIDC Core §3.1.3.7 step 6).
+ * The person's claims the ID token leaves out are read from the UserInfo endpoint (OIDC Core
+ * §5.4 allows a provider to release them there only). Every request to the provider goes
+ * through the guarded outbound client (AG-1): the issuer is a URL an organization's admin typed,
+ * and the endpoints are whatever its discovery document says.
  */
 import * as client from 'openid-client';
 import { type OutboundFetch, OutboundRefusedError } from '../lib/outbound.js';
@@ -14,6 +18,8 @@ import type { UpstreamIdentity } from './identities.js';
 /** Discovery results are kept this long per connection: a provider's keys rotate, its endpoints rarely. */
 const DISCOVERY_TTL_MS = 10 * 60 * 1000;
 const DISCOVERY_CACHE_MAX = 1000;
+/** openid-client's code for a JSON member that is not the value expected (here: UserInfo's sub). */
+const JSON_ATTRIBUTE_COMPARISON = 'OAUTH_JSON_ATTRIBUTE_COMPARISON_FAILED';
 
 export interface UpstreamOidcSettings {
   issuer: string;
@@ -105,26 +111,71 @@ export class UpstreamOidc {
     if (!claims) throw new UpstreamOidcError('the provider returned no ID token');
     // What the identity link stores (src/sso/identities.ts): bounded, as the columns are.
     if (claims.sub.length > 1024 || claims.iss.length > 2048) throw new UpstreamOidcError('the ID token\'s sub or iss is too long');
-    const text = (v: unknown) => (typeof v === 'string' && v !== '' ? v : undefined);
+    const userinfo = await this.userinfo(configuration, tokens.access_token, claims);
+    // email and email_verified are read together from one place, so that one source's
+    // email_verified never vouches for the other's address: the ID token when it says both,
+    // else UserInfo when it has an address. The subject and amr are the ID token's alone:
+    // who signed in and how is what the ID token is for (OIDC Core §2).
+    const complete = (c: client.IDToken | client.UserInfoResponse) => text(c.email) !== undefined && typeof c.email_verified === 'boolean';
+    const emailSource = complete(claims) || userinfo === undefined || text(userinfo.email) === undefined ? claims : userinfo;
     return {
       connectionId: row.id,
       issuer: claims.iss,
       subjectFormat: '',
       subject: claims.sub,
-      email: text(claims.email),
-      emailVerified: claims.email_verified === true,
-      name: text(claims.name),
+      email: text(emailSource.email),
+      emailVerified: emailSource.email_verified === true,
+      name: text(claims.name) ?? text(userinfo?.name),
       amr: Array.isArray(claims.amr) ? claims.amr.filter((v): v is string => typeof v === 'string') : [],
     };
+  }
+
+  /**
+   * The UserInfo claims (OIDC Core §5.3) when the ID token lacks one orgauth reads: with the code
+   * flow a provider may release the `email` and `profile` scopes' claims at UserInfo only (§5.4;
+   * node-oidc-provider does by default). Undefined when the ID token has them all, or the
+   * provider advertises no UserInfo endpoint (a missing email is then refused as before).
+   *
+   * openid-client requests it through this configuration's customFetch, the guarded outbound
+   * client, and checks that its `sub` is the ID token's (§5.3.4: otherwise the claims may be
+   * another person's, e.g. a substituted access token); a mismatch refuses the sign-in. A signed
+   * answer (application/jwt, §5.3.2) is accepted when its alg is one the discovery document
+   * lists in userinfo_signing_alg_values_supported, with its iss and aud checked when present;
+   * like the ID token's, its signature is not what vouches for it: both come straight from the
+   * provider over the connection the outbound client checked (OIDC Core §3.1.3.7 step 6).
+   * Any failure (HTTP error, refused address, bad answer) refuses the sign-in.
+   */
+  private async userinfo(configuration: client.Configuration, accessToken: string, idToken: client.IDToken): Promise<client.UserInfoResponse | undefined> {
+    if (text(idToken.email) !== undefined && typeof idToken.email_verified === 'boolean' && text(idToken.name) !== undefined) return undefined;
+    if (configuration.serverMetadata().userinfo_endpoint === undefined) return undefined;
+    try {
+      return await client.fetchUserInfo(configuration, accessToken, idToken.sub);
+    } catch (err) {
+      const { code, cause } = err as { code?: unknown; cause?: { cause?: { attribute?: unknown } } };
+      if (err instanceof client.ClientError && code === JSON_ATTRIBUTE_COMPARISON && cause?.cause?.attribute === 'sub') {
+        throw new UpstreamOidcError('userinfo refused: its sub is not the ID token\'s (OIDC Core §5.3.4), so its claims may be another person\'s', undefined, { cause: err });
+      }
+      throw stepFailed('userinfo', err);
+    }
   }
 
   private async wrap<T>(step: string, fn: () => Promise<T>): Promise<T> {
     try {
       return await fn();
     } catch (err) {
-      throw new UpstreamOidcError(`${step} failed: ${describeError(err, false)}`, `${step} failed: ${describeError(err, true)}`, { cause: err });
+      throw stepFailed(step, err);
     }
   }
+}
+
+/** The UpstreamOidcError of a step that failed with `err`: the log's reason and the audit's. */
+function stepFailed(step: string, err: unknown): UpstreamOidcError {
+  return new UpstreamOidcError(`${step} failed: ${describeError(err, false)}`, `${step} failed: ${describeError(err, true)}`, { cause: err });
+}
+
+/** A claim's value when it is a non-empty string. */
+function text(value: unknown): string | undefined {
+  return typeof value === 'string' && value !== '' ? value : undefined;
 }
 
 /**

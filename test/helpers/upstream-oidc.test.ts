@@ -38,7 +38,7 @@ describe('upstream OpenID provider', () => {
     expect(config.serverMetadata().code_challenge_methods_supported).toEqual(['S256']);
   });
 
-  it('signs a user in and issues an ID token with sub, email, email_verified, name, amr and nonce', async () => {
+  it('signs a user in; the ID token has sub, amr and nonce, and the email and profile claims are at UserInfo only (conformIdTokenClaims)', async () => {
     const { url, verifier, state, nonce } = await authorizationRequest();
     const callback = new URL(await upstream.signIn(url, 'alice'));
     expect(callback.origin + callback.pathname).toBe(CLIENT.redirect_uris[0]);
@@ -47,17 +47,11 @@ describe('upstream OpenID provider', () => {
     expect(callback.searchParams.get('code')).toBeTruthy();
 
     const tokens = await client.authorizationCodeGrant(config, callback, { pkceCodeVerifier: verifier, expectedState: state, expectedNonce: nonce, idTokenExpected: true });
-    const claims = tokens.claims();
-    expect(claims).toMatchObject({
-      iss: upstream.issuer,
-      aud: CLIENT.client_id,
-      sub: 'alice-sub',
-      email: 'alice@corp.example',
-      email_verified: true,
-      name: 'Alice',
-      amr: ['pwd', 'mfa'],
-      nonce,
-    });
+    const claims = tokens.claims()!;
+    expect(claims).toMatchObject({ iss: upstream.issuer, aud: CLIENT.client_id, sub: 'alice-sub', amr: ['pwd', 'mfa'], nonce });
+    for (const claim of ['email', 'email_verified', 'name']) expect(claims).not.toHaveProperty(claim);
+    expect(config.serverMetadata().userinfo_endpoint).toBe(`${upstream.issuer}/me`);
+    expect(await client.fetchUserInfo(config, tokens.access_token, 'alice-sub')).toEqual({ sub: 'alice-sub', email: 'alice@corp.example', email_verified: true, name: 'Alice' });
   });
 
   it('takes an amr per sign-in and accounts added after start', async () => {
@@ -65,7 +59,8 @@ describe('upstream OpenID provider', () => {
     const { url, verifier, state, nonce } = await authorizationRequest();
     const callback = new URL(await upstream.signIn(url, 'bob', { amr: ['pwd'] }));
     const tokens = await client.authorizationCodeGrant(config, callback, { pkceCodeVerifier: verifier, expectedState: state, expectedNonce: nonce });
-    expect(tokens.claims()).toMatchObject({ sub: 'bob-sub', email: 'bob@corp.example', email_verified: false, amr: ['pwd'] });
+    expect(tokens.claims()).toMatchObject({ sub: 'bob-sub', amr: ['pwd'] });
+    expect(await client.fetchUserInfo(config, tokens.access_token, 'bob-sub')).toEqual({ sub: 'bob-sub', email: 'bob@corp.example', email_verified: false });
   });
 
   it('finds the upstream session of a browser that signed in before (same jar)', async () => {
@@ -106,8 +101,9 @@ describe('upstream OpenID provider', () => {
       code_challenge_method: 'S256',
     });
     const tokens = await client.authorizationCodeGrant(second, new URL(await upstream.signIn(authorize, 'alice')), { pkceCodeVerifier: verifier });
-    expect(tokens.claims()).toMatchObject({ aud: 'second', sub: 'alice-sub', email: 'alice@corp.example' });
-    expect(tokens.claims()).not.toHaveProperty('name');
+    expect(tokens.claims()).toMatchObject({ aud: 'second', sub: 'alice-sub' });
+    // Only the claims of the scopes granted: no profile, no name.
+    expect(await client.fetchUserInfo(second, tokens.access_token, 'alice-sub')).toEqual({ sub: 'alice-sub', email: 'alice@corp.example', email_verified: true });
   });
 
   it('requires PKCE, also of a confidential client', async () => {
@@ -115,6 +111,45 @@ describe('upstream OpenID provider', () => {
     const callback = new URL(await upstream.signIn(url, 'alice'));
     expect(callback.searchParams.get('error')).toBe('invalid_request');
     expect(callback.searchParams.get('error_description')).toMatch(/PKCE/);
+  });
+
+  it('answers UserInfo with userinfo_sub when an account has one (the ID token keeps sub), and openid-client refuses that answer', async () => {
+    upstream.setAccount('mixed', { sub: 'mixed-sub', email: 'mixed@corp.example', email_verified: true, userinfo_sub: 'someone-else' });
+    const { url, verifier, state, nonce } = await authorizationRequest();
+    const tokens = await client.authorizationCodeGrant(config, new URL(await upstream.signIn(url, 'mixed')), { pkceCodeVerifier: verifier, expectedState: state, expectedNonce: nonce });
+    expect(tokens.claims()?.sub).toBe('mixed-sub');
+    expect(await client.fetchUserInfo(config, tokens.access_token, client.skipSubjectCheck)).toEqual({ sub: 'someone-else', email: 'mixed@corp.example', email_verified: true });
+    await expect(client.fetchUserInfo(config, tokens.access_token, 'mixed-sub')).rejects.toMatchObject({ cause: { message: 'unexpected "response" body "sub" property value' } });
+  });
+
+  it('answers UserInfo as a signed JWT to a client registered with userinfo_signed_response_alg', async () => {
+    const jwtClient = { client_id: 'jwt-userinfo', client_secret: 'jwt-userinfo-secret-0123456789', redirect_uris: ['http://127.0.0.1:9/jwt'], userinfo_signed_response_alg: 'RS256' };
+    upstream.registerClient(jwtClient);
+    const jwtConfig = await client.discovery(new URL(upstream.issuer), jwtClient.client_id, jwtClient.client_secret, undefined, { execute: [client.allowInsecureRequests] });
+    expect(jwtConfig.serverMetadata().userinfo_signing_alg_values_supported).toContain('RS256');
+    const verifier = client.randomPKCECodeVerifier();
+    const authorize = client.buildAuthorizationUrl(jwtConfig, {
+      redirect_uri: jwtClient.redirect_uris[0]!,
+      scope: 'openid email',
+      code_challenge: await client.calculatePKCECodeChallenge(verifier),
+      code_challenge_method: 'S256',
+    });
+    const tokens = await client.authorizationCodeGrant(jwtConfig, new URL(await upstream.signIn(authorize, 'alice')), { pkceCodeVerifier: verifier });
+    const raw = await fetch(jwtConfig.serverMetadata().userinfo_endpoint!, { headers: { authorization: `Bearer ${tokens.access_token}` } });
+    expect(raw.headers.get('content-type')).toBe('application/jwt; charset=utf-8');
+    expect((await raw.text()).split('.')).toHaveLength(3);
+    expect(await client.fetchUserInfo(jwtConfig, tokens.access_token, 'alice-sub')).toMatchObject({ iss: upstream.issuer, aud: 'jwt-userinfo', sub: 'alice-sub', email: 'alice@corp.example', email_verified: true });
+  });
+
+  it('can have no UserInfo endpoint, or advertise one elsewhere', async () => {
+    const [none, elsewhere] = await Promise.all([startUpstreamOidc({ userinfoEndpoint: null }), startUpstreamOidc({ userinfoEndpoint: 'http://169.254.169.254/userinfo' })]);
+    try {
+      const metadata = async (issuer: string) => (await client.discovery(new URL(issuer), 'x', 'y', undefined, { execute: [client.allowInsecureRequests] })).serverMetadata();
+      expect(await metadata(none.issuer)).not.toHaveProperty('userinfo_endpoint');
+      expect((await metadata(elsewhere.issuer)).userinfo_endpoint).toBe('http://169.254.169.254/userinfo');
+    } finally {
+      await Promise.all([none.close(), elsewhere.close()]);
+    }
   });
 
   it('redirects with access_denied when the user cancels', async () => {

@@ -7,8 +7,10 @@
  * Choices, each so that what orgauth's relying party sees is what a strict real provider sends:
  * - the issuer is exactly `http://127.0.0.1:PORT` (no trailing slash; discovery says the same);
  * - PKCE is required for every client (oidc-provider only offers S256), not only public ones;
- * - `conformIdTokenClaims: false`, so the scope's claims (email, email_verified, name) are in the
- *   ID token itself, as most enterprise providers do; `amr` comes from the sign-in;
+ * - oidc-provider's default `conformIdTokenClaims: true`: with the code flow, the claims of the
+ *   `email` and `profile` scopes (email, email_verified, name) are released at the UserInfo
+ *   endpoint only, not in the ID token (OIDC Core §5.4); the ID token has sub and `amr`, which
+ *   comes from the sign-in and is made part of `openid`;
  * - signing a user in also grants every scope and claim the client asked for (no consent page),
  *   as an organization's provider does for its own SSO application;
  * - storage is an in-memory adapter of this instance only: oidc-provider's own memory adapter is
@@ -32,6 +34,12 @@ export interface UpstreamAccount {
   email?: string;
   email_verified?: boolean;
   name?: string;
+  /**
+   * The `sub` the UserInfo endpoint answers with, when it is not `sub`: a provider that mixes
+   * up its accounts (or an access token another subject's), which a relying party must refuse
+   * (OIDC Core §5.3.4). Never released as a claim of its own.
+   */
+  userinfo_sub?: string;
 }
 
 /** Client metadata as oidc-provider takes it; the three named members are the ones every test sets. */
@@ -47,6 +55,13 @@ export interface UpstreamOidcOptions {
   accounts?: Record<string, UpstreamAccount>;
   /** The `amr` of every sign-in unless signIn says otherwise. Default ['pwd', 'mfa']. */
   amr?: string[];
+  /**
+   * What discovery advertises as `userinfo_endpoint` instead of the provider's own: another URL
+   * (a provider whose UserInfo lives elsewhere), or none at all when null. The provider's own
+   * endpoint stays on, unadvertised: oidc-provider releases the claims in the ID token when its
+   * UserInfo is turned off, and these variations are of a provider that does not.
+   */
+  userinfoEndpoint?: string | null;
 }
 
 export interface SignInOptions {
@@ -284,18 +299,22 @@ export async function startUpstreamOidc(options: UpstreamOidcOptions = {}): Prom
       email: ['email', 'email_verified'],
       profile: ['name'],
     },
-    conformIdTokenClaims: false,
     pkce: { required: () => true },
     features: {
       devInteractions: { enabled: false },
+      // A client registered with userinfo_signed_response_alg gets UserInfo as a signed JWT (OIDC Core §5.3.2).
+      jwtUserinfo: { enabled: true },
     },
     // Explicit lifetimes and hooks: the defaults print a notice asking for them.
     ttl: { AccessToken: 3600, AuthorizationCode: 60, IdToken: 3600, Interaction: 3600, Session: 3600, Grant: 3600, RefreshToken: 86400 },
     clientBasedCORS: () => false,
-    findAccount: (_ctx, sub) => {
+    findAccount: (ctx, sub) => {
       const account = [...accounts.values()].find((a) => a.sub === sub);
       if (!account) return undefined;
-      return { accountId: sub, claims: () => ({ ...account }) };
+      const { userinfo_sub: userinfoSub, ...claims } = account;
+      // oidc-provider answers UserInfo with the found account's accountId as `sub`.
+      const accountId = ctx.oidc.route === 'userinfo' && userinfoSub !== undefined ? userinfoSub : sub;
+      return { accountId, claims: () => ({ ...claims }) };
     },
     renderError: (ctx, out) => {
       ctx.type = 'html';
@@ -303,6 +322,17 @@ export async function startUpstreamOidc(options: UpstreamOidcOptions = {}): Prom
     },
   };
   const provider = new Provider(issuer, configuration);
+  const { userinfoEndpoint } = options;
+  if (userinfoEndpoint !== undefined) {
+    // oidc-provider's `discovery` setting only adds members it does not write itself; this
+    // middleware, which runs around its routes, rewrites the document instead.
+    provider.use(async (ctx, next) => {
+      await next();
+      if (ctx.path !== '/.well-known/openid-configuration' || ctx.status !== 200) return;
+      const { userinfo_endpoint: _own, userinfo_signing_alg_values_supported: _algs, ...metadata } = ctx.body as Record<string, unknown>;
+      ctx.body = userinfoEndpoint === null ? metadata : { ...metadata, userinfo_endpoint: userinfoEndpoint };
+    });
+  }
 
   const registerClient = (client: UpstreamClient): void => {
     clients.set(client.client_id, { token_endpoint_auth_method: 'client_secret_post', ...client });
