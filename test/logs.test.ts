@@ -23,6 +23,8 @@ import { Browser, csrfTokenIn } from './accounts/browser.js';
 import { buildTestApp, logCapture, TEST_SECRET_KEY, testConfig } from './helpers/app.js';
 import { BACKEND, createTestDatabase } from './helpers/db.js';
 import { basic, form } from './helpers/oauth.js';
+import { confirmSignUp, nextMail, SIGN_UP_SUBJECT, signUpPath } from './helpers/sign-up.js';
+import { TestSmtpServer } from './helpers/smtp.js';
 
 const ISSUER = testConfig().issuer;
 /** A redirect URI on this very server: the browser's request with ?code= lands in our logs. */
@@ -35,6 +37,7 @@ const STATE = 'logs-state-0123456789';
 const FORM = { 'content-type': 'application/x-www-form-urlencoded' };
 
 let t: Awaited<ReturnType<typeof createTestDatabase>>;
+let smtp: TestSmtpServer;
 let app: FastifyInstance;
 let logs = logCapture();
 let organizationId: number;
@@ -71,7 +74,9 @@ async function setUp(format: 'json' | 'pretty'): Promise<void> {
   t = await createTestDatabase();
   const db = t.handle.db;
   await ensureSigningKey(db, { alg: 'ES256', secretKey: TEST_SECRET_KEY });
-  app = await buildTestApp(db, { logStream: logs.stream, env: { LOG_LEVEL: 'trace', LOG_FORMAT: format, REFRESH_REUSE_GRACE: '0' } });
+  // Sign-up mails its link: to a mail server, so the link reaches the test and not the log.
+  smtp = await TestSmtpServer.start();
+  app = await buildTestApp(db, { logStream: logs.stream, env: { LOG_LEVEL: 'trace', LOG_FORMAT: format, REFRESH_REUSE_GRACE: '0', SMTP_URL: smtp.url } });
   // Code that mishandles a request's input, as a future handler might: throws an error carrying
   // the body, query and headers, or logs them at debug level. Redaction must hold for both.
   app.post('/test/fails-with-input', async (req) => {
@@ -99,6 +104,7 @@ async function setUp(format: 'json' | 'pretty'): Promise<void> {
 
 async function tearDown(): Promise<void> {
   await app?.close();
+  await smtp?.stop();
   await t?.close();
 }
 
@@ -149,7 +155,13 @@ describe.each(['json', 'pretty'] as const)(`logs as %s on ${BACKEND} (R-8)`, (fo
     const newcomer = new Browser(app, '10.8.1.1');
     const signupCsrf = secret(await newcomer.csrf('/signup'), 'sign-up CSRF token');
     rememberCookies(newcomer, 'pre-session');
-    const signedUp = await newcomer.post('/signup', { email: `logs-new-${process.pid}@example.com`, password: SIGNUP_PASSWORD, name: 'New', organization_name: 'New Org', csrf_token: signupCsrf });
+    const newcomerEmail = `logs-new-${process.pid}@example.com`;
+    const asked = await newcomer.post('/signup', { email: newcomerEmail, password: SIGNUP_PASSWORD, name: 'New', organization_name: 'New Org', csrf_token: signupCsrf });
+    expect(asked.statusCode).toBe(200);
+    // The mailed link: its token in the URL, then in the form the page posts.
+    const link = signUpPath(await nextMail(smtp, newcomerEmail, SIGN_UP_SUBJECT, 0));
+    secret(new URLSearchParams(link.split('?')[1]).get('token')!, 'sign-up link token');
+    const signedUp = await confirmSignUp(newcomer, link, SIGNUP_PASSWORD);
     expect(signedUp.statusCode).toBe(303);
     rememberCookies(newcomer, 'session');
 

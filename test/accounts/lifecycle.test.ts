@@ -9,6 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { issueAccountToken } from '../../src/accounts/account-tokens.js';
 import { resetPassword } from '../../src/accounts/password-reset.js';
 import { hashPassword } from '../../src/accounts/passwords.js';
+import { createOrganization } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
 import { KNOWN_SCOPES } from '../../src/oauth/helpers/scopes.js';
@@ -42,10 +43,17 @@ afterAll(async () => {
   await t?.close();
 });
 
-async function signUp(browser: Browser, email: string, organizationName = `Org of ${email}`) {
-  const csrf_token = await browser.csrf('/signup');
-  const res = await browser.post('/signup', { csrf_token, email, password: PASSWORD, name: 'New Person', organization_name: organizationName });
-  expect(res.statusCode).toBe(303);
+/**
+ * An account whose address is not confirmed yet (made by the operator with emailVerified false,
+ * or before sign-up confirmed addresses: sign-up now makes accounts only from the mailed link),
+ * signed in, owning an organization, with its first confirmation link sent from the Account page.
+ */
+async function unconfirmedAccount(browser: Browser, email: string, organizationName = `Org of ${email}`) {
+  const created = await createUser(db(), { email, password: PASSWORD, name: 'New Person', emailVerified: false });
+  await createOrganization(db(), { name: organizationName, ownerUserId: created.id });
+  expect((await browser.login(email, PASSWORD)).statusCode).toBe(303);
+  const account = await browser.get('/dashboard/account');
+  expect((await browser.post('/dashboard/account/email/verify', { csrf_token: csrfTokenIn(account.body) })).statusCode).toBe(200);
   return (await db().selectFrom('users').select(['id', 'email_verified_at']).where('email', '=', email).executeTakeFirstOrThrow());
 }
 
@@ -203,10 +211,10 @@ describe(`password reset by email on ${BACKEND}`, () => {
 });
 
 describe(`email verification on ${BACKEND}`, () => {
-  it('sends a link at sign-up; following it (a button, not the GET) verifies the address; resending is throttled', async () => {
+  it('sends a link to an unconfirmed address; following it (a button, not the GET) verifies the address; resending is throttled', async () => {
     const email = address('signup');
     const browser = new Browser(app, '10.1.0.1');
-    const user = await signUp(browser, email);
+    const user = await unconfirmedAccount(browser, email);
     expect(user.email_verified_at).toBeNull();
     const mail = await smtp.waitFor(email, /Confirm your email address/);
     const link = pathOf(linkIn(mail, `${ISSUER}/verify-email?token=`));
@@ -253,7 +261,7 @@ describe(`email verification on ${BACKEND}`, () => {
   it('sends at most 5 verification links an hour, however far apart', async () => {
     const email = address('resender');
     const browser = new Browser(app, '10.1.3.1');
-    const user = await signUp(browser, email);
+    const user = await unconfirmedAccount(browser, email);
     const page = await browser.get('/dashboard/account');
     for (let sent = 1; sent < 5; sent++) {
       await db().updateTable('account_tokens').set({ created_at: sql`created_at - interval '61 seconds'` }).where('user_id', '=', user.id).execute();
@@ -450,7 +458,7 @@ describe(`invitations on ${BACKEND}`, () => {
 
   it('refuses invitations from an owner whose own address is unverified', async () => {
     const browser = new Browser(app, '10.2.3.1');
-    await signUp(browser, address('fresh-owner'));
+    await unconfirmedAccount(browser, address('fresh-owner'));
     const refused = await invite(browser, address('spam-target'), 'member');
     expect(refused.statusCode).toBe(403);
     expect(refused.body).toContain('confirm your own email address');

@@ -1,14 +1,18 @@
 import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
+import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrganization } from '../../src/accounts/organizations.js';
 import { LOGIN_MAX_FAILURES_PER_EMAIL, LOGIN_MAX_FAILURES_PER_IP } from '../../src/web/sign-in.js';
 import { createUser } from '../../src/accounts/users.js';
 import { sha256Hex } from '../../src/lib/crypto.js';
 import { buildTestApp } from '../helpers/app.js';
+import { signUpThroughMail } from '../helpers/sign-up.js';
+import { TestSmtpServer } from '../helpers/smtp.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
 import { Browser, csrfTokenIn, expectPageSecurityHeaders } from './browser.js';
 
 let t: Awaited<ReturnType<typeof createTestDatabase>>;
+let smtp: TestSmtpServer;
 let app: FastifyInstance;
 let ip = 0;
 /** A fresh client address per browser, so the per-IP throttle of one test does not touch another. */
@@ -20,13 +24,16 @@ let aliceOrgId: number;
 
 beforeAll(async () => {
   t = await createTestDatabase();
-  app = await buildTestApp(t.handle.db);
+  // Sign-up mails a link: the tests follow it from this server's mailbox.
+  smtp = await TestSmtpServer.start();
+  app = await buildTestApp(t.handle.db, { env: { SMTP_URL: smtp.url } });
   const user = await createUser(t.handle.db, { email: 'alice@example.com', password: PASSWORD, name: 'Alice <b>A</b>' });
   alice = { id: user.id, email: user.email };
   aliceOrgId = (await createOrganization(t.handle.db, { name: 'Acme & Co', ownerUserId: user.id })).id;
 });
 afterAll(async () => {
   await app.close();
+  await smtp.stop();
   await t.close();
 });
 
@@ -34,11 +41,9 @@ const sessionRows = (userId: number) => t.handle.db.selectFrom('sessions').selec
 const errorText = (res: LightMyRequestResponse) => /<p class="error" role="alert">([^<]*)<\/p>/.exec(res.body)?.[1];
 
 describe(`sign-up on ${BACKEND}`, () => {
-  it('creates the user and an organization they own, and signs them in with a safe session cookie', async () => {
+  it('creates the user and an organization they own once the mailed link is followed, and signs them in with a safe session cookie', async () => {
     const b = browser();
-    const csrf_token = await b.csrf('/signup');
-    const res = await b.post('/signup', {
-      csrf_token,
+    const res = await signUpThroughMail(b, smtp, {
       email: 'bob@example.com',
       password: 'a-long-password',
       name: 'Bob',
@@ -77,11 +82,10 @@ describe(`sign-up on ${BACKEND}`, () => {
   });
 
   it('marks cookies Secure (with the __Host- prefix) when the issuer is https', async () => {
-    const secureApp = await buildTestApp(t.handle.db, { env: { ISSUER: 'https://auth.example.com' } });
+    const secureApp = await buildTestApp(t.handle.db, { env: { ISSUER: 'https://auth.example.com', SMTP_URL: smtp.url } });
     try {
       const b = new Browser(secureApp, '10.1.0.1');
-      const csrf_token = await b.csrf('/signup');
-      const res = await b.post('/signup', { csrf_token, email: 'sec@example.com', password: 'a-long-password', organization_name: 'Sec' });
+      const res = await signUpThroughMail(b, smtp, { email: 'sec@example.com', password: 'a-long-password', organization_name: 'Sec' });
       expect(res.statusCode).toBe(303);
       const setCookie = [res.headers['set-cookie']].flat().find((c) => String(c).startsWith('__Host-orgauth_session='));
       expect(setCookie).toMatch(/; Secure/i);
@@ -102,14 +106,16 @@ describe(`sign-up on ${BACKEND}`, () => {
     expect(await t.handle.db.selectFrom('users').select('id').where('email', '=', 'short@example.com').execute()).toEqual([]);
   });
 
-  it('refuses a taken email without creating a second organization', async () => {
+  it('answers a taken email as any other (AC-2), without creating a second account or organization', async () => {
     const b = browser();
     const csrf_token = await b.csrf('/signup');
     const before = await t.handle.db.selectFrom('organizations').select('id').execute();
     const res = await b.post('/signup', { csrf_token, email: 'ALICE@example.com', password: 'a-long-password', organization_name: 'Dup' });
-    expect(res.statusCode).toBe(400);
-    expect(res.body).toContain('already exists');
+    expect(res.statusCode).toBe(200);
+    expect(res.body).toContain('Check your inbox');
+    expect(res.body).not.toContain('already exists');
     expect(await t.handle.db.selectFrom('organizations').select('id').execute()).toHaveLength(before.length);
+    expect(await t.handle.db.selectFrom('users').select('id').where(sql<string>`lower(email)`, '=', 'alice@example.com').execute()).toHaveLength(1);
   });
 
   it('requires the CSRF token bound to the pre-session cookie (login CSRF)', async () => {

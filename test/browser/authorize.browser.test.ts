@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createApplication } from '../../src/oauth/models/applications.js';
 import { basic, form } from '../helpers/oauth.js';
-import { HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld } from './harness.js';
+import { HAS_CHROMIUM, screenshot, signUpThroughOutbox, startWorld, type BrowserWorld } from './harness.js';
 
 const CALLBACK = 'http://localhost:8765/callback';
 
@@ -24,11 +24,7 @@ describe.runIf(HAS_CHROMIUM)('in a real browser', () => {
 
     await page.goto(`${baseUrl}/signup`);
     await screenshot(page, 'signup');
-    await page.fill('input[name="email"]', 'browser-user@example.com');
-    await page.fill('input[name="name"]', 'Browser User');
-    await page.fill('input[name="password"]', 'a long browser password');
-    await page.fill('input[name="organization_name"]', 'Browser Org');
-    await Promise.all([page.waitForLoadState('load'), page.click('button[type="submit"]')]);
+    await signUpThroughOutbox(page, baseUrl, { email: 'browser-user@example.com', name: 'Browser User', password: 'a long browser password', organizationName: 'Browser Org' });
 
     const org = await world.db.handle.db.selectFrom('organizations').select(['id']).where('name', '=', 'Browser Org').executeTakeFirstOrThrow();
     const app = await createApplication(world.db.handle.db, { organizationId: org.id, type: 'public', name: 'Browser Client', redirectUris: [CALLBACK] });

@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import { basic, form } from '../helpers/oauth.js';
-import { HAS_CHROMIUM, screenshot, startWorld, type BrowserWorld, enterPassword } from './harness.js';
+import { HAS_CHROMIUM, screenshot, signUpThroughOutbox, startWorld, type BrowserWorld, enterPassword } from './harness.js';
 
 const CALLBACK = 'http://localhost:8766/callback';
 const PASSWORD = 'a long dashboard password';
@@ -36,12 +36,8 @@ describe.runIf(HAS_CHROMIUM)('the dashboard in a real browser', () => {
     });
 
   it('1. sign up → create a private application → Generate Token → the API answers 200', async () => {
-    await page.goto(`${world.baseUrl}/signup`);
-    await page.fill('input[name="email"]', 'owner@dashboard.example.com');
-    await page.fill('input[name="name"]', 'Dana Owner');
-    await page.fill('input[name="password"]', PASSWORD);
-    await page.fill('input[name="organization_name"]', 'Dashboard Org');
-    await Promise.all([page.waitForURL(/\/dashboard/), page.click('button[type="submit"]')]);
+    await signUpThroughOutbox(page, world.baseUrl, { email: 'owner@dashboard.example.com', name: 'Dana Owner', password: PASSWORD, organizationName: 'Dashboard Org' });
+    expect(new URL(page.url()).pathname).toBe('/dashboard');
     orgId = (await world.db.handle.db.selectFrom('organizations').select('id').where('name', '=', 'Dashboard Org').executeTakeFirstOrThrow()).id;
 
     await page.goto(`${world.baseUrl}/dashboard/applications`);

@@ -67,6 +67,26 @@ export async function startWorld(env: Record<string, string> = {}, options: { ho
 }
 
 /**
+ * Signs up as a person does: fills the sign-up form (the page `page` is on, or /signup), then
+ * follows the link from the developer outbox (GET /dev/outbox, newest first) and gives the
+ * password again; resolves once the browser landed where the sign-up was headed, signed in.
+ */
+export async function signUpThroughOutbox(page: Page, baseUrl: string, fields: { email: string; name: string; password: string; organizationName: string }): Promise<void> {
+  if (new URL(page.url()).pathname !== '/signup') await page.goto(`${baseUrl}/signup`);
+  await page.fill('input[name="email"]', fields.email);
+  await page.fill('input[name="name"]', fields.name);
+  await page.fill('input[name="password"]', fields.password);
+  await page.fill('input[name="organization_name"]', fields.organizationName);
+  await Promise.all([page.waitForNavigation(), page.click('button[type="submit"]')]);
+  expect(await page.locator('h1').textContent()).toBe('Check your inbox');
+  await page.goto(`${baseUrl}/dev/outbox`);
+  const link = await page.locator('a[href*="/signup/confirm?token="]').first().getAttribute('href');
+  await page.goto(new URL(link!, baseUrl).href);
+  await page.fill('input[name="password"]', fields.password);
+  await Promise.all([page.waitForNavigation(), page.click('form[action="/signup/confirm"] button')]);
+}
+
+/**
  * Fills the sign-in page as a person would: the email (when given), Continue (the page asks for
  * the email first), then the password. The caller submits.
  */

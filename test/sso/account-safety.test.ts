@@ -208,11 +208,18 @@ describe(`(2) an account nobody proved the address of, reclaimed on ${BACKEND}`,
   });
 
   it('someone signed up as ceo@ before the CEO arrived: the SSO sign-in links the account and ends what the squatter held', async () => {
-    // The squatter signs up with the CEO's address (never confirmed), keeps the session, and gives an application a grant.
+    // Sign-up no longer makes an account before the address is confirmed: the squatter's sign-up makes none.
     const squatter = newBrowser();
     const csrf_token = await squatter.csrf('/signup');
     const signedUp = await squatter.post('/signup', { csrf_token, email: 'ceo@reclaim.example', password: PASSWORD, name: 'Not the CEO', organization_name: 'Squatter Org' });
-    expect(signedUp.statusCode, signedUp.body.slice(0, 300)).toBe(303);
+    expect(signedUp.statusCode, signedUp.body.slice(0, 300)).toBe(200);
+    expect(await userByEmail('ceo@reclaim.example')).toBeUndefined();
+    // An account on the CEO's address that nobody ever confirmed can still exist (made by an operator
+    // with emailVerified false, or by a sign-up before links confirmed addresses): the squatter holds
+    // one, keeps the session, and gives an application a grant.
+    const made = await createUser(db(), { email: 'ceo@reclaim.example', password: PASSWORD, name: 'Not the CEO', emailVerified: false });
+    await createOrganization(db(), { name: 'Squatter Org', ownerUserId: made.id });
+    expect((await squatter.login('ceo@reclaim.example', PASSWORD)).statusCode).toBe(303);
     expect((await squatter.get('/dashboard')).statusCode).toBe(200);
     const account = (await userByEmail('ceo@reclaim.example'))!;
     expect(account.email_verified_at).toBeNull();
@@ -544,10 +551,12 @@ describe(`(6) no password account at an SSO-required domain on ${BACKEND}`, () =
     expect(pageText(res.body)).toContain('Your organization signs you in through its identity provider. On the sign-in page, enter your email and choose Continue to sign in with your company account.');
     expect(res.cookies.find((c) => c.name === 'orgauth_session' && c.value !== '')).toBeUndefined();
     expect(await userByEmail('newbie@nosignup.example')).toBeUndefined();
-    // A verified domain that does not require SSO: signing up works.
+    expect(await db().selectFrom('pending_sign_ups').select('id').where('email', '=', 'newbie@nosignup.example').execute()).toEqual([]);
+    // A verified domain that does not require SSO: signing up works (the account comes with the mailed link).
     const optional = await signUp('someone@optional.example');
-    expect(optional.statusCode, optional.body.slice(0, 300)).toBe(303);
-    expect(await userByEmail('someone@optional.example')).toBeDefined();
+    expect(optional.statusCode, optional.body.slice(0, 300)).toBe(200);
+    expect(await db().selectFrom('pending_sign_ups').select('email').where('email', '=', 'someone@optional.example').execute()).toEqual([{ email: 'someone@optional.example' }]);
+    expect((await mailTo('someone@optional.example', 1)).map((m) => m.subject)).toEqual(['Finish creating your account']);
   });
 
   it('POST /invitation/signup for an invited address at such a domain: 403; the invitation stays open, for a sign-in through the company', async () => {
