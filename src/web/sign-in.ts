@@ -3,7 +3,9 @@
  *
  * Every form carries a CSRF token (see sessions.ts); every redirect after a POST is a 303
  * (AZ-9); failed sign-ins are throttled per email and per client IP and never say whether the
- * email exists.
+ * email exists. Sign-up makes no account: it answers the same for any address and mails either a
+ * link that makes the account (accounts/sign-ups.ts, followed in email-links.ts) or, for a taken
+ * address, a notice to its owner; it is limited per address and per client before any hashing.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Config } from '../config.js';
