@@ -209,6 +209,29 @@ describe(`sign-up on ${BACKEND}`, () => {
     expect((await postSignUp(new Browser(app, '2001:db8:7:2::1'), fields(email))).statusCode).toBe(200);
   });
 
+  it('answers a link token that is repeated, malformed, over-long or NUL-bearing with a 4xx page, and a password over the limit as a wrong one (R-7)', async () => {
+    const email = address('mangled');
+    await postSignUp(browser(), fields(email));
+    const token = new URLSearchParams(signUpPath(await nextMail(smtp, email, SIGN_UP_SUBJECT, 0)).split('?')[1]).get('token')!;
+    const b = browser();
+    for (const query of [`token=${token}&token=${token}`, `token=${token}x`, `token=${token.slice(0, 42)}%00`, `token=${'A'.repeat(5000)}`, 'token[]=x', '']) {
+      const res = await b.get(`/signup/confirm?${query}`);
+      expect(res.statusCode, query).toBe(404);
+      expectPageSecurityHeaders(res);
+    }
+    const page = await b.get(`/signup/confirm?token=${token}`);
+    const csrf_token = fieldIn(page.body, 'csrf_token');
+    // A form field sent twice or with a NUL is refused before it is read, as on every form (readParams).
+    expect((await b.post('/signup/confirm', { csrf_token, token: [token, token], password: PASSWORD })).statusCode).toBe(400);
+    expect((await b.post('/signup/confirm', { csrf_token, token: `${token}\u0000`, password: PASSWORD })).statusCode).toBe(400);
+    const long = await b.post('/signup/confirm', { csrf_token, token, password: 'p'.repeat(1025) });
+    expect(long.statusCode).toBe(400);
+    expect(long.body).toContain('That is not the password chosen at sign-up.');
+    expect(await users(email)).toEqual([]);
+    // The link still works for its owner.
+    expect((await b.post('/signup/confirm', { csrf_token, token, password: PASSWORD })).statusCode).toBe(303);
+  });
+
   it('refuses a form with mistakes without counting it or hashing, and creates nothing', async () => {
     const email = address('mistaken');
     const res = await postSignUp(browser(), fields(email, { password: 'short' }));
