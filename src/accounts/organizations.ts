@@ -9,6 +9,7 @@ import type { BuiltinRole, Organization } from '../db/schema.js';
 import { ConflictError, ForbiddenError, NotFoundError } from '../errors.js';
 import { parseInput } from '../lib/validate.js';
 import { builtinRole, lockRole, mayAssign, narrowingAllowance, roleOf, type RoleRef } from './roles.js';
+import { ssoRequiredSql } from '../sso/required.js';
 
 export const organizationNameSchema = z
   .string()
@@ -412,6 +413,8 @@ export interface UserOrganization {
   access: RoleRef;
   /** Members reach it only after signing in with two factors. */
   requireMfa: boolean;
+  /** It requires this user to sign in through one of its connections (SS-4, src/sso/required.ts). */
+  ssoRequired: boolean;
 }
 
 /** The organizations a user belongs to, with their role in each (dashboard, consent page). */
@@ -419,14 +422,16 @@ export async function listUserOrganizations(db: DB, userId: number): Promise<Use
   const rows = await db
     .selectFrom('memberships')
     .innerJoin('organizations', 'organizations.id', 'memberships.organization_id')
+    .innerJoin('users', 'users.id', 'memberships.user_id')
     .leftJoin('roles', 'roles.id', 'memberships.role_id')
     .select(['organizations.id', 'organizations.name', 'organizations.require_mfa', 'memberships.role', 'memberships.role_id', 'roles.name as role_name', 'roles.permissions as role_permissions'])
+    .select(ssoRequiredSql(sql.ref('organizations.id'), sql.ref('users.email')).as('sso_required'))
     .where('memberships.user_id', '=', userId)
     .orderBy('organizations.name')
     .orderBy('organizations.id')
     .execute();
   return rows.map((row) => {
     const access = roleOf(row);
-    return { id: row.id, name: row.name, role: access.name, access, requireMfa: row.require_mfa };
+    return { id: row.id, name: row.name, role: access.name, access, requireMfa: row.require_mfa, ssoRequired: row.sso_required };
   });
 }

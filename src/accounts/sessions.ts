@@ -38,8 +38,24 @@ export interface SessionUser {
   authTime: Date;
   /** How they signed in (RFC 8176): ['pwd'], ['pwd', 'otp', 'mfa'], ['hwk', 'user', 'mfa'], ['fed'], ... */
   amr: string[];
-  /** The organization whose identity provider signed them in (single sign-on); null otherwise. */
+  /** The active SSO connection the session was signed in through, and its organization; null otherwise. */
+  ssoConnectionId: number | null;
   ssoOrganizationId: number | null;
+}
+
+/** The amr after a second step: what the first gave, the method, and `mfa` (RFC 8176). */
+export function withSecondFactor(amr: readonly string[], method: readonly string[]): string[] {
+  return [...new Set([...amr, ...method, 'mfa'])];
+}
+
+/**
+ * What replaces a session raised by a further factor (a second step it took, a factor just added):
+ * the same sign-in one step further. It keeps what the old session was made through, its SSO
+ * connection (so disabling the connection still ends it, and SS-4 still knows it) and its amr,
+ * plus the method and `mfa`.
+ */
+export function raisedSession(session: Pick<SessionUser, 'userId' | 'amr' | 'ssoConnectionId'>, method: readonly string[]): { userId: number; amr: string[]; ssoConnectionId?: number } {
+  return { userId: session.userId, amr: withSecondFactor(session.amr, method), ...(session.ssoConnectionId !== null ? { ssoConnectionId: session.ssoConnectionId } : {}) };
 }
 
 /** RFC 8176 `mfa`: the session was signed in with two factors. */
@@ -122,8 +138,8 @@ export async function findSession(db: DB, sessionId: string | undefined): Promis
   const row = await db
     .selectFrom('sessions')
     .innerJoin('users', 'users.id', 'sessions.user_id')
-    .leftJoin('sso_connections', 'sso_connections.id', 'sessions.sso_connection_id')
-    .select(['users.id as userId', 'users.email', 'users.name', 'users.email_verified_at', 'sessions.last_seen_at', 'sessions.created_at as authTime', 'sessions.amr', 'sso_connections.organization_id as ssoOrganizationId'])
+    .leftJoin('sso_connections', (join) => join.onRef('sso_connections.id', '=', 'sessions.sso_connection_id').on('sso_connections.state', '=', 'active'))
+    .select(['users.id as userId', 'users.email', 'users.name', 'users.email_verified_at', 'sessions.last_seen_at', 'sessions.created_at as authTime', 'sessions.amr', 'sso_connections.id as ssoConnectionId', 'sso_connections.organization_id as ssoOrganizationId'])
     .where('sessions.id_hash', '=', idHash)
     .where('sessions.expires_at', '>', new Date())
     .executeTakeFirst();

@@ -13,6 +13,7 @@ import { TooManyAttemptsError } from '../oauth/errors.js';
 import { emailChangedMessage, verifyEmailMessage } from '../mail/messages.js';
 import { consumeAccountToken, endAccountTokens, findAccountToken, issueAccountToken, recentAccountTokens, VERIFY_EMAIL_TTL_S } from './account-tokens.js';
 import type { MailDeps } from './invitations.js';
+import { checkEmailMayLeaveDomain } from '../sso/required.js';
 
 /** A verification link at most this often per user … */
 export const VERIFY_RESEND_INTERVAL_S = 60;
@@ -58,6 +59,7 @@ export async function sendVerification(db: DB, deps: MailDeps, userId: number, n
     const user = await trx.selectFrom('users').select(['id', 'name', 'email', 'email_verified_at']).where('id', '=', userId).executeTakeFirstOrThrow();
     const change = newEmail !== undefined && newEmail.toLowerCase() !== user.email.toLowerCase();
     if (change) {
+      await checkEmailMayLeaveDomain(trx, user, newEmail);
       const taken = await trx.selectFrom('users').select('id').where(sql<string>`lower(email)`, '=', sql<string>`lower(${newEmail})`).executeTakeFirst();
       if (taken) throw new ConflictError('Another account uses this email address.');
     } else if (user.email_verified_at !== null) {
@@ -89,6 +91,8 @@ export async function confirmEmail(db: DB, deps: MailDeps, token: unknown, userI
     if (!used) return undefined;
     const user = await trx.selectFrom('users').select(['id', 'name', 'email']).where('id', '=', used.user_id).forUpdate().executeTakeFirstOrThrow();
     const change = user.email !== used.email;
+    // Asked for before the organization required SSO, or before the user joined it: checked again.
+    if (change) await checkEmailMayLeaveDomain(trx, user, used.email);
     try {
       await trx
         .updateTable('users')

@@ -19,7 +19,9 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { recordAuditEvent } from '../audit/events.js';
 import { listUserOrganizations, type UserOrganization } from '../accounts/organizations.js';
 import { factorSummary, hasSecondFactor } from '../accounts/second-factors.js';
-import { CSRF_FAILED, csrfToken, csrfTokenMatches, currentUser, type SessionUser, signedInWithTwoFactors } from '../accounts/sessions.js';
+import { CSRF_FAILED, csrfToken, csrfTokenMatches, currentUser, type SessionUser } from '../accounts/sessions.js';
+import { sessionShortfall } from '../accounts/organization-access.js';
+import { ssoRequiredMessage } from '../sso/required.js';
 import type { Config } from '../config.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import { InvalidRequestError } from '../errors.js';
@@ -191,7 +193,9 @@ export async function devicePages(app: FastifyInstance, { db, config, resources 
     if (decision !== 'approve') throw new InvalidRequestError('Choose Allow or Deny.');
     if (organizationId === undefined) throw new InvalidRequestError('Choose an organization.');
     if (!membership) throw new ForbiddenError('You are not a member of the organization you chose.');
-    if (membership.requireMfa && !signedInWithTwoFactors(user)) throw new ForbiddenError(`${membership.name} requires two-step sign-in. Sign in with two steps and enter the code again.`);
+    const shortfall = sessionShortfall(membership, user);
+    if (shortfall === 'sso') throw new ForbiddenError(`${ssoRequiredMessage(membership.name)} Sign in through it and enter the code again.`);
+    if (shortfall === 'two_factors') throw new ForbiddenError(`${membership.name} requires two-step sign-in. Sign in with two steps and enter the code again.`);
     // The role as it is now, not as the page showed it.
     const { granted } = grantableByRole(found.scopes, membership.access);
     if (granted.length === 0 && found.scopes.length > 0) {
@@ -204,6 +208,7 @@ export async function devicePages(app: FastifyInstance, { db, config, resources 
         grantedScopes: granted,
         authTime: user.authTime,
         amr: user.amr,
+        ssoConnectionId: user.ssoConnectionId,
       });
       if (!recorded) return false;
       await recordAuditEvent(trx, {

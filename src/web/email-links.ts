@@ -183,7 +183,7 @@ export async function emailLinkPages(app: FastifyInstance, { db, config, mail, b
     try {
       confirmed = await confirmEmail(db, mailDeps, form.token, session.userId);
     } catch (err) {
-      if (err instanceof ConflictError) return renderPage(reply, 409, 'error', { title: 'This address is taken', message: err.description });
+      if (err instanceof ConflictError) return renderPage(reply, 409, 'error', { title: 'Your address was not changed', message: err.description });
       throw err;
     }
     if (!confirmed) return badLink(req, reply, BAD_VERIFY_LINK);

@@ -1,15 +1,18 @@
 /**
  * The organization choice of a consent page (views/organization-choice.eta): per organization of
  * the user's, what their role there lets them grant of what was asked for, and whether it can be
- * chosen. An organization whose role allows nothing asked for, or that requires two-step sign-in
- * the session lacks, is shown but cannot be chosen (the form's handler checks again).
+ * chosen. An organization whose role allows nothing asked for, or that requires a sign-in the
+ * session lacks (its single sign-on, two steps: organization-access.ts), is shown but cannot be
+ * chosen, with what to do (the form's handler checks again).
  */
 import type { UserOrganization } from '../accounts/organizations.js';
-import { type SessionUser, signedInWithTwoFactors } from '../accounts/sessions.js';
+import { sessionShortfall } from '../accounts/organization-access.js';
+import type { SessionUser } from '../accounts/sessions.js';
 import { roleHoldsScope, type RoleRef } from '../accounts/roles.js';
 import { IDENTITY_SCOPE_DESCRIPTIONS, isIdentityScope, isKnownScope, SCOPE_DESCRIPTIONS } from '../oauth/helpers/scopes.js';
 import type { TokenResource } from '../oauth/models/resources.js';
 import { twoFactorsPath } from './second-step.js';
+import { ssoSignInPath } from './sign-in.js';
 
 /**
  * What the user may grant in an organization: the scopes asked for (already within the
@@ -40,6 +43,10 @@ export interface OrganizationChoice {
   granted: DescribedScope[];
   refused: DescribedScope[];
   choosable: boolean;
+  /** It requires the user to sign in through its identity provider, and this session did not (SS-4). */
+  needsSso: boolean;
+  /** Where to sign in through it and come back to `returnTo`. */
+  ssoLink: string;
   needsTwoFactors: boolean;
   /** Where to take the second step (or set one up) and come back to `returnTo`. */
   twoFactorsLink: string;
@@ -61,8 +68,10 @@ export function organizationChoices(input: {
     const { granted, refused } = grantableByRole(scopes, o.access);
     // Something of what was asked for, or only signing in (the OpenID scopes), which any member may do.
     const grantable = granted.length > 0 || scopes.length === 0;
-    const needsTwoFactors = grantable && o.requireMfa && !signedInWithTwoFactors(user);
-    const choosable = grantable && !needsTwoFactors;
+    const shortfall = grantable ? sessionShortfall(o, user) : undefined;
+    const needsSso = shortfall === 'sso';
+    const needsTwoFactors = shortfall === 'two_factors';
+    const choosable = grantable && shortfall === undefined;
     return {
       id: o.id,
       name: o.name,
@@ -70,6 +79,8 @@ export function organizationChoices(input: {
       granted: describeScopes(choosable ? [...identityScopes, ...granted] : [], resource),
       refused: describeScopes(refused, resource),
       choosable,
+      needsSso,
+      ssoLink: needsSso ? ssoSignInPath(user.email, input.returnTo) : '',
       needsTwoFactors,
       twoFactorsLink: needsTwoFactors ? twoFactorsPath(input.hasFactor, input.returnTo) : '',
     };

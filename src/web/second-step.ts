@@ -12,7 +12,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { findPendingSignIn, endPendingSignIn, type PendingSignIn } from '../accounts/pending-sign-ins.js';
 import { factorSummary, type FactorUser, hasSecondFactor, verifySecondStepCode } from '../accounts/second-factors.js';
-import { CSRF_FAILED, type CsrfBinding, csrfToken, csrfTokenMatches, currentUser, ensurePreSession, preSessionBinding, safeReturnTo, type SessionUser } from '../accounts/sessions.js';
+import { CSRF_FAILED, type CsrfBinding, csrfToken, csrfTokenMatches, currentUser, ensurePreSession, preSessionBinding, raisedSession, safeReturnTo, type SessionUser, withSecondFactor } from '../accounts/sessions.js';
 import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
 import { ConflictError, ForbiddenError } from '../errors.js';
@@ -35,11 +35,6 @@ export function stepUpPath(returnTo: string): string {
  */
 export function twoFactorsPath(hasFactor: boolean, returnTo: string): string {
   return hasFactor ? stepUpPath(returnTo) : `/dashboard/account?${new URLSearchParams({ return_to: returnTo }).toString()}`;
-}
-
-/** The amr after a second step: what the first gave, the method, and `mfa` (RFC 8176). */
-export function withSecondFactor(amr: readonly string[], method: readonly string[]): string[] {
-  return [...new Set([...amr, ...method, 'mfa'])];
 }
 
 /** Who is taking the second step: a pending sign-in (after the password), or a signed-in session raising itself. */
@@ -78,7 +73,10 @@ export async function finishSecondStep(db: DB, config: Config, req: FastifyReque
     if (json) throw new ConflictError(SIGN_IN_FINISHED);
     return reply.redirect('/login', 303);
   }
-  return beginSession(db, config, req, reply, { userId: subject.user.id, amr: withSecondFactor(subject.amr, method), returnTo: subject.returnTo, json });
+  // A pending sign-in is a password's (no SSO: an identity provider's sign-in never waits here); a
+  // session raising itself stays the sign-in it was, its connection included (SS-4).
+  const raised = subject.kind === 'session' ? raisedSession(subject.session, method) : { userId: subject.user.id, amr: withSecondFactor(subject.amr, method) };
+  return beginSession(db, config, req, reply, { ...raised, returnTo: subject.returnTo, json });
 }
 
 /** What the loser of two racing finishes of one sign-in is told. */

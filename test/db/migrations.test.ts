@@ -126,6 +126,7 @@ const MIGRATIONS = [
   '20261128_0019_high_assurance',
   '20261129_0020_activity',
   '20261130_0021_seen_jtis_digest',
+  '20261205_0022_sso_connection_on_grants',
   '20261206_0023_pushed_requests_by_client',
   '20261207_0024_pending_sign_ups',
 ];

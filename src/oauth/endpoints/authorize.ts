@@ -21,6 +21,8 @@ import { listUserOrganizations, type UserOrganization } from '../../accounts/org
 import { loginPath } from '../../web/sign-in.js';
 import { describeScopes, grantableByRole, organizationChoices, preselectedOrganization } from '../../web/organization-choice.js';
 import { csrfToken, csrfTokenMatches, currentUser, sessionSid, type SessionUser, signedInWithTwoFactors } from '../../accounts/sessions.js';
+import { sessionShortfall } from '../../accounts/organization-access.js';
+import { ssoRequiredMessage } from '../../sso/required.js';
 import { factorSummary, hasSecondFactor } from '../../accounts/second-factors.js';
 import { stepUpPath } from '../../web/second-step.js';
 import { asksForTwoFactors } from '../helpers/acr.js';
@@ -424,7 +426,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
     // allows nothing asked for cannot be chosen, and when none can, the request ends here.
     const hasFactor = hasSecondFactor(await factorSummary(db, user.userId));
     const organizations = organizationChoices({ memberships, user, scopes: request.scopes, identityScopes: request.identityScopes, resource: request.resource, hasFactor, returnTo });
-    if (!organizations.some((o) => o.choosable || o.needsTwoFactors)) {
+    if (!organizations.some((o) => o.choosable || o.needsTwoFactors || o.needsSso)) {
       return redirectError(reply, request.redirectUri, {
         error: 'access_denied',
         description: 'the user’s role allows none of the requested scopes in any of their organizations',
@@ -471,6 +473,7 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
         nonce: request.nonce,
         authTime: user.authTime,
         amr: user.amr,
+        ssoConnectionId: user.ssoConnectionId,
         sid: sessionSid(user, request.application.client_id),
         resourceId: request.resource.id,
       });
@@ -573,8 +576,8 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
     // application wants the page: prompt=consent, or select_account (the user signs in again and
     // chooses the organization again). prompt=login asks only for the sign-in, done above.
     if (!request.prompt.has('consent') && !request.prompt.has('select_account')) {
-      // Not an organization this session may not reach (one that requires two factors, from a one-step session).
-      const reachable = memberships.filter((o) => !o.requireMfa || signedInWithTwoFactors(user));
+      // Not an organization this session may not reach (one that requires its SSO or two factors, of a session without).
+      const reachable = memberships.filter((o) => sessionShortfall(o, user) === undefined);
       const remembered = await rememberedConsent(db, user.userId, reachable, request);
       if (remembered) return approve(reply, req, user, request, remembered.organizationId, remembered.granted, true);
     }
@@ -622,7 +625,10 @@ export async function authorizeEndpoint(app: FastifyInstance, { db, config, keys
     if (decision !== 'approve') throw new InvalidRequestError('Choose Allow or Deny.');
     if (organizationId === undefined) throw new InvalidRequestError('Choose an organization.');
     if (!membership) throw new ForbiddenError('You are not a member of the organization you chose.');
-    if (membership.requireMfa && !signedInWithTwoFactors(user)) throw new ForbiddenError(`${membership.name} requires two-step sign-in. Go back to the application and start again.`);
+    // SS-4 and two-step sign-in: checked again here, with the session and the organization as they are now.
+    const shortfall = sessionShortfall(membership, user);
+    if (shortfall === 'sso') throw new ForbiddenError(`${ssoRequiredMessage(membership.name)} Go back to the application and start again.`);
+    if (shortfall === 'two_factors') throw new ForbiddenError(`${membership.name} requires two-step sign-in. Go back to the application and start again.`);
     // acr_values asked for two factors: checked again here, not only when the page was shown.
     if (request.twoFactors && !signedInWithTwoFactors(user)) throw new ForbiddenError('The application asks for two-step sign-in. Go back to the application and start again.');
     // The role as it is now, not as the page showed it.

@@ -11,6 +11,7 @@ import { type GrantIdentity, redeemedTokenResponse, type TokenContext } from './
 import type { GrantHandler } from './types.js';
 import { memberHoldsScopesSql, roleHoldsScope, roleOf } from '../../accounts/roles.js';
 import { grantWithRefreshTokenSql, liveSuccessor } from '../models/grants.js';
+import { ssoAllows, ssoAllowsSql } from '../../sso/required.js';
 
 /** The scopes the code's user may still grant: their role's permissions now (share-locked with the membership). */
 const MEMBER_HOLDS = (scopes: RawBuilder<string[]>) => memberHoldsScopesSql(scopes, sql`m.role`, sql`(select r.permissions from roles r where r.id = m.role_id for share)`);
@@ -69,6 +70,8 @@ async function redeemCode(db: DB, application: Application, presented: Presented
         and exists (select 1 from applications a where a.id = c.application_id and not a.disabled and ${knownScopesOf(sql`c.scopes`)} <@ a.scopes)
         -- An organization that requires two-step sign-in (as it is now) takes only codes of a two-factor sign-in.
         and ('mfa' = any(c.amr) or not (select o.require_mfa from organizations o where o.id = c.organization_id))
+        -- SS-4: one that requires its single sign-on of the user (as it is now) takes only codes of a sign-in through it.
+        and ${ssoAllowsSql(sql`c.organization_id`, sql`c.user_id`, sql`c.sso_connection_id`)}
     ),
     member as (
       select m.organization_id, m.role_id from memberships m join found f on m.organization_id = f.organization_id and m.user_id = f.user_id
@@ -80,7 +83,7 @@ async function redeemCode(db: DB, application: Application, presented: Presented
       update authorization_codes c set consumed_at = now(), grant_id = nextval(pg_get_serial_sequence('grants', 'id'))
       from found, member
       where c.id = found.id and c.consumed_at is null
-      returning c.grant_id, c.organization_id, c.user_id, c.scopes, c.identity_scopes, c.nonce, c.auth_time, c.sid, c.amr, c.resource_id
+      returning c.grant_id, c.organization_id, c.user_id, c.scopes, c.identity_scopes, c.nonce, c.auth_time, c.sid, c.amr, c.resource_id, c.sso_connection_id
     ),
     ${grantWithRefreshTokenSql(application.id, refreshToken, ttlSeconds, presented.dpopJkt)}
     select c.grant_id, c.resource_id, c.organization_id, o.name as organization_name, c.user_id, c.scopes, (select role_id from member) as role_id,
@@ -127,6 +130,9 @@ async function refusal(ctx: TokenContext, application: Application, presented: P
   if (!row.amr.includes('mfa')) {
     const organization = await ctx.db.selectFrom('organizations').select('require_mfa').where('id', '=', row.organization_id).executeTakeFirst();
     if (organization?.require_mfa) return new InvalidGrantError('the organization requires two-step sign-in, and the user signed in with one step; start a new authorization');
+  }
+  if (!(await ssoAllows(ctx.db, { organizationId: row.organization_id, userId: row.user_id, ssoConnectionId: row.sso_connection_id }))) {
+    return new InvalidGrantError('the organization requires the user to sign in through its identity provider; start a new authorization');
   }
   // The user may have left the organization, or the application lost scopes, since consent.
   if (!row.scopes.every((s) => isDeclaredScope(s) || application.scopes.includes(s))) return new InvalidGrantError('the application may no longer use the scope granted');

@@ -8,6 +8,7 @@ import { requireParam } from '../helpers/params.js';
 import { knownScopesOf } from '../helpers/scopes.js';
 import type { TokenResource } from '../models/resources.js';
 import { grantWithRefreshTokenSql } from '../models/grants.js';
+import { ssoAllowsSql } from '../../sso/required.js';
 import { type GrantIdentity, redeemedTokenResponse, type TokenContext } from './token-response.js';
 import type { GrantHandler } from './types.js';
 
@@ -87,6 +88,8 @@ async function redeemApproved(
         and d.granted_scopes <@ ${[...resource.scopes]}::text[]
         -- An organization that requires two-step sign-in (as it is now) takes only a two-factor approval.
         and ('mfa' = any(d.amr) or not (select o.require_mfa from organizations o where o.id = d.organization_id))
+        -- SS-4: one that requires its single sign-on of the user takes only an approval signed in through it.
+        and ${ssoAllowsSql(sql`d.organization_id`, sql`d.user_id`, sql`d.sso_connection_id`)}
     ),
     member as (
       select m.organization_id, m.role_id from memberships m join found f on m.organization_id = f.organization_id and m.user_id = f.user_id
@@ -99,7 +102,7 @@ async function redeemApproved(
       from found, member
       where d.id = found.id and d.status = 'approved'
       -- No browser session on the device: no sid.
-      returning d.grant_id, d.organization_id, d.user_id, d.granted_scopes as scopes, d.identity_scopes, d.auth_time, null::text as sid, d.amr, d.resource_id
+      returning d.grant_id, d.organization_id, d.user_id, d.granted_scopes as scopes, d.identity_scopes, d.auth_time, null::text as sid, d.amr, d.resource_id, d.sso_connection_id
     ),
     ${grantWithRefreshTokenSql(application.id, refreshToken, ttlSeconds, dpopJkt)}
     select c.grant_id, c.organization_id, o.name as organization_name, c.user_id, c.scopes, (select role_id from member) as role_id,
@@ -117,6 +120,7 @@ async function refusal(ctx: TokenContext, id: number): Promise<Error> {
     .leftJoin('memberships as m', (join) => join.onRef('m.organization_id', '=', 'd.organization_id').onRef('m.user_id', '=', 'd.user_id'))
     .select(['d.status', 'd.amr', 'o.require_mfa', 'm.user_id as member'])
     .select(sql<boolean>`d.expires_at <= now()`.as('expired'))
+    .select(ssoAllowsSql(sql`d.organization_id`, sql`d.user_id`, sql`d.sso_connection_id`).as('sso_allows'))
     .where('d.id', '=', id)
     .executeTakeFirst();
   // Gone (its client or resource deleted), or redeemed by a concurrent request: a second redemption.
@@ -124,6 +128,7 @@ async function refusal(ctx: TokenContext, id: number): Promise<Error> {
   if (row.expired) return new DeviceAuthorizationError('expired_token', 'the device code expired; start again');
   if (row.member === null) return new InvalidGrantError('the user is no longer a member of the organization; start again');
   if (row.require_mfa && !row.amr.includes('mfa')) return new InvalidGrantError('the organization requires two-step sign-in, and the user approved after one step; start again');
+  if (!row.sso_allows) return new InvalidGrantError('the organization requires the user to sign in through its identity provider; start again');
   return new InvalidGrantError("the user's role or the client's registration no longer allows what was granted; start again");
 }
 

@@ -3,6 +3,7 @@ import { type DB, prepared } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
 import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { UnauthorizedClientError, InvalidGrantError, InvalidScopeError, InvalidTargetError } from '../errors.js';
+import { ssoAllows, ssoAllowsSql } from '../../sso/required.js';
 import { isDeclaredScope, type TokenResource } from '../models/resources.js';
 import { findRefreshToken } from '../models/refresh-tokens.js';
 import { type Params, requireParam } from '../helpers/params.js';
@@ -78,6 +79,8 @@ async function rotateRefreshToken(
         and (${input.resource === undefined}::boolean or g.resource_id is not distinct from ${input.resource?.id ?? null}::integer)
         -- An organization that requires two-step sign-in refreshes only grants of a two-factor sign-in.
         and ('mfa' = any(g.amr) or not (select o.require_mfa from organizations o where o.id = r.organization_id))
+        -- SS-4: nor, where it requires its single sign-on of the user, a grant of a sign-in made another way.
+        and ${ssoAllowsSql(sql`r.organization_id`, sql`g.user_id`, sql`g.sso_connection_id`)}
         -- Nor a grant from before the user's removal (they were added back since, and the job
         -- revoking what the removal ended has not reached it yet).
         and not exists (select 1 from removed_members rm where rm.organization_id = r.organization_id and rm.user_id = g.user_id and rm.removed_at >= g.created_at)
@@ -154,6 +157,9 @@ async function refusal(
     const organization = await ctx.db.selectFrom('organizations').select('require_mfa').where('id', '=', token.organization_id).executeTakeFirst();
     // A grant made before the organization required two factors is not refreshed: its user signs in again, with both.
     if (organization?.require_mfa) return new InvalidGrantError('the organization requires two-step sign-in; sign in again');
+  }
+  if (!(await ssoAllows(ctx.db, { organizationId: token.organization_id, userId: token.user_id, ssoConnectionId: token.sso_connection_id }))) {
+    return new InvalidGrantError('the organization requires the user to sign in through its identity provider; sign in again');
   }
   if (asked !== null && !(asked.scopes.every((s) => token.scopes.includes(s)) && asked.identity.every((s) => token.identity_scopes.includes(s)))) {
     return new InvalidScopeError('scope may only narrow the scope of the refresh token');

@@ -21,6 +21,8 @@ export interface NewAuthorizationCode {
   authTime?: Date | null;
   /** How the user signed in for this authorization (RFC 8176). */
   amr?: readonly string[];
+  /** The SSO connection the session was signed in through (SS-4); null or absent: not through SSO. */
+  ssoConnectionId?: number | null;
   sid?: string | null;
   /** The resource the token will be for (RFC 8707); null or absent: orgauth's API. */
   resourceId?: number | null;
@@ -46,6 +48,7 @@ export async function createAuthorizationCode(db: DB, input: NewAuthorizationCod
       nonce: input.nonce ?? null,
       auth_time: input.authTime ?? null,
       amr: [...(input.amr ?? [])],
+      sso_connection_id: input.ssoConnectionId ?? null,
       sid: input.sid ?? null,
       resource_id: input.resourceId ?? null,
       dpop_jkt: input.dpopJkt ?? null,

@@ -141,6 +141,8 @@ export interface DeviceApproval {
   grantedScopes: readonly string[];
   authTime: Date;
   amr: readonly string[];
+  /** The SSO connection the approving session was signed in through (SS-4); null: not through SSO. */
+  ssoConnectionId: number | null;
 }
 
 /**
@@ -155,6 +157,7 @@ export function approveDeviceAuthorization(trx: Transaction<Database>, id: numbe
     granted_scopes: [...approval.grantedScopes],
     auth_time: approval.authTime,
     amr: [...approval.amr],
+    sso_connection_id: approval.ssoConnectionId,
   });
 }
 

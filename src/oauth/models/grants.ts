@@ -269,7 +269,7 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
   const kept = (s: string) => allowance.permissions.includes(s) || (allowance.declared && isDeclaredScope(s));
   const old = await trx
     .selectFrom('grants')
-    .select(['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'identity_scopes', 'auth_time', 'sid', 'amr', 'created_at', 'last_used_at', 'resource_id', 'dpop_jkt'])
+    .select(['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'identity_scopes', 'auth_time', 'sid', 'amr', 'sso_connection_id', 'created_at', 'last_used_at', 'resource_id', 'dpop_jkt'])
     .where('organization_id', '=', selection.organizationId)
     .where('revoked_at', 'is', null)
     .$if('userId' in selection, (qb) => qb.where('user_id', '=', 'userId' in selection ? selection.userId : 0))
@@ -311,6 +311,7 @@ async function narrowBatch(trx: Transaction<Database>, selection: NarrowSelectio
               identity_scopes: g.identity_scopes,
               auth_time: g.auth_time,
               amr: g.amr,
+              sso_connection_id: g.sso_connection_id,
               sid: g.sid,
               created_at: g.created_at,
               last_used_at: g.last_used_at,
@@ -524,13 +525,13 @@ export async function findLiveGrant(db: DB, organizationId: number, grantId: num
 /**
  * The end of a statement that redeems a code (an authorization code, an approved device code):
  * from its `consumed` CTE (grant_id, organization_id, user_id, scopes, identity_scopes,
- * auth_time, sid, amr, resource_id) the grant and its first refresh token, in the same statement,
+ * auth_time, sid, amr, sso_connection_id, resource_id) the grant and its first refresh token, in the same statement,
  * so all or nothing (R-5). The caller's final select reads `consumed` where exists `refresh`.
  */
 export function grantWithRefreshTokenSql(applicationId: number, refreshToken: string, ttlSeconds: number, dpopJkt: string | null): RawBuilder<unknown> {
   return sql`grant_row as (
-      insert into grants (id, organization_id, application_id, user_id, scopes, identity_scopes, auth_time, sid, amr, resource_id, last_used_at, dpop_jkt) overriding system value
-      select grant_id, organization_id, ${applicationId}, user_id, scopes, identity_scopes, auth_time, sid, amr, resource_id, now(), ${dpopJkt}::text from consumed
+      insert into grants (id, organization_id, application_id, user_id, scopes, identity_scopes, auth_time, sid, amr, sso_connection_id, resource_id, last_used_at, dpop_jkt) overriding system value
+      select grant_id, organization_id, ${applicationId}, user_id, scopes, identity_scopes, auth_time, sid, amr, sso_connection_id, resource_id, now(), ${dpopJkt}::text from consumed
       returning id
     ),
     refresh as (

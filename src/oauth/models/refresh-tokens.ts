@@ -17,6 +17,7 @@ export async function findRefreshToken(db: DB, token: string) {
       'r.scopes',
       'g.identity_scopes',
       'g.amr',
+      'g.sso_connection_id',
       'r.expires_at',
       'r.rotated_at',
       'r.revoked_at',

@@ -3,14 +3,16 @@
  * session's current organization. One encapsulated plugin: its hook loads the signed-in user and
  * current organization for every route in it (a signed-out GET goes to the login page, a
  * signed-out POST is a 403), and setUpPages gives every route the page security headers. A
- * current organization that requires two-step sign-in sends a one-step session to its second
- * step (or to set one up) first. A GET page shows what the change that redirected to it did (notice.ts).
+ * current organization that requires its single sign-on of the user sends a session made another
+ * way to sign in through it (SS-4); one that requires two-step sign-in sends a one-step session
+ * to its second step (or to set one up) first. A GET page shows what the change that redirected to it did (notice.ts).
  */
 import type { FastifyInstance } from 'fastify';
 import { factorSummary, hasSecondFactor } from '../../accounts/second-factors.js';
-import { signedInWithTwoFactors } from '../../accounts/sessions.js';
+import { sessionShortfall } from '../../accounts/organization-access.js';
+import { ssoRequiredMessage } from '../../sso/required.js';
 import { twoFactorsPath } from '../second-step.js';
-import { loginPath } from '../sign-in.js';
+import { loginPath, ssoSignInPath } from '../sign-in.js';
 import { ForbiddenError } from '../../errors.js';
 import { setUpPages } from '../render.js';
 import { accountRoutes } from './account.js';
@@ -34,11 +36,17 @@ export async function dashboardPages(app: FastifyInstance, deps: DashboardDeps):
     const ctx = await loadContext(deps.db, deps.config, req);
     if (ctx) {
       setDashboardContext(req, ctx);
-      // An organization that requires two-step sign-in is reached only by a two-factor session;
-      // the Account page (to set one up) and switching organization stay open.
+      // An organization that requires SSO of the user (SS-4) or two-step sign-in is reached only by a
+      // session that has it; the Account page (to set a factor up) and switching organization stay open.
       const route = req.routeOptions.url ?? '';
-      if (ctx.organization?.requireMfa && !signedInWithTwoFactors(ctx.session) && !route.startsWith('/dashboard/account') && route !== '/dashboard/organization') {
-        if (req.method !== 'GET' && req.method !== 'HEAD') throw new ForbiddenError(`${ctx.organization.name} requires two-step sign-in.`);
+      const shortfall = ctx.organization ? sessionShortfall(ctx.organization, ctx.session) : undefined;
+      if (ctx.organization && shortfall && !route.startsWith('/dashboard/account') && route !== '/dashboard/organization') {
+        const reading = req.method === 'GET' || req.method === 'HEAD';
+        if (shortfall === 'sso') {
+          if (!reading) throw new ForbiddenError(ssoRequiredMessage(ctx.organization.name));
+          return reply.redirect(ssoSignInPath(ctx.session.email, req.url), 303);
+        }
+        if (!reading) throw new ForbiddenError(`${ctx.organization.name} requires two-step sign-in.`);
         return reply.redirect(twoFactorsPath(hasSecondFactor(await factorSummary(deps.db, ctx.session.userId)), req.url), 303);
       }
       // The page a change redirected to says what it did, once (notice.ts).

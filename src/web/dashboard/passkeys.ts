@@ -8,11 +8,11 @@ import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { addPasskey, passkeyNameSchema, registrationOptions, registrationResponseSchema, removePasskey } from '../../accounts/passkeys.js';
 import { PASSWORD_MAX_LENGTH } from '../../accounts/passwords.js';
-import { csrfTokenMatches, safeReturnTo } from '../../accounts/sessions.js';
+import { csrfTokenMatches, raisedSession, safeReturnTo } from '../../accounts/sessions.js';
 import { ForbiddenError, InvalidRequestError, NotFoundError } from '../../errors.js';
 import { answerErrorsAsJson, csrfHeader, parseBody } from '../passkey-pages.js';
 import { replaceSession } from '../begin-session.js';
-import { stepUpPath, withSecondFactor } from '../second-step.js';
+import { stepUpPath } from '../second-step.js';
 import { accountPageRenderer } from './account.js';
 import type { DashboardDeps } from './applications.js';
 import { CSRF_FAILED, type DashboardContext, dashboardContext, parseId, readForm } from './context.js';
@@ -75,7 +75,7 @@ export async function passkeyRoutes(app: FastifyInstance, deps: DashboardDeps & 
       const added = await addPasskey(db, passkeyDeps, userOf(ctx), ctx.session.sessionId, body.response, body.name);
       // The new passkey verified the user: as with a new authenticator app's first code, the
       // browser now has two factors, in a new session (new id).
-      const sessionId = await replaceSession(db, config, req, reply, { userId: ctx.session.userId, amr: withSecondFactor(ctx.session.amr, [added.backedUp ? 'swk' : 'hwk']) });
+      const sessionId = await replaceSession(db, config, req, reply, raisedSession(ctx.session, [added.backedUp ? 'swk' : 'hwk']));
       req.log.info({ user_id: ctx.session.userId, passkey_id: added.id }, 'passkey added');
       // The page the script goes to says so (notice.ts).
       setNotice(reply, config, sessionId, `The passkey "${body.name}" was added.`);

@@ -7,11 +7,11 @@
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { confirmTotp, pendingTotpEnrolment, regenerateRecoveryCodes, removeTotp, startTotpEnrolment } from '../../accounts/second-factors.js';
-import { csrfToken, csrfTokenMatches, safeReturnTo } from '../../accounts/sessions.js';
+import { csrfToken, csrfTokenMatches, raisedSession, safeReturnTo } from '../../accounts/sessions.js';
 import { ConflictError, ForbiddenError, NotFoundError } from '../../errors.js';
 import type { Params } from '../../oauth/helpers/params.js';
 import { replaceSession } from '../begin-session.js';
-import { stepUpPath, withSecondFactor } from '../second-step.js';
+import { stepUpPath } from '../second-step.js';
 import { accountPageRenderer, type AccountView } from './account.js';
 import type { DashboardDeps } from './applications.js';
 import { CSRF_FAILED, type DashboardContext, dashboardContext, readForm } from './context.js';
@@ -74,10 +74,10 @@ export async function twoStepRoutes(app: FastifyInstance, deps: DashboardDeps & 
       });
     }
     // A correct code from the new app is a second step: a new session (new id) with two factors.
-    const amr = withSecondFactor(ctx.session.amr, ['otp']);
-    const sessionId = await replaceSession(db, config, req, reply, { userId: user.id, amr });
+    const next = raisedSession(ctx.session, ['otp']);
+    const sessionId = await replaceSession(db, config, req, reply, next);
     req.log.info({ user_id: user.id }, 'authenticator app added');
-    const raised = { ...ctx, session: { ...ctx.session, sessionId, amr, authTime: new Date() }, csrfToken: csrfToken(config, { session: sessionId }) };
+    const raised = { ...ctx, session: { ...ctx.session, sessionId, amr: next.amr, authTime: new Date() }, csrfToken: csrfToken(config, { session: sessionId }) };
     return renderAccount(reply, 200, raised, {
       message: 'Two-step sign-in is on: from now on you sign in with your password and a code from your app.',
       recoveryCodes: codes,
