@@ -9,6 +9,7 @@ import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createSession } from '../../src/accounts/sessions.js';
 import { createUser } from '../../src/accounts/users.js';
+import { createOrganization } from '../../src/accounts/organizations.js';
 import { BODY_LIMIT } from '../../src/app.js';
 import { sha256Hex } from '../../src/lib/crypto.js';
 import { buildTestApp } from '../helpers/app.js';
@@ -444,5 +445,25 @@ describe('the page scripts', () => {
       expect(res.headers['x-content-type-options']).toBe('nosniff');
       expect(res.body).toContain(marker);
     }
+  });
+});
+
+describe('a session raised by a new passkey (SS-4)', () => {
+  it('a passkey added by a session signed in through SSO: the raised session keeps its connection', async () => {
+    const p = await person();
+    const organization = await createOrganization(db(), { name: `Passkey SSO Corp ${n}`, ownerUserId: p.id });
+    const connection = await db()
+      .insertInto('sso_connections')
+      .values({ organization_id: organization.id, protocol: 'oidc', name: 'Corp IdP', state: 'active', oidc_issuer: 'https://idp.example', oidc_client_id: 'orgauth', oidc_scopes: 'openid email profile' })
+      .returning('id')
+      .executeTakeFirstOrThrow();
+    // Signed in through the connection, as src/web/sso-pages.ts makes such a session.
+    const sessionId = await createSession(db(), p.id, { amr: ['fed'], ssoConnectionId: connection.id });
+    p.browser.cookies.set('orgauth_session', sessionId);
+    const added = await addPasskey(p.browser, new SoftAuthenticator(ISSUER), 'Laptop');
+    expect(added.statusCode, added.body).toBe(200);
+    const sessions = await db().selectFrom('sessions').select(['id_hash', 'sso_connection_id', 'amr']).where('user_id', '=', p.id).execute();
+    expect(sessions).toEqual([{ id_hash: sha256Hex(p.browser.cookies.get('orgauth_session')!), sso_connection_id: connection.id, amr: ['fed', 'hwk', 'mfa'] }]);
+    expect(sessions[0]!.id_hash).not.toBe(sha256Hex(sessionId));
   });
 });

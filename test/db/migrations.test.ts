@@ -19,10 +19,11 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
     'jwks', 'jwks_uri', 'dpop_bound_access_tokens', 'require_pushed_authorization_requests', 'id_token_signed_response_alg', 'fapi2',
   ],
   grants: ['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'created_at', 'last_used_at', 'revoked_at', 'revoked_reason', 'narrowed_from_grant_id',
-    'identity_scopes', 'auth_time', 'sid', 'amr', 'resource_id', 'dpop_jkt'],
+    'identity_scopes', 'auth_time', 'sid', 'amr', 'resource_id', 'dpop_jkt', 'sso_connection_id'],
   authorization_codes: [
     'id', 'code_hash', 'organization_id', 'application_id', 'user_id', 'redirect_uri', 'scopes', 'code_challenge',
     'code_challenge_method', 'expires_at', 'consumed_at', 'grant_id', 'created_at', 'identity_scopes', 'auth_time', 'sid', 'nonce', 'amr', 'resource_id', 'dpop_jkt',
+    'sso_connection_id',
   ],
   refresh_tokens: ['id', 'token_hash', 'organization_id', 'grant_id', 'parent_id', 'scopes', 'expires_at', 'rotated_at', 'revoked_at', 'created_at'],
   revoked_access_tokens: ['jti', 'organization_id', 'grant_id', 'expires_at', 'revoked_at'],
@@ -74,7 +75,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   activity_daily: ['organization_id', 'metric', 'day', 'count'],
   device_authorizations: [
     'id', 'device_code_hash', 'user_code', 'application_id', 'resource_id', 'scopes', 'identity_scopes', 'status', 'user_id', 'organization_id',
-    'granted_scopes', 'auth_time', 'amr', 'grant_id', 'interval_s', 'last_polled_at', 'expires_at', 'created_at',
+    'granted_scopes', 'auth_time', 'amr', 'grant_id', 'interval_s', 'last_polled_at', 'expires_at', 'created_at', 'sso_connection_id',
   ],
 };
 
