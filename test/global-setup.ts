@@ -1,14 +1,24 @@
 /**
- * Says which back-end this run uses, and after the run drops every database it created on
- * TEST_DATABASE_URL's server (each test file creates and drops its own; this is the safety net).
+ * Says which back-end this run uses, migrates one template database for the whole run (each
+ * test file gets a copy: test/helpers/db.ts), and after the run drops every database it created
+ * on TEST_DATABASE_URL's server (each test file creates and drops its own; this is the safety net).
  */
 import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
 import pg from 'pg';
 import type { TestProject } from 'vitest/node';
+import { connectDatabase } from '../src/db/connect.js';
+import { migrateToLatest } from '../src/db/migrate.js';
 
 declare module 'vitest' {
   export interface ProvidedContext {
     runId: string;
+    /** PostgreSQL: the migrated database each test file's database is created from. */
+    templateDatabase: string;
+    /** PGlite: a tar of a migrated data directory, loaded by each test file's database. */
+    templateArchive: string;
   }
 }
 
@@ -18,12 +28,34 @@ export default async function setup(project: TestProject) {
   const url = process.env.TEST_DATABASE_URL;
   if (!url) {
     console.log('orgauth tests: embedded PGlite databases (set TEST_DATABASE_URL to use PostgreSQL)');
-    return;
+    const folder = mkdtempSync(path.join(tmpdir(), 'orgauth-template-'));
+    const handle = await connectDatabase({ kind: 'pglite', dataDir: null });
+    try {
+      await migrateToLatest(handle.db);
+      const archive = path.join(folder, 'migrated.tar');
+      writeFileSync(archive, Buffer.from(await (await handle.dumpDataDir!()).arrayBuffer()));
+      project.provide('templateArchive', archive);
+    } finally {
+      await handle.close();
+    }
+    return () => rmSync(folder, { recursive: true, force: true });
   }
   const client = new pg.Client({ connectionString: url });
   await client.connect();
   const { rows } = await client.query<{ server_version: string }>('show server_version');
+  const template = `${runId}_template`;
+  await client.query(`create database ${pg.escapeIdentifier(template)}`);
   await client.end();
+  const templateUrl = new URL(url);
+  templateUrl.pathname = `/${template}`;
+  const handle = await connectDatabase({ kind: 'postgres', url: templateUrl.toString() });
+  try {
+    await migrateToLatest(handle.db);
+  } finally {
+    // A template must have no session open while databases are created from it.
+    await handle.close();
+  }
+  project.provide('templateDatabase', template);
   console.log(`orgauth tests: PostgreSQL ${rows[0]?.server_version} at ${new URL(url).host}, databases ${runId}_*`);
 
   return async () => {

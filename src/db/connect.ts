@@ -3,7 +3,8 @@
  * Both back-ends read values the same way: bigint as number, date as 'YYYY-MM-DD', timestamptz
  * as Date, text[] as string[], jsonb as parsed JSON.
  */
-import { mkdirSync } from 'node:fs';
+import { existsSync, mkdirSync } from 'node:fs';
+import path from 'node:path';
 import { PGlite } from '@electric-sql/pglite';
 import { btree_gin } from '@electric-sql/pglite/contrib/btree_gin';
 import { pg_trgm } from '@electric-sql/pglite/contrib/pg_trgm';
@@ -33,6 +34,11 @@ export interface DatabaseHandle {
   readonly listen: Listen;
   /** The pool's connections (PostgreSQL only), for metrics. */
   readonly poolStats?: () => PoolStats;
+  /**
+   * The embedded database's files as one uncompressed tar (PGlite only): the tests migrate one
+   * database per run and open a copy of it per file (`ConnectOptions.pgliteArchive`).
+   */
+  readonly dumpDataDir?: () => Promise<Blob>;
   /** Closes the pool or the embedded database (and releases its lock). Safe to call twice. */
   close(): Promise<void>;
 }
@@ -54,6 +60,11 @@ export interface ConnectOptions {
    * the migration lock and runs without statement_timeout (src/db/migration-lock.ts).
    */
   forMigrations?: boolean;
+  /**
+   * PGlite: start from this archive of a data directory (made by `dumpDataDir`) instead of an
+   * empty database; for a data directory on disk, only when it holds no database yet.
+   */
+  pgliteArchive?: Blob;
 }
 
 /**
@@ -69,7 +80,7 @@ export const REQUEST_QUERY_TIMEOUT_MS = 1500;
 export const STATEMENT_TIMEOUT_MARGIN_MS = 250;
 
 export async function connectDatabase(target: DatabaseTarget, options: ConnectOptions = {}): Promise<DatabaseHandle> {
-  return target.kind === 'postgres' ? connectPostgres(target, options) : connectPglite(target.dataDir);
+  return target.kind === 'postgres' ? connectPostgres(target, options) : connectPglite(target.dataDir, options.pgliteArchive);
 }
 
 function connectPostgres(
@@ -336,7 +347,7 @@ class ListenConnection {
 /** Tries at a LISTEN connection before a start gives up (each within 2 s). */
 const LISTEN_CONNECT_ATTEMPTS = 3;
 
-async function connectPglite(dataDir: string | null): Promise<DatabaseHandle> {
+async function connectPglite(dataDir: string | null, archive: Blob | undefined): Promise<DatabaseHandle> {
   let release = (): void => {};
   if (dataDir !== null) {
     mkdirSync(dataDir, { recursive: true, mode: 0o700 });
@@ -347,6 +358,7 @@ async function connectPglite(dataDir: string | null): Promise<DatabaseHandle> {
       parsers: { [INT8_OID]: parseInt8, [DATE_OID]: keepDate, [TIMESTAMPTZ_OID]: parseTimestamptz },
       // Contact search's trigram index (migration 0007); PostgreSQL ships them as contrib.
       extensions: { pg_trgm, btree_gin },
+      ...(archive !== undefined && (dataDir === null || !existsSync(path.join(dataDir, 'PG_VERSION'))) ? { loadDataDir: archive } : {}),
     });
     const db = new Kysely<Database>({ dialect: new PGliteDialect(client) });
     let closed: Promise<void> | undefined;
@@ -359,6 +371,7 @@ async function connectPglite(dataDir: string | null): Promise<DatabaseHandle> {
           if (!client.closed) await unlisten();
         };
       },
+      dumpDataDir: () => client.dumpDataDir('none'),
       close: () => (closed ??= db.destroy().finally(release)),
     };
   } catch (err) {

@@ -1,15 +1,16 @@
 /**
  * A fresh, migrated database per test file: a new database on TEST_DATABASE_URL's server, or an
  * embedded PGlite database (in memory, or in a temporary DATA_DIR when a process must open it).
+ * Migrations run once per run (test/global-setup.ts); each file's database is a copy of that
+ * template (PostgreSQL: CREATE DATABASE … TEMPLATE; PGlite: the dumped data directory loaded).
  */
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import pg from 'pg';
 import { inject } from 'vitest';
 import type { DatabaseTarget } from '../../src/config.js';
 import { connectDatabase, type DatabaseHandle } from '../../src/db/connect.js';
-import { migrateToLatest } from '../../src/db/migrate.js';
 
 export const TEST_DATABASE_URL = process.env.TEST_DATABASE_URL;
 export const BACKEND: DatabaseTarget['kind'] = TEST_DATABASE_URL ? 'postgres' : 'pglite';
@@ -39,36 +40,46 @@ async function adminQuery(sql: string): Promise<void> {
  * can open it; PostgreSQL databases are always reachable by URL.
  */
 export async function createEmptyDatabase(options: { onDisk?: boolean } = {}): Promise<TestDatabase> {
+  return createDatabase({ ...options, migrated: false });
+}
+
+async function createDatabase(options: { onDisk?: boolean; migrated: boolean }): Promise<TestDatabase> {
   const secret = 'test-secret-key-0123456789abcdefghijklmnop';
+  // Child processes (server, CLI) hash passwords cheaply too (test/setup.ts does it in-process).
+  const hashing = { PASSWORD_HASHING: 'weak-for-tests' };
   if (TEST_DATABASE_URL) {
     const name = `${inject('runId')}_${process.pid}_${++counter}`;
-    await adminQuery(`create database ${pg.escapeIdentifier(name)}`);
+    const template = options.migrated ? ` template ${pg.escapeIdentifier(inject('templateDatabase'))}` : '';
+    await adminQuery(`create database ${pg.escapeIdentifier(name)}${template}`);
     const url = new URL(TEST_DATABASE_URL);
     url.pathname = `/${name}`;
     return {
       target: { kind: 'postgres', url: url.toString() },
-      env: { DATABASE_URL: url.toString(), SECRET_KEY: secret },
+      env: { DATABASE_URL: url.toString(), SECRET_KEY: secret, ...hashing },
       drop: () => adminQuery(`drop database if exists ${pg.escapeIdentifier(name)} with (force)`),
     };
   }
   if (!options.onDisk) {
-    return { target: { kind: 'pglite', dataDir: null }, env: {}, drop: async () => {} };
+    return { target: { kind: 'pglite', dataDir: null }, env: { ...hashing }, drop: async () => {} };
   }
   const dataDir = mkdtempSync(path.join(tmpdir(), 'orgauth-test-'));
   return {
     target: { kind: 'pglite', dataDir: path.join(dataDir, 'pgdata') },
-    env: { DATA_DIR: dataDir, SECRET_KEY: secret },
+    env: { DATA_DIR: dataDir, SECRET_KEY: secret, ...hashing },
     drop: async () => rmSync(dataDir, { recursive: true, force: true }),
   };
 }
+
+/** The migrated PGlite template, read once per worker. */
+let templateArchive: Blob | undefined;
 
 /** A migrated database with an open handle; `close()` closes the handle and drops the database. */
 export async function createTestDatabase(options: { onDisk?: boolean } = {}): Promise<
   TestDatabase & { handle: DatabaseHandle; close(): Promise<void> }
 > {
-  const database = await createEmptyDatabase(options);
-  const handle = await connectDatabase(database.target);
-  await migrateToLatest(handle.db);
+  const database = await createDatabase({ ...options, migrated: true });
+  const pgliteArchive = database.target.kind === 'pglite' ? (templateArchive ??= new Blob([readFileSync(inject('templateArchive'))])) : undefined;
+  const handle = await connectDatabase(database.target, { pgliteArchive });
   return {
     ...database,
     handle,
