@@ -19,6 +19,12 @@ export type SigningAlg = (typeof SIGNING_ALGS)[number];
 
 const LOG_LEVELS = ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'] as const;
 export const LOG_FORMATS = ['auto', 'pretty', 'json'] as const;
+/**
+ * PASSWORD_HASHING: argon2id's cost. `standard` (the default) is what production runs;
+ * `weak-for-tests` (1 MiB, one pass) keeps a test suite that hashes thousands of passwords fast,
+ * and is refused in production (NODE_ENV=production or an https ISSUER).
+ */
+export const PASSWORD_HASHINGS = ['standard', 'weak-for-tests'] as const;
 
 export const DATABASE_POOLERS = ['none', 'transaction'] as const;
 
@@ -68,6 +74,8 @@ export interface Config {
   readonly refreshReuseGrace: number;
   readonly signingAlg: SigningAlg;
   readonly logLevel: (typeof LOG_LEVELS)[number];
+  /** PASSWORD_HASHING (src/accounts/passwords.ts); never `weak-for-tests` in production. */
+  readonly passwordHashing: (typeof PASSWORD_HASHINGS)[number];
   /** LOG_FORMAT: `pretty` (human-readable lines), `json` (one JSON object a line), or `auto`: pretty when standard output is a terminal. */
   readonly logFormat: (typeof LOG_FORMATS)[number];
   /** API requests per minute per (application, organization); 0 disables the limit. */
@@ -239,6 +247,7 @@ const envSchema = z
   DPOP_PROOF_MAX_AGE: optional(wholeNumber(10, 600, 'must be a whole number of seconds between 10 and 600')),
   SIGNING_ALG: optional(z.enum(SIGNING_ALGS, { error: `must be one of ${SIGNING_ALGS.join(', ')}` })),
   LOG_LEVEL: optional(z.enum(LOG_LEVELS, { error: `must be one of ${LOG_LEVELS.join(', ')}` })),
+  PASSWORD_HASHING: optional(z.enum(PASSWORD_HASHINGS, { error: `must be one of ${PASSWORD_HASHINGS.join(', ')}` })),
   LOG_FORMAT: optional(z.enum(LOG_FORMATS, { error: `must be one of ${LOG_FORMATS.join(', ')}` })),
   API_RATE_LIMIT: optional(wholeNumber(0, 1_000_000, 'must be a whole number of requests per minute (0 disables the limit)')),
   REDIS_URL: optional(
@@ -389,6 +398,9 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
   const dataDir = path.resolve(e.DATA_DIR ?? './data');
   const issuer = (e.ISSUER ?? `http://localhost:${port}`).replace(/\/+$/, '');
   const production = e.NODE_ENV === 'production' || issuer.startsWith('https:');
+  if (production && e.PASSWORD_HASHING === 'weak-for-tests') {
+    throw new ConfigError(['PASSWORD_HASHING: weak-for-tests is for test suites only and is refused in production (NODE_ENV=production or an https ISSUER)']);
+  }
   return Object.freeze({
     database: e.DATABASE_URL
       ? {
@@ -414,6 +426,7 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
     refreshReuseGrace: e.REFRESH_REUSE_GRACE ?? 10,
     signingAlg: e.SIGNING_ALG ?? 'ES256',
     logLevel: e.LOG_LEVEL ?? 'info',
+    passwordHashing: e.PASSWORD_HASHING ?? 'standard',
     logFormat: e.LOG_FORMAT ?? 'auto',
     apiRateLimit: e.API_RATE_LIMIT ?? 600,
     redisUrl: e.REDIS_URL ?? null,

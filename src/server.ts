@@ -5,6 +5,7 @@ import { type AdminSocket, serveAdminSocket } from './admin-socket.js';
 import { buildApp } from './app.js';
 import { runCommandLine } from './cli/index.js';
 import { Metrics, serveMetrics } from './metrics.js';
+import { usePasswordHashing } from './accounts/passwords.js';
 import { loadConfig } from './config.js';
 import type { DatabaseHandle } from './db/connect.js';
 import { formatDemoBanner, isDatabaseEmpty, seedDemo } from './demo.js';
@@ -53,7 +54,9 @@ process.on('SIGINT', shutdown);
 async function main(): Promise<void> {
   limitHeapGrowth();
   const config = loadConfig();
+  usePasswordHashing(config.passwordHashing);
   const logger = createLogger(config);
+  if (config.passwordHashing !== 'standard') logger.warn({ passwordHashing: config.passwordHashing }, 'PASSWORD_HASHING is not standard: password hashes are cheap to crack; for test suites only');
   const opened = await openDatabase(config, logger);
   handle = opened.handle;
   const { db } = handle;

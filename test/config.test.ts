@@ -37,6 +37,7 @@ describe('parseConfig', () => {
       refreshReuseGrace: 10,
       signingAlg: 'ES256',
       logLevel: 'info',
+      passwordHashing: 'standard',
       logFormat: 'auto',
       apiRateLimit: 600,
       redisUrl: null,
@@ -167,6 +168,14 @@ describe('parseConfig', () => {
     ]);
   });
 
+  it('takes PASSWORD_HASHING=weak-for-tests in development and refuses it in production', () => {
+    expect(parseConfig({ PASSWORD_HASHING: 'weak-for-tests' }).passwordHashing).toBe('weak-for-tests');
+    const refusal = ['PASSWORD_HASHING: weak-for-tests is for test suites only and is refused in production (NODE_ENV=production or an https ISSUER)'];
+    expect(problems({ PASSWORD_HASHING: 'weak-for-tests', NODE_ENV: 'production', SECRET_KEY: SECRET })).toEqual(refusal);
+    expect(problems({ PASSWORD_HASHING: 'weak-for-tests', ISSUER: 'https://auth.example.com', SECRET_KEY: SECRET })).toEqual(refusal);
+    expect(parseConfig({ PASSWORD_HASHING: 'standard', NODE_ENV: 'production', SECRET_KEY: SECRET }).passwordHashing).toBe('standard');
+  });
+
   it('refuses a SECRET_KEY shorter than 32 characters without echoing it', () => {
     const lines = problems({ DATABASE_URL: 'postgres://localhost/x', SECRET_KEY: 'short-secret' });
     expect(lines).toEqual(['SECRET_KEY: must be at least 32 characters']);
@@ -195,6 +204,7 @@ describe('parseConfig', () => {
     ['CLEANUP_INTERVAL', '604801', 'CLEANUP_INTERVAL: must be a whole number of seconds between 0 and 604800 (0 disables the cleanup)'],
     ['SIGNING_ALG', 'HS256', 'SIGNING_ALG: must be one of ES256, RS256, EdDSA'],
     ['LOG_LEVEL', 'loud', 'LOG_LEVEL: must be one of fatal, error, warn, info, debug, trace, silent'],
+    ['PASSWORD_HASHING', 'none', 'PASSWORD_HASHING: must be one of standard, weak-for-tests'],
     ['API_RATE_LIMIT', '-5', 'API_RATE_LIMIT: must be a whole number of requests per minute (0 disables the limit)'],
     ['REDIS_URL', 'http://cache:6379', 'REDIS_URL: must be a redis:// or rediss:// URL'],
     ['TRUST_PROXY', 'yes', 'TRUST_PROXY: must be true, false or a comma-separated list of IP addresses/CIDR ranges of the proxies'],

@@ -11,6 +11,7 @@
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import { sendToAdminSocket, type CommandOutcome } from '../admin-socket.js';
+import { usePasswordHashing } from '../accounts/passwords.js';
 import { ConfigError, loadConfig, type Config } from '../config.js';
 import { DatabaseInUseError } from '../db/lock.js';
 import { AppError } from '../errors.js';
@@ -224,6 +225,7 @@ export async function runCli(argv: string[], io: CliIo): Promise<number> {
   } catch (err) {
     return emit(startupFailure(err));
   }
+  usePasswordHashing(config.passwordHashing);
   // Progress of long work (migrations, waiting for the database, the command, its jobs) on the
   // terminal only; every progress is cleared before anything else is written.
   const terminal = io.terminal && !parsed.json && io.env.TERM !== 'dumb' ? { write: io.stderr, columns: io.terminal.columns } : undefined;
