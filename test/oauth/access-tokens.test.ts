@@ -1,5 +1,5 @@
 import { generateKeyPair, SignJWT, UnsecuredJWT, exportSPKI, base64url } from 'jose';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished, vi } from 'vitest';
 import { type AccessTokenClaims, AccessTokenVerifier, InvalidTokenError, signAccessToken, verifyAccessToken } from '../../src/oauth/models/access-tokens.js';
 import type { Application } from '../../src/db/schema.js';
 import type { RevocationList } from '../../src/oauth/models/revocation-list.js';
@@ -160,7 +160,10 @@ describe(`access tokens on ${BACKEND}`, () => {
     const rotated = await rotateSigningKey(t.handle.db, { alg: 'ES256', secretKey: TEST_SECRET_KEY });
     const { token: fresh } = await signAccessToken(await elsewhere.signingKey(), config, input);
     expect(JSON.parse(Buffer.from(fresh.split('.')[0]!, 'base64url').toString()).kid).toBe(rotated.kid);
-    await new Promise((r) => setTimeout(r, 1100)); // the unknown-kid reload runs at most once a second
+    // The unknown-kid reload runs at most once a second: the clock (Date) is moved on by one rather than waited for.
+    vi.useFakeTimers({ toFake: ['Date'], shouldAdvanceTime: true });
+    onTestFinished(() => void vi.useRealTimers());
+    vi.setSystemTime(Date.now() + 1100);
     expect(await reason(fresh)).toBe('accepted');
     expect(await reason(old)).toBe('accepted');
     // The retired key and the new one are both published.

@@ -11,7 +11,7 @@
 import type { FastifyInstance } from 'fastify';
 import { sql } from 'kysely';
 import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished, vi } from 'vitest';
 import { addMember, removeMember, wasRemoved } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import { createAuthorizationCode } from '../../src/oauth/models/authorization-codes.js';
@@ -131,8 +131,11 @@ describe(`removing a member on ${BACKEND}`, () => {
         ).rows[0]!.id,
       );
       const removal = removeMember(db(), { organizationId: org.organizationId, userId });
-      // The removal waits for the lock; the grant commits first.
-      await new Promise((r) => setTimeout(r, 300));
+      // The removal waits for the lock (seen waiting in pg_locks); the grant commits first, once
+      // the clock has passed its created_at (the removal's clock is read after the commit).
+      const ready = `select exists (select 1 from pg_locks l join pg_stat_activity a using (pid) where not l.granted and a.datname = current_database())
+        and clock_timestamp() > (select created_at from grants where id = $1) as ready`;
+      await expect.poll(async () => (await redemption.query<{ ready: boolean }>(ready, [grantId])).rows[0]!.ready, { timeout: 10_000, interval: 10 }).toBe(true);
       await redemption.query('commit');
       await removal;
     } finally {
@@ -152,7 +155,10 @@ describe(`removing a member on ${BACKEND}`, () => {
     await removeMember(db(), { organizationId: org.organizationId, userId });
     expect(await wasRemoved(db(), org.organizationId, userId)).toBe(true);
     // Tokens issued in the second of the removal and REMOVAL_MARGIN_S more are refused with it (iat is whole seconds): the next ones come after.
-    await new Promise((r) => setTimeout(r, (REMOVAL_MARGIN_S + 1) * 1000 + 100));
+    // The instances' clock (Date, in this process; the embedded database's too) is moved on by that much rather than waited for.
+    vi.useFakeTimers({ toFake: ['Date'], shouldAdvanceTime: true });
+    onTestFinished(() => void vi.useRealTimers());
+    vi.setSystemTime(Date.now() + (REMOVAL_MARGIN_S + 1) * 1000 + 100);
     await addMember(db(), { organizationId: org.organizationId, userId, role: 'member' });
     expect(await wasRemoved(db(), org.organizationId, userId)).toBe(false);
     const after = await tokensOf(userId);

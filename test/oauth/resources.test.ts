@@ -7,7 +7,7 @@
  */
 import { createHash, randomBytes } from 'node:crypto';
 import { decodeJwt } from 'jose';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { addMember, changeMemberRole, createOrganization } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import { createRole, findRole, updateRole } from '../../src/accounts/roles.js';
@@ -19,6 +19,7 @@ import { canonicalResourceUri } from '../../src/oauth/helpers/resources.js';
 import { createResource, deleteResource, updateResource } from '../../src/oauth/models/resources.js';
 import { redirectUriMatches } from '../../src/oauth/helpers/redirect-uris.js';
 import { approveConsent, signInFor } from '../helpers/consent.js';
+import { finishJobs } from '../helpers/jobs.js';
 import { basic, form } from '../helpers/oauth.js';
 import { type OidcWorld, startOidcWorld } from '../helpers/oidc-world.js';
 import { BACKEND } from '../helpers/db.js';
@@ -28,12 +29,35 @@ const MCP = 'https://mcp.example.com/mcp';
 const OTHER = 'https://files.example.com';
 const REDIRECT = 'https://agent.example.com/callback';
 
+/**
+ * This process's clock (Date: the server's, and on the embedded database the database's), moved
+ * forward where a test would otherwise wait for the resource registry to read the resources again
+ * (a second after its last read). It runs at the real pace, and never goes back during the file:
+ * a cache stamped at a later time would keep what it read until real time caught up.
+ */
+const RealDate = Date;
+let ahead = 0;
+class AheadDate extends RealDate {
+  constructor(...args: unknown[]) {
+    super(...((args.length === 0 ? [RealDate.now() + ahead] : args) as [string]));
+  }
+  static override now(): number {
+    return RealDate.now() + ahead;
+  }
+  static override [Symbol.hasInstance](value: unknown): boolean {
+    return value instanceof RealDate;
+  }
+}
+/** Lets the registry's second pass (RELOAD_MS in src/oauth/models/resources.ts) without waiting for it. */
+const afterRegistryReload = () => void (ahead += 1100);
+
 let world: OidcWorld;
 let user: { id: number; email: string };
 let app: { client_id: string; client_secret: string };
 const orgs = { owned: 0, member: 0, viewer: 0 };
 
 beforeAll(async () => {
+  vi.stubGlobal('Date', AheadDate);
   world = await startOidcWorld();
   const db = world.t.handle.db;
   const created = await createUser(db, { email: `resources-${process.pid}-${Date.now()}@example.com`, password: PASSWORD, name: 'Res User' });
@@ -51,6 +75,7 @@ beforeAll(async () => {
 
 afterAll(async () => {
   await world?.close();
+  vi.unstubAllGlobals();
 });
 
 function pkce() {
@@ -136,12 +161,12 @@ describe(`resource indicators (RFC 8707) on ${BACKEND}`, () => {
     // Narrowed at the resource since: a refresh gets only what it still lists.
     await updateResource(world.t.handle.db, MCP, { scopes: 'contacts.read' });
     try {
-      await new Promise((r) => setTimeout(r, 1100)); // the registry reads resources again after a second
+      afterRegistryReload();
       const narrowed = await token({ grant_type: 'refresh_token', refresh_token: String(again.body.refresh_token) });
       expect(narrowed.body.scope, JSON.stringify(narrowed.body)).toBe('contacts.read');
     } finally {
       await updateResource(world.t.handle.db, MCP, { scopes: 'contacts.read tools.call' });
-      await new Promise((r) => setTimeout(r, 1100));
+      afterRegistryReload();
     }
   });
 
@@ -196,7 +221,7 @@ describe(`resource indicators (RFC 8707) on ${BACKEND}`, () => {
     await expect(updateApplication(world.t.handle.db, (await findApplicationByClientId(world.t.handle.db, priv.client_id)) as DeveloperApplication, { scopes: 'contacts.read made.up' })).rejects.toThrow(/unknown scope/);
     await updateApplication(world.t.handle.db, (await findApplicationByClientId(world.t.handle.db, priv.client_id)) as DeveloperApplication, { scopes: 'contacts.read files.read' });
     // Changed outside the server: its application cache learns by NOTIFY or after 500 ms at most.
-    await new Promise((r) => setTimeout(r, 600));
+    await expect.poll(async () => (await post({ resource: OTHER })).status, { timeout: 5000, interval: 20 }).toBe(200);
     const res = await post({ resource: OTHER });
     const body = (await res.json()) as Record<string, string>;
     expect(res.status, JSON.stringify(body)).toBe(200);
@@ -208,8 +233,8 @@ describe(`resource indicators (RFC 8707) on ${BACKEND}`, () => {
     expect((await (await post({ resource: 'https://nope.example.com' })).json()) as object).toMatchObject({ error: 'invalid_target' });
     // Narrowed: its own grant holding the declared scope is revoked, as for any scope it loses.
     await updateApplication(world.t.handle.db, (await findApplicationByClientId(world.t.handle.db, priv.client_id)) as DeveloperApplication, { scopes: 'contacts.read' });
-    await new Promise((r) => setTimeout(r, 600));
-    expect((await (await post({ resource: OTHER })).json()) as object).toMatchObject({ error: 'invalid_scope' });
+    await expect.poll(async () => (await post({ resource: OTHER })).json(), { timeout: 5000, interval: 20 }).toMatchObject({ error: 'invalid_scope' });
+    await finishJobs(world.t.handle.db);
     const grant = await world.t.handle.db.selectFrom('grants').select(['revoked_reason']).where('scopes', '@>', sql<string[]>`array['files.read']`).executeTakeFirstOrThrow();
     expect(grant.revoked_reason).toBe('scopes_narrowed');
   });
