@@ -1,6 +1,6 @@
 /** src/retention.ts: expired codes, refresh tokens, access-token revocations and sessions are deleted; nothing live is. */
-import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { type KyselyPlugin, sql } from 'kysely';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished, vi } from 'vitest';
 import type { DB } from '../src/db/connect.js';
 import { generateSecret, sha256Hex } from '../src/lib/crypto.js';
 import { deleteExpired } from '../src/retention.js';
@@ -189,8 +189,12 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
     const [tokens, sessions] = [await count('refresh_tokens'), await count('sessions')];
     await addRefreshTokens(5, -1);
     await addSession(-1);
+    // The server's intervals are fake: its second passes at once, then the sweep is waited for.
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'], shouldClearNativeTimers: true });
+    onTestFinished(() => void vi.useRealTimers());
     const app = await buildTestApp(db, { env: { CLEANUP_INTERVAL: '1' } });
     try {
+      vi.advanceTimersByTime(1000);
       const deadline = Date.now() + 10_000;
       while ((await count('refresh_tokens')) !== tokens || (await count('sessions')) !== sessions) {
         if (Date.now() > deadline) throw new Error('expired rows were not deleted within 10 s');
@@ -204,13 +208,23 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
   it('does not run when CLEANUP_INTERVAL is 0', async () => {
     const tokens = await count('refresh_tokens');
     await addRefreshTokens(5, -1);
-    const app = await buildTestApp(db, { env: { CLEANUP_INTERVAL: '0' } });
+    // The server's intervals are fake: every one it set fires once (a sweeper's, whatever its
+    // period). A sweep starts with a delete, sent as its timer fires (deleteExpired).
+    const sent: string[] = [];
+    const recording: KyselyPlugin = { transformQuery: (args) => (sent.push(JSON.stringify(args.node)), args.node), transformResult: async (args) => args.result };
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'], shouldClearNativeTimers: true });
+    onTestFinished(() => void vi.useRealTimers());
+    const app = await buildTestApp(db.withPlugin(recording), { env: { CLEANUP_INTERVAL: '0' } });
     try {
-      await new Promise((r) => setTimeout(r, 1500));
-      expect(await count('refresh_tokens')).toBe(tokens + 5);
+      await app.ready();
+      sent.length = 0;
+      vi.runOnlyPendingTimers();
+      expect(sent.length).toBeGreaterThan(0);
+      expect(sent.filter((s) => /DeleteQueryNode|delete from/i.test(s))).toEqual([]);
     } finally {
       await app.close();
     }
+    expect(await count('refresh_tokens')).toBe(tokens + 5);
     expect(await deleteExpired(db)).toMatchObject({ refresh_tokens: 5 });
   });
 

@@ -258,7 +258,12 @@ describe.skipIf(!TEST_DATABASE_URL)('overlapping revocations on PostgreSQL', () 
       await other.query(`update grants set revoked_at = now(), revoked_reason = 'application_disabled' where application_id = $1 and revoked_at is null`, [x.id]);
       const removal = removeMember(db(), { organizationId: org.organizationId, userId: user.id });
       const bulk = revokeGrants(db(), { organizationId: org.organizationId, userId: user.id }, 'revoked_by_admin');
-      await new Promise((r) => setTimeout(r, 300));
+      // Committed once both have come to it: each finished or seen waiting for a lock (pg_locks).
+      let removed = false;
+      void removal.then(() => (removed = true), () => {});
+      const waiting = async () =>
+        Number((await other.query<{ n: string }>(`select count(distinct l.pid) as n from pg_locks l join pg_stat_activity a using (pid) where not l.granted and a.datname = current_database()`)).rows[0]!.n);
+      await expect.poll(async () => (await waiting()) >= (removed ? 1 : 2), { timeout: 10_000, interval: 10 }).toBe(true);
       await other.query('commit');
       await Promise.all([removal, bulk]);
     } finally {
