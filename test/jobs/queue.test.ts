@@ -3,8 +3,8 @@
  * writes a row in the step's transaction: a step done twice, or skipped, shows in that table.
  * The SIGKILL of a real server process midway: test/faults/jobs.test.ts.
  */
-import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { type KyselyPlugin, sql } from 'kysely';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished, vi } from 'vitest';
 import { inTransaction } from '../../src/db/connect.js';
 import { enqueueJob, findJob, type JobHandler, JobRunner, LEASE_S } from '../../src/jobs/queue.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
@@ -22,11 +22,13 @@ interface Payload {
   steps: number;
   /** Throw at this step, on the job's first run only. */
   throwAt?: number;
-  /** Each step waits this long (ms) before committing. */
+  /** Each step waits this long (ms) before committing (until the job is in `quickened`). */
   slowMs?: number;
 }
 
 const thrown = new Set<number>();
+/** Jobs whose steps no longer wait: the test is past what needed them slow. */
+const quickened = new Set<number>();
 const steps: JobHandler<Payload, { done: number }> = {
   kind: 'test.steps',
   async step(trx, job, cursor) {
@@ -35,7 +37,7 @@ const steps: JobHandler<Payload, { done: number }> = {
       thrown.add(job.id);
       throw new Error(`step ${n} failed on purpose`);
     }
-    if (job.payload.slowMs) await new Promise((r) => setTimeout(r, job.payload.slowMs));
+    if (job.payload.slowMs && !quickened.has(job.id)) await new Promise((r) => setTimeout(r, job.payload.slowMs));
     await sql`insert into job_effects (job_id, step) values (${job.id}, ${n})`.execute(trx);
     return { cursor: { done: n }, processed: 1, finished: n >= job.payload.steps, total: job.payload.steps };
   },
@@ -47,7 +49,7 @@ function logger() {
   return { lines, info: at('info'), warn: at('warn'), error: at('error') };
 }
 
-const runner = (log = logger(), workers = 2) => new JobRunner(db(), { handlers: [steps], logger: log as never, workers });
+const runner = (log = logger(), workers = 2, database = db()) => new JobRunner(database, { handlers: [steps], logger: log as never, workers });
 const effectsOf = async (jobId: number) => (await sql<{ step: number }>`select step from job_effects where job_id = ${jobId} order by step`.execute(db())).rows.map((r) => r.step);
 const queue = (payload: Payload) => enqueueJob(db(), { kind: 'test.steps', organizationId: null, payload: { ...payload } });
 
@@ -106,14 +108,32 @@ describe(`durable jobs on ${BACKEND}`, () => {
       .set({ state: 'running', attempts: 1, cursor: JSON.stringify({ done: 2 }), progress_done: 2, instance: 'dead', due_at: sql`now() + make_interval(secs => ${LEASE_S})` })
       .where('id', '=', id)
       .execute();
-    const other = runner();
+    // The runner's poll (setInterval) is fake: its second passes at once, and the claims it makes
+    // (`update jobs j ...`, JobRunner.claim) are counted as they come back.
+    const claiming = new Set<unknown>();
+    let claimed = 0;
+    const counting: KyselyPlugin = {
+      transformQuery: (args) => {
+        if (JSON.stringify(args.node).includes('update jobs j')) claiming.add(args.queryId);
+        return args.node;
+      },
+      transformResult: async (args) => {
+        if (claiming.delete(args.queryId)) claimed++;
+        return args.result;
+      },
+    };
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'], shouldClearNativeTimers: true });
+    onTestFinished(() => void vi.useRealTimers());
+    const other = runner(logger(), 2, db().withPlugin(counting));
     await other.start();
     try {
-      // Not while the lease holds.
-      await new Promise((r) => setTimeout(r, 1500));
+      // Not while the lease holds: neither the claim at the start nor the poll's a second later takes it.
+      vi.advanceTimersByTime(1000);
+      await until(async () => claimed >= 2 || undefined);
       expect(await findJob(db(), id)).toMatchObject({ state: 'running', instance: 'dead' });
-      // The lease runs out (moved back here rather than waited for).
+      // The lease runs out (moved back here rather than waited for), found by the next poll.
       await db().updateTable('jobs').set({ due_at: sql`now() - interval '1 second'` }).where('id', '=', id).execute();
+      vi.advanceTimersByTime(1000);
       const done = await until(async () => {
         const job = await findJob(db(), id);
         return job?.state === 'succeeded' ? job : undefined;
@@ -129,7 +149,7 @@ describe(`durable jobs on ${BACKEND}`, () => {
   it('a step that fails rolls back whole; the job is queued again after a backoff with its error, and resumes where it was', async () => {
     const log = logger();
     const id = await queue({ steps: 4, throwAt: 3 });
-    const first = await runner(log).runToEnd(id, { timeoutMs: 500 });
+    const first = await runner(log).runToEnd(id, { timeoutMs: 0 });
     expect(first).toMatchObject({ state: 'queued', attempts: 1, failures: 1, progress_done: 2, last_error: 'step 3 failed on purpose' });
     expect(first.due_at.getTime()).toBeGreaterThan(Date.now() + 3000);
     expect(log.lines.filter((l) => l.level === 'warn').map((l) => l.msg)).toEqual(['job step failed; will retry']);
@@ -151,7 +171,8 @@ describe(`durable jobs on ${BACKEND}`, () => {
 
   it('leaves a job of a kind it does not know to an instance that knows it (a newer version, mid-deploy): never claimed', async () => {
     const id = await enqueueJob(db(), { kind: 'test.unknown', organizationId: null, payload: {} });
-    const job = await runner().runToEnd(id, { timeoutMs: 500 });
+    // One pass (timeoutMs 0): claimed and run here if this runner could.
+    const job = await runner().runToEnd(id, { timeoutMs: 0 });
     expect(job).toMatchObject({ state: 'queued', attempts: 0, failures: 0, last_error: null });
     await db().deleteFrom('jobs').where('id', '=', id).execute();
   });
@@ -167,7 +188,8 @@ describe(`durable jobs on ${BACKEND}`, () => {
     expect(job!.due_at.getTime()).toBeLessThanOrEqual(Date.now());
     const done = job!.progress_done;
     expect(await effectsOf(id)).toEqual(Array.from({ length: done }, (_, i) => i + 1));
-    // Another instance finishes it from there.
+    // Another instance finishes it from there (each step at once: slow steps were for the stop).
+    quickened.add(id);
     expect(await runner().runToEnd(id)).toMatchObject({ state: 'succeeded', progress_done: 50 });
     expect(await effectsOf(id)).toEqual(Array.from({ length: 50 }, (_, i) => i + 1));
   });
