@@ -98,8 +98,16 @@ export async function enterPassword(page: Page, email: string | undefined, passw
   await page.fill('input[name="password"]', password);
 }
 
+/** The tallest page screenshotted whole, in CSS pixels (a whole-page screenshot lays the page out at its full height). */
+const FULL_PAGE_MAX_HEIGHT = 10_000;
+
+/**
+ * The whole page as it is now, to be looked at (not compared); of a longer page (the API
+ * reference: some 60,000 px at 1280 px, twice that at 375 px), what the window shows.
+ */
 export async function screenshot(page: Page, name: string): Promise<void> {
-  await page.screenshot({ path: path.join(SCREENSHOTS, `${name}.png`), fullPage: true });
+  const height = await page.evaluate(() => document.documentElement.scrollHeight);
+  await page.screenshot({ path: path.join(SCREENSHOTS, `${name}.png`), fullPage: height <= FULL_PAGE_MAX_HEIGHT });
 }
 
 /** An authorization request of `oidc` to `rp`'s callback, with PKCE, state and nonce: its URL, and what the code grant checks. */
