@@ -15,6 +15,8 @@ export default defineConfig({
     // servers, and test/setup.ts puts back timers, mocks and stubbed env after each file.
     isolate: false,
     sequence: { sequencer: LongestFirst },
+    // TEST_REPORT=<file>: also a JSON report (per-file durations for scripts/test-durations.mjs).
+    ...(process.env.TEST_REPORT ? { reporters: ['default', 'json'], outputFile: { json: process.env.TEST_REPORT } } : {}),
     testTimeout: 30_000,
     hookTimeout: 60_000,
   },
