@@ -9,7 +9,10 @@ import { once } from 'node:events';
 import http from 'node:http';
 import { type AddressInfo, createServer, type Server, type Socket } from 'node:net';
 import { Webhook } from 'standardwebhooks';
-import { expect } from 'vitest';
+
+/** The timers as they were at load: a test that fakes the clock (vi.useFakeTimers) still gets real timeouts here. */
+const realSetTimeout = globalThis.setTimeout;
+const realClearTimeout = globalThis.clearTimeout;
 
 export interface ReceivedWebhook {
   path: string;
@@ -38,6 +41,8 @@ export class WebhookReceiver {
   answer: (request: ReceivedWebhook) => Answer | Promise<Answer> = () => ({ status: 204 });
   private server: http.Server | undefined;
   private readonly sockets = new Set<Socket>();
+  /** Told of each request as it is recorded (waitFor). */
+  private readonly arrivals = new Set<() => void>();
 
   private constructor(public port: number) {}
 
@@ -79,10 +84,25 @@ export class WebhookReceiver {
     return this.received.filter((r) => r.id === id);
   }
 
-  /** Waits for a request that `match` accepts and returns it. */
+  /** Waits for a request that `match` accepts (one already received, or the next that arrives) and returns it. */
   async waitFor(match: (r: ReceivedWebhook) => boolean, timeout = 15_000): Promise<ReceivedWebhook> {
-    await expect.poll(() => this.received.some(match), { timeout, interval: 50 }).toBe(true);
-    return this.received.find(match)!;
+    const found = this.received.find(match);
+    if (found) return found;
+    let arrived!: () => void;
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      return await new Promise<ReceivedWebhook>((resolve, reject) => {
+        arrived = () => {
+          const request = this.received.find(match);
+          if (request) resolve(request);
+        };
+        this.arrivals.add(arrived);
+        timer = realSetTimeout(() => reject(new Error(`no matching webhook request arrived within ${timeout} ms (${this.received.length} received)`)), timeout);
+      });
+    } finally {
+      this.arrivals.delete(arrived);
+      realClearTimeout(timer);
+    }
   }
 
   private async handle(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
@@ -111,6 +131,7 @@ export class WebhookReceiver {
       at: Date.now(),
     };
     this.received.push(received);
+    for (const arrived of [...this.arrivals]) arrived();
     const answer = await this.answer(received);
     if (answer === 'hang') return;
     if (answer === 'reset') {

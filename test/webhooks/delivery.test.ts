@@ -5,9 +5,13 @@
  * after a rotation; redirects are not followed; the delivery log keeps 1 KB of each answer; a
  * hanging receiver costs one attempt of 10 s; one a stop cut short is handed back; the retries
  * end; five days of failures disable the endpoint and tell the organization's owners.
+ *
+ * Nothing here waits on the wall clock: the tests wait for the queue's own changes (watchQueue),
+ * a retry's backoff is skipped (retryNow), and the 10 s of the hanging receiver and a stop's
+ * wait for requests in flight pass on a fake clock.
  */
 import { sql } from 'kysely';
-import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it, vi } from 'vitest';
 import { createUser } from '../../src/accounts/users.js';
 import { openText } from '../../src/lib/crypto.js';
 import { KEPT_BODY_BYTES, WEBHOOK_TIMEOUT_MS } from '../../src/webhooks/dispatcher.js';
@@ -18,11 +22,29 @@ import { buildTestApp, logCapture, TEST_SECRET_KEY } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
 import { WebhookReceiver } from '../helpers/webhook-receiver.js';
 import { selectOrganization, submit } from '../dashboard/fixture.js';
-import { attemptsOf, deliveryOf, emit, insertEndpoint, newOrganization, outcomeCount, seconds, startDispatcher, type TestDispatcher } from './fixture.js';
+import {
+  attemptsLogged,
+  attemptsOf,
+  deliveryOf,
+  deliveryState,
+  emit,
+  everythingDue,
+  insertEndpoint,
+  newOrganization,
+  outcomeCount,
+  type QueueWatch,
+  retryNow,
+  settleAndStop,
+  startDispatcher,
+  stopCuttingShort,
+  type TestDispatcher,
+  watchQueue,
+} from './fixture.js';
 
 let t: Awaited<ReturnType<typeof createTestDatabase>>;
 let receiver: WebhookReceiver;
 let running: TestDispatcher | undefined;
+let watch: QueueWatch;
 const db = () => t.handle.db;
 let paths = 0;
 const path = () => `/hook-${++paths}`;
@@ -35,10 +57,12 @@ async function dispatch(delays = '1,1,1,1,1,1,1,1', env: Record<string, string> 
 
 beforeAll(async () => {
   t = await createTestDatabase();
+  watch = await watchQueue(t.handle.db, t.handle.listen);
   receiver = await WebhookReceiver.start();
 });
 afterAll(async () => {
   await receiver?.stop();
+  await watch?.close();
   await t?.close();
 });
 beforeEach(() => {
@@ -46,6 +70,7 @@ beforeEach(() => {
   receiver.secrets = [];
 });
 afterEach(async () => {
+  vi.useRealTimers();
   await running?.stop();
   running = undefined;
   // Nothing of this test is left for the next one's dispatcher.
@@ -88,8 +113,7 @@ describe(`webhook delivery on ${BACKEND}`, () => {
       const event = await db().selectFrom('webhook_events').selectAll().where('message_id', '=', request.id).executeTakeFirstOrThrow();
       expect(event.type).toBe('member.added');
       expect(JSON.parse(request.body)).toEqual(event.payload);
-      await expect.poll(async () => (await deliveryOf(db(), event.id, endpoint.id)).state).toBe('succeeded');
-      const delivery = await deliveryOf(db(), event.id, endpoint.id);
+      const delivery = await deliveryState(watch, db(), (await deliveryOf(db(), event.id, endpoint.id)).id, 'succeeded');
       expect(delivery).toMatchObject({ attempts: 1, last_status: 204, last_error: null, finished_at: expect.any(Date) });
       expect(await attemptsOf(db(), delivery.id)).toMatchObject([{ attempt: 1, status: 204, error: null }]);
     } finally {
@@ -102,13 +126,17 @@ describe(`webhook delivery on ${BACKEND}`, () => {
     const endpoint = await insertEndpoint(db(), org.id, receiver.url(path()));
     receiver.secrets = [endpoint.secret];
     const capture = logCapture();
-    await dispatch('1,1,1,1,1,1,1,1,1,1', {}, capture.stream);
+    const running = await dispatch('60,60,60,60,60,60,60,60,60,60', {}, capture.stream);
     await receiver.stop();
     try {
       const event = (await emit(db(), org.id))!;
       const delivery = await deliveryOf(db(), event.id, endpoint.id);
-      await expect.poll(async () => (await attemptsOf(db(), delivery.id)).length, { timeout: 15_000 }).toBeGreaterThanOrEqual(2);
+      await attemptsLogged(watch, db(), delivery.id, 1);
+      // Its minute of backoff passes.
+      await retryNow(watch, db(), delivery.id, running);
+      await attemptsLogged(watch, db(), delivery.id, 2);
       const failed = await attemptsOf(db(), delivery.id);
+      expect(failed.length).toBeGreaterThanOrEqual(2);
       for (const attempt of failed) expect(attempt).toMatchObject({ status: null, response_body: null, error: expect.stringMatching(/ECONNREFUSED/) });
       const failing = await db().selectFrom('webhook_endpoints').select(['failing_since', 'enabled']).where('id', '=', endpoint.id).executeTakeFirstOrThrow();
       expect(failing).toMatchObject({ failing_since: expect.any(Date), enabled: true });
@@ -117,16 +145,18 @@ describe(`webhook delivery on ${BACKEND}`, () => {
       await receiver.listen();
     }
     const event = (await db().selectFrom('webhook_events').select(['id', 'message_id']).where('organization_id', '=', org.id).executeTakeFirstOrThrow());
+    const delivery = await deliveryOf(db(), event.id, endpoint.id);
+    await retryNow(watch, db(), delivery.id, running);
     const request = await receiver.waitFor((r) => r.id === event.message_id);
     expect(request.verifiedWith).toEqual([endpoint.secret]);
-    const delivery = await deliveryOf(db(), event.id, endpoint.id);
-    await expect.poll(async () => (await deliveryOf(db(), event.id, endpoint.id)).state).toBe('succeeded');
+    await deliveryState(watch, db(), delivery.id, 'succeeded');
     const attempts = await attemptsOf(db(), delivery.id);
     expect(attempts.length).toBeGreaterThanOrEqual(3);
     expect(attempts.map((a) => a.attempt)).toEqual(attempts.map((_, i) => i + 1));
     expect(attempts.at(-1)).toMatchObject({ status: 204, error: null });
-    // Delivered once; the success ends the endpoint's run of failures.
-    await seconds(1500);
+    // Delivered once (however long the dispatcher looks); the success ends the endpoint's run of failures.
+    await everythingDue(db());
+    await settleAndStop(running);
     expect(receiver.withId(event.message_id)).toHaveLength(1);
     expect((await db().selectFrom('webhook_endpoints').select('failing_since').where('id', '=', endpoint.id).executeTakeFirstOrThrow()).failing_since).toBeNull();
   });
@@ -164,13 +194,15 @@ describe(`webhook delivery on ${BACKEND}`, () => {
     const target = path();
     const endpoint = await insertEndpoint(db(), org.id, receiver.url(hook));
     receiver.answer = (r) => (r.path === hook ? { status: 307, headers: { location: receiver.url(target) } } : { status: 204 });
-    await dispatch('3600');
+    const running = await dispatch('3600');
     const event = (await emit(db(), org.id))!;
     const delivery = await deliveryOf(db(), event.id, endpoint.id);
-    await expect.poll(async () => (await attemptsOf(db(), delivery.id)).length, { timeout: 10_000 }).toBe(1);
+    await attemptsLogged(watch, db(), delivery.id, 1);
+    // Nothing left in flight that could still reach the target.
+    await settleAndStop(running);
+    expect(await attemptsOf(db(), delivery.id)).toHaveLength(1);
     expect((await attemptsOf(db(), delivery.id))[0]).toMatchObject({ status: 307, error: expect.stringMatching(/^redirect \(307 to http:\/\/127\.0\.0\.1:\d+\/hook-\d+\) not followed$/) });
     expect(await deliveryOf(db(), event.id, endpoint.id)).toMatchObject({ state: 'pending', last_status: 307, attempts: 1 });
-    await seconds(500);
     expect(receiver.received.filter((r) => r.path === target)).toHaveLength(0);
     await expect.poll(() => outcomeCount(running!.metrics, 'retry')).toBe(1);
   });
@@ -187,7 +219,8 @@ describe(`webhook delivery on ${BACKEND}`, () => {
     const [kept = undefined, refused = undefined] = await Promise.all(
       endpoints.map(async (e) => {
         const delivery = await deliveryOf(db(), event.id, e.id);
-        await expect.poll(async () => (await attemptsOf(db(), delivery.id)).length, { timeout: 10_000 }).toBe(1);
+        await attemptsLogged(watch, db(), delivery.id, 1);
+        expect(await attemptsOf(db(), delivery.id)).toHaveLength(1);
         return (await attemptsOf(db(), delivery.id))[0]!;
       }),
     );
@@ -205,10 +238,18 @@ describe(`webhook delivery on ${BACKEND}`, () => {
     const endpoint = await insertEndpoint(db(), org.id, receiver.url(path()));
     receiver.answer = () => 'hang';
     await dispatch('3600');
+    // The 10 s pass on a fake clock: the request's deadline (a setTimeout) and its duration (Date)
+    // are this process's, and move on by themselves (as slowly as the real clock at most) until
+    // the test jumps them forward.
+    vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout', 'Date'], shouldAdvanceTime: true });
     const event = (await emit(db(), org.id))!;
     const delivery = await deliveryOf(db(), event.id, endpoint.id);
     await receiver.waitFor((r) => r.id === event.message_id);
-    await expect.poll(async () => (await attemptsOf(db(), delivery.id)).length, { timeout: WEBHOOK_TIMEOUT_MS + 5000, interval: 250 }).toBe(1);
+    // The request is under way (its deadline set before it was sent), and its answer will never come.
+    vi.advanceTimersByTime(WEBHOOK_TIMEOUT_MS);
+    await attemptsLogged(watch, db(), delivery.id, 1);
+    vi.useRealTimers();
+    expect(await attemptsOf(db(), delivery.id)).toHaveLength(1);
     const [attempt] = await attemptsOf(db(), delivery.id);
     expect(attempt).toMatchObject({ status: null, error: expect.stringMatching(/timed out after 10000 ms/) });
     expect(attempt!.duration_ms).toBeGreaterThanOrEqual(WEBHOOK_TIMEOUT_MS - 100);
@@ -225,7 +266,7 @@ describe(`webhook delivery on ${BACKEND}`, () => {
     await receiver.waitFor((r) => r.id === event.message_id);
     expect(await deliveryOf(db(), event.id, endpoint.id)).toMatchObject({ state: 'pending', attempts: 1 });
     // The lease would keep it for a minute; the stop gives it back instead.
-    await first.stop();
+    await stopCuttingShort(first);
     running = undefined;
     const handedBack = await deliveryOf(db(), event.id, endpoint.id);
     expect(handedBack).toMatchObject({ state: 'pending', attempts: 0 });
@@ -234,7 +275,7 @@ describe(`webhook delivery on ${BACKEND}`, () => {
     // Another dispatcher sends it at once, under the same webhook-id.
     receiver.answer = () => ({ status: 204 });
     await dispatch('3600');
-    await expect.poll(async () => (await deliveryOf(db(), event.id, endpoint.id)).state, { timeout: 5000 }).toBe('succeeded');
+    await deliveryState(watch, db(), handedBack.id, 'succeeded');
     expect(receiver.withId(event.message_id).length).toBe(2);
     expect(await deliveryOf(db(), event.id, endpoint.id)).toMatchObject({ attempts: 1 });
   });
@@ -243,17 +284,24 @@ describe(`webhook delivery on ${BACKEND}`, () => {
     const org = await newOrganization(db());
     const endpoint = await insertEndpoint(db(), org.id, receiver.url(path()));
     receiver.answer = () => ({ status: 503 });
-    await dispatch('1,1');
+    const running = await dispatch('30,60');
     const event = (await emit(db(), org.id))!;
-    await expect.poll(async () => (await deliveryOf(db(), event.id, endpoint.id)).state, { timeout: 15_000 }).toBe('failed');
+    const { id } = await deliveryOf(db(), event.id, endpoint.id);
+    // Both backoffs pass, each as it comes.
+    for (const attempt of [1, 2]) {
+      await attemptsLogged(watch, db(), id, attempt);
+      await retryNow(watch, db(), id, running);
+    }
+    await deliveryState(watch, db(), id, 'failed');
     const delivery = await deliveryOf(db(), event.id, endpoint.id);
     expect(delivery).toMatchObject({ attempts: 3, last_status: 503, last_error: 'answered 503', finished_at: expect.any(Date) });
     expect((await attemptsOf(db(), delivery.id)).map((a) => a.status)).toEqual([503, 503, 503]);
     expect(receiver.withId(event.message_id)).toHaveLength(3);
-    await expect.poll(() => outcomeCount(running!.metrics, 'failed')).toBe(1);
-    expect(await outcomeCount(running!.metrics, 'retry')).toBe(2);
-    // Failed is final: nothing more is sent.
-    await seconds(2500);
+    await expect.poll(() => outcomeCount(running.metrics, 'failed')).toBe(1);
+    expect(await outcomeCount(running.metrics, 'retry')).toBe(2);
+    // Failed is final: nothing more is sent, however long the dispatcher looks.
+    await everythingDue(db());
+    await settleAndStop(running);
     expect(receiver.withId(event.message_id)).toHaveLength(3);
   });
 
@@ -268,7 +316,7 @@ describe(`webhook delivery on ${BACKEND}`, () => {
     const capture = logCapture();
     await dispatch('60', {}, capture.stream);
     const event = (await emit(db(), org.id))!;
-    await expect.poll(async () => (await db().selectFrom('webhook_endpoints').select('enabled').where('id', '=', endpoint.id).executeTakeFirstOrThrow()).enabled, { timeout: 10_000 }).toBe(false);
+    await watch.until(async () => !(await db().selectFrom('webhook_endpoints').select('enabled').where('id', '=', endpoint.id).executeTakeFirstOrThrow()).enabled, 'the endpoint to be disabled');
     expect(await db().selectFrom('webhook_endpoints').select(['disabled_reason', 'failing_since']).where('id', '=', endpoint.id).executeTakeFirstOrThrow()).toMatchObject({
       disabled_reason: 'failing',
       failing_since: expect.any(Date),
@@ -295,7 +343,8 @@ describe(`webhook delivery on ${BACKEND}`, () => {
       .returning('id')
       .executeTakeFirstOrThrow();
     running!.dispatcher.wake();
-    await expect.poll(async () => (await db().selectFrom('webhook_deliveries').select(['state', 'last_error', 'attempts']).where('id', '=', stray.id).executeTakeFirstOrThrow())).toEqual({
+    await deliveryState(watch, db(), stray.id, 'failed');
+    expect(await db().selectFrom('webhook_deliveries').select(['state', 'last_error', 'attempts']).where('id', '=', stray.id).executeTakeFirstOrThrow()).toEqual({
       state: 'failed',
       last_error: 'endpoint disabled',
       attempts: 0,

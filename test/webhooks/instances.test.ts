@@ -5,27 +5,34 @@
  * requests by webhook-id and endpoint; with a first attempt that fails, each pair is seen exactly
  * twice, matching the two attempts logged.
  *
+ * The retries come due when the test says (all at once, once every first attempt is logged), not
+ * after a real backoff, and the test waits on the queue's own changes (watchQueue).
+ *
  * PostgreSQL only: on the embedded database there is one connection and one process.
  */
+import { sql } from 'kysely';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { recordAuditEvent } from '../../src/audit/events.js';
 import { connectDatabase, type DatabaseHandle } from '../../src/db/connect.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
 import { WebhookReceiver } from '../helpers/webhook-receiver.js';
-import { insertEndpoint, newOrganization, outcomeCount, seconds, startDispatcher, type TestDispatcher } from './fixture.js';
+import { everythingDue, insertEndpoint, newOrganization, outcomeCount, type QueueWatch, settleAndStop, startDispatcher, type TestDispatcher, watchQueue } from './fixture.js';
 
 const EVENTS = 60;
 
 let t: Awaited<ReturnType<typeof createTestDatabase>>;
 let receiver: WebhookReceiver;
+let watch: QueueWatch;
 
 describe.skipIf(BACKEND !== 'postgres')('webhook delivery by two instances on postgres', () => {
   beforeAll(async () => {
     t = await createTestDatabase();
+    watch = await watchQueue(t.handle.db, t.handle.listen);
     receiver = await WebhookReceiver.start();
   });
   afterAll(async () => {
     await receiver?.stop();
+    await watch?.close();
     await t?.close();
   });
 
@@ -47,20 +54,33 @@ describe.skipIf(BACKEND !== 'postgres')('webhook delivery by two instances on po
     const instances: TestDispatcher[] = [];
     try {
       for (const handle of handles) {
-        instances.push(await startDispatcher(handle.db, { env: { WEBHOOK_ALLOW_PRIVATE: '1', WEBHOOK_RETRY_DELAYS: '1' }, listen: handle.listen }));
+        instances.push(await startDispatcher(handle.db, { env: { WEBHOOK_ALLOW_PRIVATE: '1', WEBHOOK_RETRY_DELAYS: '3600' }, listen: handle.listen }));
       }
       for (let i = 0; i < EVENTS; i++) await recordAuditEvent(db, { organizationId: org.id, action: 'member.added', details: { user_id: i + 1000, role: 'member' } });
       const events = await db.selectFrom('webhook_events').select(['id', 'message_id']).where('organization_id', '=', org.id).execute();
       expect(events).toHaveLength(EVENTS);
 
-      await expect
-        .poll(async () => (await db.selectFrom('webhook_deliveries').select('id').where('organization_id', '=', org.id).where('state', '=', 'succeeded').execute()).length, {
-          timeout: 40_000,
-          interval: 250,
-        })
-        .toBe(EVENTS * endpoints.length);
-      // A few more polls of both instances: nothing is sent again.
-      await seconds(2500);
+      // Every first attempt made and logged (each failed: none is due again for an hour)...
+      await watch.until(async () => {
+        const { rows } = await sql<{ n: number }>`
+          select count(*)::int as n from webhook_deliveries d
+          where d.organization_id = ${org.id} and d.state = 'pending' and d.attempts = 1
+            and exists (select 1 from webhook_attempts a where a.delivery_id = d.id and a.attempt = 1)`.execute(db);
+        return rows[0]!.n === EVENTS * endpoints.length;
+      }, 'every first attempt to be logged', 40_000);
+      // ... then the hour passes for all of them at once, and both instances hear of it, as their polls would.
+      await db.updateTable('webhook_deliveries').set({ next_attempt_at: sql<Date>`now()` }).where('organization_id', '=', org.id).where('state', '=', 'pending').execute();
+      for (const instance of instances) instance.dispatcher.wake();
+      await watch.until(
+        async () =>
+          (await db.selectFrom('webhook_deliveries').select('id').where('organization_id', '=', org.id).where('state', '=', 'succeeded').execute()).length ===
+          EVENTS * endpoints.length,
+        'every delivery to succeed',
+        40_000,
+      );
+      // However long both instances look at the queue, nothing is sent again.
+      await everythingDue(db);
+      await settleAndStop(...instances);
       for (const { message_id } of events) {
         for (const path of ['/first', '/second']) {
           const requests = receiver.received.filter((r) => r.id === message_id && r.path === path);
