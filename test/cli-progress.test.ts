@@ -10,14 +10,17 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { sql } from 'kysely';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
-import { runCli } from '../src/cli/index.js';
+import { runCli, runCommandLine } from '../src/cli/index.js';
 import { applicationByClientId, PROGRESS_INTERVAL_MS, progressLine } from '../src/cli/shared.js';
-import type { DB } from '../src/db/connect.js';
+import { loadConfig } from '../src/config.js';
+import type { DatabaseHandle, DB } from '../src/db/connect.js';
 import { jobHandlers } from '../src/jobs/handlers.js';
 import { type JobProgress, JobRunner } from '../src/jobs/queue.js';
 import { updateApplication } from '../src/oauth/models/applications.js';
 import { deleteExpired } from '../src/retention.js';
-import { BACKEND, createEmptyDatabase, type TestDatabase, withDatabase } from './helpers/db.js';
+import { openDatabase } from '../src/runtime.js';
+import { BACKEND, createEmptyDatabase, type TestDatabase } from './helpers/db.js';
+import { finishJobs } from './helpers/jobs.js';
 import { CLI, HAS_SCRIPT, ROOT, run } from './helpers/process.js';
 
 const CLEAR = '\r\x1b[K';
@@ -84,12 +87,31 @@ let database: TestDatabase;
 beforeAll(async () => {
   database = await createEmptyDatabase({ onDisk: true });
 });
-afterAll(() => database.drop());
+afterAll(async () => {
+  await closeShared();
+  await database.drop();
+});
 
 const env = () => ({ ...database.env, LOG_LEVEL: 'silent' });
 
-/** Runs the command in this process; `terminal`: stderr is a 200-column terminal. */
+/**
+ * The database the test's own setup and checks use, opened once (the embedded database on disk
+ * takes a second or more to open); closed there before a command that opens it runs (one
+ * process at a time holds it).
+ */
+let shared: Promise<DatabaseHandle> | undefined;
+const sharedDb = async (): Promise<DB> => (await (shared ??= openDatabase(loadConfig(env())).then((opened) => opened.handle))).db;
+async function closeShared(): Promise<void> {
+  const open = shared;
+  shared = undefined;
+  await (await open?.catch(() => undefined))?.close();
+}
+/** Before a command that opens the database itself (runCli, the real binary). */
+const letGo = async () => void (BACKEND === 'pglite' && (await closeShared()));
+
+/** Runs the command in this process, through runCli (what the binary runs); `terminal`: stderr is a 200-column terminal. */
 async function cli(argv: string[], options: { terminal?: boolean; env?: Record<string, string> } = {}): Promise<{ code: number; stdout: string; stderr: string }> {
+  await letGo();
   let stdout = '';
   let stderr = '';
   const code = await runCli(argv, {
@@ -101,13 +123,16 @@ async function cli(argv: string[], options: { terminal?: boolean; env?: Record<s
   return { code, stdout, stderr };
 }
 
+/** Setup with a --json command, run in process on the shared database (runCommandLine, then its jobs finished): its progress is not what is looked at. */
 async function json(...argv: string[]): Promise<Record<string, unknown>> {
-  const result = await cli([...argv, '--json']);
+  const db = await sharedDb();
+  const result = await runCommandLine([...argv, '--json'], { db, config: loadConfig(env()), applied: [] });
+  await finishJobs(db);
   expect(result, result.stderr).toMatchObject({ code: 0, stderr: '' });
   return JSON.parse(result.stdout) as Record<string, unknown>;
 }
 
-const withDb = <T>(fn: (db: DB) => Promise<T>): Promise<T> => withDatabase(database.target, fn);
+const withDb = async <T>(fn: (db: DB) => Promise<T>): Promise<T> => fn(await sharedDb());
 
 const SESSIONS = 2500;
 const GRANTS = 700;
@@ -145,7 +170,9 @@ const liveGrants = (clientId: string) =>
     ),
   );
 
-describe(`long commands on ${BACKEND}: progress on a terminal only`, () => {
+// Each command opens the embedded database on disk, the first applying every migration (a minute
+// or more on a busy machine): more time than the default 30 s.
+describe(`long commands on ${BACKEND}: progress on a terminal only`, { timeout: 180_000 }, () => {
   let userId: number;
   let orgId: number;
 
@@ -247,6 +274,7 @@ describe(`long commands on ${BACKEND}: progress on a terminal only`, () => {
   });
 
   it.skipIf(BACKEND !== 'pglite')('waiting for the embedded database in use by another process shows how long it has waited', async () => {
+    await letGo();
     const lockFile = `${(database.target as { dataDir: string }).dataDir}.lock`;
     const holder = spawn('sleep', ['60'], { stdio: 'ignore' });
     try {
@@ -281,7 +309,8 @@ describe(`long commands on ${BACKEND}: progress on a terminal only`, () => {
      * Runs `orgauth args` inside a pseudo-terminal: `terminal` is what it showed there (stderr,
      * and stdout unless `stdoutFile` takes it; CRLF line ends).
      */
-    function inTerminal(args: string[], stdoutFile?: string): Promise<{ code: number | null; terminal: string; stdout: string }> {
+    async function inTerminal(args: string[], stdoutFile?: string): Promise<{ code: number | null; terminal: string; stdout: string }> {
+      await letGo();
       const command = [process.execPath, CLI, ...args].map(shellWord).join(' ') + (stdoutFile ? ` > ${shellWord(stdoutFile)}` : '');
       const child = spawn('script', ['--quiet', '--flush', '--return', '--command', command, '/dev/null'], {
         cwd: ROOT,
@@ -306,6 +335,7 @@ describe(`long commands on ${BACKEND}: progress on a terminal only`, () => {
       expect(shown.stdout).toMatch(new RegExp(`^deleted 0 authorization codes, 0 refresh tokens, 0 revoked access tokens, ${SESSIONS} sessions, .*\\n$`));
 
       await expiredSessions(userId);
+      await letGo();
       expect(await run(CLI, ['cleanup'], env())).toEqual({ code: 0, stdout: shown.stdout, stderr: '' });
 
       await expiredSessions(userId);
@@ -329,6 +359,7 @@ describe(`long commands on ${BACKEND}: progress on a terminal only`, () => {
       expect(await liveGrants(clientId)).toBe(0);
 
       const piped = await appWithGrants(orgId, 'Bulk Piped');
+      await letGo();
       expect(await run(CLI, ['app', 'disable', '--client-id', piped], env())).toEqual({ code: 0, stdout: `disabled application ${piped} "Bulk Piped"\n`, stderr: '' });
       expect(await liveGrants(piped)).toBe(0);
     });

@@ -10,13 +10,16 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { runCli, withAbsoluteFiles } from '../src/cli/index.js';
-import { connectDatabase } from '../src/db/connect.js';
+import { runCli, runCommandLine, withAbsoluteFiles } from '../src/cli/index.js';
+import { loadConfig } from '../src/config.js';
+import type { DatabaseHandle, DB } from '../src/db/connect.js';
 import { openText } from '../src/lib/crypto.js';
+import { openDatabase } from '../src/runtime.js';
 import { CLIENT_SECRET_PURPOSE } from '../src/sso/connections.js';
 import { TEST_SECRET_KEY, testConfig } from './helpers/app.js';
 import { BACKEND, createEmptyDatabase, type TestDatabase } from './helpers/db.js';
 import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
+import { finishJobs } from './helpers/jobs.js';
 import { certificateBody, createSamlIdp, generateTestKeyPair, idpKeyPair } from './helpers/saml-idp.js';
 
 let database: TestDatabase;
@@ -37,21 +40,61 @@ beforeAll(async () => {
   files = mkdtempSync(path.join(tmpdir(), 'orgauth-cli-sso-'));
   issuer = testConfig(database.env).issuer;
   expect((await cli('migrate')).code).toBe(0);
-  expect((await cli('user', 'create', '--email', 'owner@sso-cli.example', '--password', 'a-long-password')).code).toBe(0);
-  orgId = String((await json('org', 'create', '--name', 'SSO Corp', '--owner', 'owner@sso-cli.example')).id);
+  // Set up in process: the user and org commands are test/cli.test.ts's.
+  expect((await inProcess('user', 'create', '--email', 'owner@sso-cli.example', '--password', 'a-long-password')).code).toBe(0);
+  orgId = String(JSON.parse((await inProcess('org', 'create', '--name', 'SSO Corp', '--owner', 'owner@sso-cli.example', '--json')).stdout).id);
 });
 afterAll(async () => {
+  await closeShared();
   await dns?.close();
   await database?.drop();
   if (files) rmSync(files, { recursive: true, force: true });
 });
 
+/**
+ * The database the commands after the first of their family run on, opened once (the embedded
+ * database on disk takes a second or more to open, and one command opens it only while no other
+ * process holds it): closed before a command runs through runCli there.
+ */
+let shared: Promise<DatabaseHandle> | undefined;
+const sharedDb = async (): Promise<DB> => (await (shared ??= openDatabase(loadConfig(cliEnv())).then((opened) => opened.handle))).db;
+async function closeShared(): Promise<void> {
+  const open = shared;
+  shared = undefined;
+  await (await open?.catch(() => undefined))?.close();
+}
+/** The families (`domain`, `sso`, ...) a command has run through runCli. */
+const ranThroughRunCli = new Set<string>();
+
+const cliEnv = () => ({ ...database.env, LOG_LEVEL: 'silent', DNS_SERVERS: dns.address });
+
+/**
+ * Runs a command as `orgauth` does. The first of each family (and every `migrate`) goes through
+ * runCli, which loads the configuration and opens and migrates the database itself, as the
+ * binary does; the others run in process.
+ */
 async function cli(...argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  const family = argv.find((a) => !a.startsWith('-')) ?? argv[0] ?? '';
+  if (family !== 'migrate' && ranThroughRunCli.has(family)) return inProcess(...argv);
+  ranThroughRunCli.add(family);
+  // The embedded database is held by one process at a time: the shared one is closed first,
+  // unless for help, answered before any database is opened.
+  if (BACKEND === 'pglite' && !argv.includes('--help')) await closeShared();
   let stdout = '';
   let stderr = '';
-  const env = { ...database.env, LOG_LEVEL: 'silent', DNS_SERVERS: dns.address };
-  const code = await runCli(argv, { stdout: (s) => (stdout += s), stderr: (s) => (stderr += s), env });
+  const code = await runCli(argv, { stdout: (s) => (stdout += s), stderr: (s) => (stderr += s), env: cliEnv() });
   return { code, stdout, stderr };
+}
+
+/**
+ * Runs a command on the shared database with runCommandLine (the parsing and command runCli
+ * runs, and the server runs for its admin socket), then finishes the jobs it queued, as runCli does.
+ */
+async function inProcess(...argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  const db = await sharedDb();
+  const outcome = await runCommandLine(argv, { db, config: loadConfig(cliEnv()), applied: [] });
+  await finishJobs(db);
+  return outcome;
 }
 
 /** Runs a --json command and returns its one object, failing on anything else. */
@@ -70,16 +113,11 @@ async function jsonError(...argv: string[]): Promise<{ error: string; error_desc
 }
 
 async function auditActions(): Promise<{ action: string; actor_user_id: number | null; actor_client_id: string | null; details: unknown }[]> {
-  const handle = await connectDatabase(database.target);
-  try {
-    return await handle.db.selectFrom('audit_events').select(['action', 'actor_user_id', 'actor_client_id', 'details']).where('organization_id', '=', Number(orgId)).orderBy('id').execute();
-  } finally {
-    await handle.close();
-  }
+  return (await sharedDb()).selectFrom('audit_events').select(['action', 'actor_user_id', 'actor_client_id', 'details']).where('organization_id', '=', Number(orgId)).orderBy('id').execute();
 }
 
-// Every command opens the embedded database on disk (a second or two each on a busy machine), and
-// the tests below run dozens: more time than the default 30 s.
+// A command through runCli opens the embedded database on disk (a second or two each on a busy
+// machine, and as long again to open the shared one after it): more time than the default 30 s.
 describe(`orgauth domain on ${BACKEND}`, { timeout: 180_000 }, () => {
   const domain = 'sso-cli.example';
   const challenge = `_orgauth-challenge.${domain}`;
@@ -294,13 +332,8 @@ describe(`orgauth sso on ${BACKEND}`, { timeout: 180_000 }, () => {
     const updated = await cli('sso', 'update', '--org', orgId, '--id', String(oidcId), '--issuer', 'https://login.entra.example/v2.0', '--client-secret', secretNow, '--json');
     expect(updated.code, updated.stderr).toBe(0);
     expect(updated.stdout).not.toContain(secretNow);
-    const handle = await connectDatabase(database.target);
-    try {
-      const row = await handle.db.selectFrom('sso_connections').select('oidc_client_secret_sealed').where('id', '=', oidcId).executeTakeFirstOrThrow();
-      expect(openText(TEST_SECRET_KEY, CLIENT_SECRET_PURPOSE, row.oidc_client_secret_sealed!)).toBe(secretNow);
-    } finally {
-      await handle.close();
-    }
+    const row = await (await sharedDb()).selectFrom('sso_connections').select('oidc_client_secret_sealed').where('id', '=', oidcId).executeTakeFirstOrThrow();
+    expect(openText(TEST_SECRET_KEY, CLIENT_SECRET_PURPOSE, row.oidc_client_secret_sealed!)).toBe(secretNow);
 
     // --link-existing yes|no: the operator may turn linking existing accounts by their verified email off and on.
     expect(await json('sso', 'update', '--org', orgId, '--id', String(samlId), '--link-existing', 'no')).toMatchObject({ id: samlId, links_existing_accounts: false });

@@ -6,11 +6,14 @@
  * where the production rules are the point.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { runCli } from '../src/cli/index.js';
-import type { DB } from '../src/db/connect.js';
+import { runCli, runCommandLine } from '../src/cli/index.js';
+import { loadConfig } from '../src/config.js';
+import type { DatabaseHandle, DB } from '../src/db/connect.js';
+import { openDatabase } from '../src/runtime.js';
 import { openWebhookSecret } from '../src/webhooks/secrets.js';
 import { TEST_SECRET_KEY } from './helpers/app.js';
-import { BACKEND, createEmptyDatabase, type TestDatabase, withDatabase } from './helpers/db.js';
+import { BACKEND, createEmptyDatabase, type TestDatabase } from './helpers/db.js';
+import { finishJobs } from './helpers/jobs.js';
 
 let database: TestDatabase;
 let orgId: string;
@@ -19,19 +22,60 @@ const RECEIVER = 'http://127.0.0.1:9/hooks/cli';
 beforeAll(async () => {
   database = await createEmptyDatabase({ onDisk: true });
   expect((await cli('migrate')).code).toBe(0);
-  expect((await cli('user', 'create', '--email', 'owner@webhooks-cli.example', '--password', 'a-long-password')).code).toBe(0);
-  orgId = String((await json('org', 'create', '--name', 'Hooks Corp', '--owner', 'owner@webhooks-cli.example')).id);
+  // Set up in process: the user and org commands are test/cli.test.ts's.
+  expect((await inProcess({}, 'user', 'create', '--email', 'owner@webhooks-cli.example', '--password', 'a-long-password')).code).toBe(0);
+  orgId = String(JSON.parse((await inProcess({}, 'org', 'create', '--name', 'Hooks Corp', '--owner', 'owner@webhooks-cli.example', '--json')).stdout).id);
 });
 afterAll(async () => {
+  await closeShared();
   await database?.drop();
 });
 
-/** Runs a command with the test database, WEBHOOK_ALLOW_PRIVATE=1 and `env` on top. */
+/** The test database, WEBHOOK_ALLOW_PRIVATE=1 and `env` on top. */
+const cliEnv = (env: Record<string, string> = {}) => ({ ...database.env, LOG_LEVEL: 'silent', WEBHOOK_ALLOW_PRIVATE: '1', ...env });
+
+/**
+ * The database the commands after the first of their family run on, opened once (the embedded
+ * database on disk takes a second or more to open, and one command opens it only while no other
+ * process holds it): closed before a command runs through runCli there.
+ */
+let shared: Promise<DatabaseHandle> | undefined;
+const sharedDb = async (): Promise<DB> => (await (shared ??= openDatabase(loadConfig(cliEnv())).then((opened) => opened.handle))).db;
+async function closeShared(): Promise<void> {
+  const open = shared;
+  shared = undefined;
+  await (await open?.catch(() => undefined))?.close();
+}
+/** The families (`webhook`, ...) a command has run through runCli. */
+const ranThroughRunCli = new Set<string>();
+
+/**
+ * Runs a command with cliEnv(env) as `orgauth` does. The first of each family (and every
+ * `migrate`) goes through runCli, which loads the configuration and opens and migrates the
+ * database itself, as the binary does; the others run in process.
+ */
 async function cliWith(env: Record<string, string>, ...argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  const family = argv.find((a) => !a.startsWith('-')) ?? argv[0] ?? '';
+  if (family !== 'migrate' && ranThroughRunCli.has(family)) return inProcess(env, ...argv);
+  ranThroughRunCli.add(family);
+  // The embedded database is held by one process at a time: the shared one is closed first,
+  // unless for help, answered before any database is opened.
+  if (BACKEND === 'pglite' && !argv.includes('--help')) await closeShared();
   let stdout = '';
   let stderr = '';
-  const code = await runCli(argv, { stdout: (s) => (stdout += s), stderr: (s) => (stderr += s), env: { ...database.env, LOG_LEVEL: 'silent', WEBHOOK_ALLOW_PRIVATE: '1', ...env } });
+  const code = await runCli(argv, { stdout: (s) => (stdout += s), stderr: (s) => (stderr += s), env: cliEnv(env) });
   return { code, stdout, stderr };
+}
+
+/**
+ * Runs a command on the shared database with runCommandLine (the parsing and command runCli
+ * runs, and the server runs for its admin socket), then finishes the jobs it queued, as runCli does.
+ */
+async function inProcess(env: Record<string, string>, ...argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  const db = await sharedDb();
+  const outcome = await runCommandLine(argv, { db, config: loadConfig(cliEnv(env)), applied: [] });
+  await finishJobs(db);
+  return outcome;
 }
 
 const cli = (...argv: string[]) => cliWith({}, ...argv);
@@ -51,9 +95,10 @@ async function jsonError(...argv: string[]): Promise<{ error: string; error_desc
   return JSON.parse(result.stderr) as { error: string; error_description: string };
 }
 
-const withDb = <T>(fn: (db: DB) => Promise<T>): Promise<T> => withDatabase(database.target, fn);
+const withDb = async <T>(fn: (db: DB) => Promise<T>): Promise<T> => fn(await sharedDb());
 
-// Every command opens the embedded database on disk (a second or two each on a busy machine).
+// A command through runCli opens the embedded database on disk (a second or two each on a busy
+// machine, and as long again to open the shared one after it).
 describe(`orgauth webhook on ${BACKEND}`, { timeout: 180_000 }, () => {
   let id: number;
   let secret: string;

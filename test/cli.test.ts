@@ -3,22 +3,63 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { exportJWK, generateKeyPair } from 'jose';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { runCli } from '../src/cli/index.js';
-import type { DB } from '../src/db/connect.js';
+import { runCli, runCommandLine } from '../src/cli/index.js';
+import { loadConfig } from '../src/config.js';
+import type { DatabaseHandle, DB } from '../src/db/connect.js';
 import { secretMatches } from '../src/lib/crypto.js';
-import { BACKEND, createEmptyDatabase, type TestDatabase, withDatabase } from './helpers/db.js';
+import { openDatabase } from '../src/runtime.js';
+import { BACKEND, createEmptyDatabase, type TestDatabase } from './helpers/db.js';
+import { finishJobs } from './helpers/jobs.js';
 
 let database: TestDatabase;
 
 beforeAll(async () => {
   database = await createEmptyDatabase({ onDisk: true });
 });
-afterAll(() => database.drop());
+afterAll(async () => {
+  await closeShared();
+  await database.drop();
+});
 
+const cliEnv = () => ({ ...database.env, LOG_LEVEL: 'silent' });
+
+/**
+ * The database the commands after the first of their family run on, opened once (the embedded
+ * database on disk takes a second or more to open, and one command opens it only while no other
+ * process holds it): closed before a command runs through runCli there.
+ */
+let shared: Promise<DatabaseHandle> | undefined;
+const sharedDb = async (): Promise<DB> => (await (shared ??= openDatabase(loadConfig(cliEnv())).then((opened) => opened.handle))).db;
+async function closeShared(): Promise<void> {
+  const open = shared;
+  shared = undefined;
+  await (await open?.catch(() => undefined))?.close();
+}
+/** The families (`user`, `app`, ...) a command has run through runCli. */
+const ranThroughRunCli = new Set<string>();
+
+/**
+ * Runs a command as `orgauth` does. The first of each family (and every `migrate`) goes through
+ * runCli, which loads the configuration and opens and migrates the database itself, as the
+ * binary does; the others run on the shared database with runCommandLine (the parsing and
+ * command runCli runs, and the server runs for its admin socket), and the jobs they queue are
+ * finished after each, as runCli does.
+ */
 async function cli(...argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  const family = argv.find((a) => !a.startsWith('-')) ?? argv[0] ?? '';
+  if (family !== 'migrate' && ranThroughRunCli.has(family)) {
+    const db = await sharedDb();
+    const outcome = await runCommandLine(argv, { db, config: loadConfig(cliEnv()), applied: [] });
+    await finishJobs(db);
+    return outcome;
+  }
+  ranThroughRunCli.add(family);
+  // The embedded database is held by one process at a time: the shared one is closed first,
+  // unless for help, answered before any database is opened.
+  if (BACKEND === 'pglite' && !argv.includes('--help')) await closeShared();
   let stdout = '';
   let stderr = '';
-  const code = await runCli(argv, { stdout: (s) => (stdout += s), stderr: (s) => (stderr += s), env: { ...database.env, LOG_LEVEL: 'silent' } });
+  const code = await runCli(argv, { stdout: (s) => (stdout += s), stderr: (s) => (stderr += s), env: cliEnv() });
   return { code, stdout, stderr };
 }
 
@@ -37,9 +78,11 @@ async function jsonError(...argv: string[]): Promise<{ error: string; error_desc
   return JSON.parse(result.stderr) as { error: string; error_description: string };
 }
 
-const withDb = <T>(fn: (db: DB) => Promise<T>): Promise<T> => withDatabase(database.target, fn);
+const withDb = async <T>(fn: (db: DB) => Promise<T>): Promise<T> => fn(await sharedDb());
 
-describe(`orgauth CLI on ${BACKEND}`, () => {
+// A command through runCli opens the embedded database on disk (a second or two each on a busy
+// machine, and as long again to open the shared one after it): more time than the default 30 s.
+describe(`orgauth CLI on ${BACKEND}`, { timeout: 120_000 }, () => {
   let orgId: number;
 
   it('migrate applies the migrations once', async () => {
