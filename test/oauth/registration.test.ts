@@ -7,7 +7,7 @@
  */
 import type { FastifyInstance, InjectOptions, LightMyRequestResponse } from 'fastify';
 import { sql } from 'kysely';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished, vi } from 'vitest';
 import { ConfigError, parseConfig } from '../../src/config.js';
 import type { DB } from '../../src/db/connect.js';
 import { generateSecret, sha256Hex } from '../../src/lib/crypto.js';
@@ -551,8 +551,12 @@ describe(`reaping clients that never obtained a token on ${BACKEND}`, () => {
 
   it('runs in the server with UNUSED_CLIENT_TTL', async () => {
     const old = await registeredAgo(600);
+    // The server's intervals are fake: its second passes at once, then the sweep is waited for.
+    vi.useFakeTimers({ toFake: ['setInterval', 'clearInterval'], shouldClearNativeTimers: true });
+    onTestFinished(() => void vi.useRealTimers());
     const sweeping = await buildTestApp(db, { env: { CLEANUP_INTERVAL: '1', UNUSED_CLIENT_TTL: '300' } });
     try {
+      vi.advanceTimersByTime(1000);
       const deadline = Date.now() + 10_000;
       while (await exists(old.client_id)) {
         if (Date.now() > deadline) throw new Error('the unused registration was not deleted within 10 s');
