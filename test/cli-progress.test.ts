@@ -13,15 +13,15 @@ import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest
 import { runCli, runCommandLine } from '../src/cli/index.js';
 import { applicationByClientId, PROGRESS_INTERVAL_MS, progressLine } from '../src/cli/shared.js';
 import { loadConfig } from '../src/config.js';
-import type { DatabaseHandle, DB } from '../src/db/connect.js';
+import type { DB } from '../src/db/connect.js';
 import { jobHandlers } from '../src/jobs/handlers.js';
 import { type JobProgress, JobRunner } from '../src/jobs/queue.js';
 import { updateApplication } from '../src/oauth/models/applications.js';
 import { deleteExpired } from '../src/retention.js';
-import { openDatabase } from '../src/runtime.js';
 import { BACKEND, createEmptyDatabase, type TestDatabase } from './helpers/db.js';
 import { finishJobs } from './helpers/jobs.js';
 import { CLI, HAS_SCRIPT, ROOT, run } from './helpers/process.js';
+import { sharedDatabase } from './helpers/shared-database.js';
 
 const CLEAR = '\r\x1b[K';
 
@@ -99,13 +99,7 @@ const env = () => ({ ...database.env, LOG_LEVEL: 'silent' });
  * takes a second or more to open); closed there before a command that opens it runs (one
  * process at a time holds it).
  */
-let shared: Promise<DatabaseHandle> | undefined;
-const sharedDb = async (): Promise<DB> => (await (shared ??= openDatabase(loadConfig(env())).then((opened) => opened.handle))).db;
-async function closeShared(): Promise<void> {
-  const open = shared;
-  shared = undefined;
-  await (await open?.catch(() => undefined))?.close();
-}
+const { db: sharedDb, close: closeShared } = sharedDatabase(() => env());
 /** Before a command that opens the database itself (runCli, the real binary). */
 const letGo = async () => void (BACKEND === 'pglite' && (await closeShared()));
 

@@ -12,15 +12,14 @@ import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCli, runCommandLine, withAbsoluteFiles } from '../src/cli/index.js';
 import { loadConfig } from '../src/config.js';
-import type { DatabaseHandle, DB } from '../src/db/connect.js';
 import { openText } from '../src/lib/crypto.js';
-import { openDatabase } from '../src/runtime.js';
 import { CLIENT_SECRET_PURPOSE } from '../src/sso/connections.js';
 import { TEST_SECRET_KEY, testConfig } from './helpers/app.js';
 import { BACKEND, createEmptyDatabase, type TestDatabase } from './helpers/db.js';
 import { startDnsServer, type TestDnsServer } from './helpers/dns-server.js';
 import { finishJobs } from './helpers/jobs.js';
 import { certificateBody, createSamlIdp, generateTestKeyPair, idpKeyPair } from './helpers/saml-idp.js';
+import { sharedDatabase } from './helpers/shared-database.js';
 
 let database: TestDatabase;
 let dns: TestDnsServer;
@@ -43,7 +42,9 @@ beforeAll(async () => {
   // Set up in process: the user and org commands are test/cli.test.ts's.
   expect((await inProcess('user', 'create', '--email', 'owner@sso-cli.example', '--password', 'a-long-password')).code).toBe(0);
   orgId = String(JSON.parse((await inProcess('org', 'create', '--name', 'SSO Corp', '--owner', 'owner@sso-cli.example', '--json')).stdout).id);
-});
+
+  // The first command migrates an embedded database on disk: slow on a busy machine.
+}, 180_000);
 afterAll(async () => {
   await closeShared();
   await dns?.close();
@@ -56,13 +57,7 @@ afterAll(async () => {
  * database on disk takes a second or more to open, and one command opens it only while no other
  * process holds it): closed before a command runs through runCli there.
  */
-let shared: Promise<DatabaseHandle> | undefined;
-const sharedDb = async (): Promise<DB> => (await (shared ??= openDatabase(loadConfig(cliEnv())).then((opened) => opened.handle))).db;
-async function closeShared(): Promise<void> {
-  const open = shared;
-  shared = undefined;
-  await (await open?.catch(() => undefined))?.close();
-}
+const { db: sharedDb, close: closeShared } = sharedDatabase(() => cliEnv());
 /** The families (`domain`, `sso`, ...) a command has run through runCli. */
 const ranThroughRunCli = new Set<string>();
 

@@ -8,12 +8,12 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCli, runCommandLine } from '../src/cli/index.js';
 import { loadConfig } from '../src/config.js';
-import type { DatabaseHandle, DB } from '../src/db/connect.js';
-import { openDatabase } from '../src/runtime.js';
+import type { DB } from '../src/db/connect.js';
 import { openWebhookSecret } from '../src/webhooks/secrets.js';
 import { TEST_SECRET_KEY } from './helpers/app.js';
 import { BACKEND, createEmptyDatabase, type TestDatabase } from './helpers/db.js';
 import { finishJobs } from './helpers/jobs.js';
+import { sharedDatabase } from './helpers/shared-database.js';
 
 let database: TestDatabase;
 let orgId: string;
@@ -25,7 +25,9 @@ beforeAll(async () => {
   // Set up in process: the user and org commands are test/cli.test.ts's.
   expect((await inProcess({}, 'user', 'create', '--email', 'owner@webhooks-cli.example', '--password', 'a-long-password')).code).toBe(0);
   orgId = String(JSON.parse((await inProcess({}, 'org', 'create', '--name', 'Hooks Corp', '--owner', 'owner@webhooks-cli.example', '--json')).stdout).id);
-});
+
+  // The first command migrates an embedded database on disk: slow on a busy machine.
+}, 180_000);
 afterAll(async () => {
   await closeShared();
   await database?.drop();
@@ -39,13 +41,7 @@ const cliEnv = (env: Record<string, string> = {}) => ({ ...database.env, LOG_LEV
  * database on disk takes a second or more to open, and one command opens it only while no other
  * process holds it): closed before a command runs through runCli there.
  */
-let shared: Promise<DatabaseHandle> | undefined;
-const sharedDb = async (): Promise<DB> => (await (shared ??= openDatabase(loadConfig(cliEnv())).then((opened) => opened.handle))).db;
-async function closeShared(): Promise<void> {
-  const open = shared;
-  shared = undefined;
-  await (await open?.catch(() => undefined))?.close();
-}
+const { db: sharedDb, close: closeShared } = sharedDatabase(() => cliEnv());
 /** The families (`webhook`, ...) a command has run through runCli. */
 const ranThroughRunCli = new Set<string>();
 

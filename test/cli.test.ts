@@ -5,11 +5,11 @@ import { exportJWK, generateKeyPair } from 'jose';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runCli, runCommandLine } from '../src/cli/index.js';
 import { loadConfig } from '../src/config.js';
-import type { DatabaseHandle, DB } from '../src/db/connect.js';
+import type { DB } from '../src/db/connect.js';
 import { secretMatches } from '../src/lib/crypto.js';
-import { openDatabase } from '../src/runtime.js';
 import { BACKEND, createEmptyDatabase, type TestDatabase } from './helpers/db.js';
 import { finishJobs } from './helpers/jobs.js';
+import { sharedDatabase } from './helpers/shared-database.js';
 
 let database: TestDatabase;
 
@@ -28,13 +28,7 @@ const cliEnv = () => ({ ...database.env, LOG_LEVEL: 'silent' });
  * database on disk takes a second or more to open, and one command opens it only while no other
  * process holds it): closed before a command runs through runCli there.
  */
-let shared: Promise<DatabaseHandle> | undefined;
-const sharedDb = async (): Promise<DB> => (await (shared ??= openDatabase(loadConfig(cliEnv())).then((opened) => opened.handle))).db;
-async function closeShared(): Promise<void> {
-  const open = shared;
-  shared = undefined;
-  await (await open?.catch(() => undefined))?.close();
-}
+const { db: sharedDb, close: closeShared } = sharedDatabase(() => cliEnv());
 /** The families (`user`, `app`, ...) a command has run through runCli. */
 const ranThroughRunCli = new Set<string>();
 
