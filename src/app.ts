@@ -169,11 +169,13 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   const applications = new ApplicationCache(deps.db, { listen: deps.listen, logger: deps.logger });
   await applications.start();
   app.addHook('onClose', () => applications.stop());
+  /** The queues that claim work as soon as they start (jobs, mail, webhooks): started last (below). */
+  const startWhenReady: (() => unknown)[] = [];
   // Long work (a million grants revoked) that requests queue and any instance finishes; none
   // here with JOB_WORKERS=0 (others run them).
   if (config.jobWorkers > 0) {
     const jobs = new JobRunner(deps.db, { handlers: jobHandlers(revocations), logger: deps.logger, metrics, listen: deps.listen, workers: config.jobWorkers });
-    await jobs.start();
+    startWhenReady.push(() => jobs.start());
     app.addHook('onClose', () => jobs.stop());
   }
   const clientGrants = new ClientGrants(deps.db, revocations);
@@ -189,10 +191,10 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
     metrics,
     keepBodies: config.mail.devOutbox,
   });
-  mail.start();
+  startWhenReady.push(() => mail.start());
   // Signed webhooks: events written by the changes they report, delivered by every instance.
   const webhooks = new WebhookDispatcher(deps.db, { config, logger: deps.logger, metrics, listen: deps.listen, mail });
-  await webhooks.start();
+  startWhenReady.push(() => webhooks.start());
   const background = new BackgroundTasks(deps.logger);
   // Work that requests started finishes first, then the deliveries in flight (whose failures may
   // queue an email to the owners), then the outbox sends what it has claimed.
@@ -228,6 +230,18 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await app.register(devicePages, { db: deps.db, config, resources });
   await app.register(endSessionEndpoint, { db: deps.db, config, keys });
   await app.register(dashboardPages, { db: deps.db, config, keys, revocations, applications, clientGrants, metrics, mail });
+
+  // The queues start claiming once the app is ready, after every other onReady hook (a plugin's
+  // run after its parent's and its elder siblings': this plugin is the last one). Building the
+  // app, and the API reference's onReady, hold the event loop for seconds on a busy host: a claim
+  // sent before would read its answer only afterwards, past its deadline (CONNECT_TIMEOUT_MS,
+  // REQUEST_QUERY_TIMEOUT_MS), discarding a healthy connection that PostgreSQL then counts as
+  // abandoned (test/faults/sigterm.test.ts).
+  await app.register(async (last) => {
+    last.addHook('onReady', async () => {
+      for (const start of startWhenReady) await start();
+    });
+  });
 
   return app;
 }
