@@ -63,6 +63,13 @@ describe.skipIf(skipReason !== undefined)('the database goes away under load (R-
   const codes: string[] = [];
   /** Every request the load made, in order of completion. */
   const outcomes: Outcome[] = [];
+  /**
+   * Every request the load made, in order: the clock just before it was made and just after
+   * (its Outcome's startedAt is between), whether it needs the database, and its answer to come.
+   */
+  const made: { before: number; after: number; needsDatabase: boolean; outcome: Promise<Outcome> }[] = [];
+  /** What waits for the load (whenLoad), told of each request it makes and each answer. */
+  const loadWatchers = new Set<() => void>();
   let loading = true;
   let load: Promise<void> = Promise.resolve();
   let accessToken: string;
@@ -74,6 +81,31 @@ describe.skipIf(skipReason !== undefined)('the database goes away under load (R-
   };
   /** Requests that cannot be answered without the database: an API read and a code redemption. */
   const needsDatabase = (i: number): Promise<Outcome> => (i % 2 ? redeem() : listContacts(baseUrl, fixture, accessToken));
+
+  /** Resolves with `probe()`'s first value other than undefined, tried now and whenever the load makes a request or gets an answer. */
+  function whenLoad<T>(what: string, probe: () => T | undefined, timeoutMs = 30_000): Promise<T> {
+    return new Promise((resolve, reject) => {
+      const check = () => {
+        const value = probe();
+        if (value === undefined) return;
+        settle();
+        resolve(value);
+      };
+      const timer = setTimeout(() => {
+        settle();
+        reject(new Error(`the load did not come to ${what} within ${timeoutMs} ms`));
+      }, timeoutMs);
+      const settle = () => {
+        clearTimeout(timer);
+        loadWatchers.delete(check);
+      };
+      loadWatchers.add(check);
+      check();
+    });
+  }
+  const loadMoved = () => {
+    for (const watcher of [...loadWatchers]) watcher();
+  };
 
   beforeAll(async () => {
     requireBuiltServer();
@@ -105,7 +137,13 @@ describe.skipIf(skipReason !== undefined)('the database goes away under load (R-
     load = Promise.all(
       Array.from({ length: LOAD_WORKERS }, async (_, worker) => {
         for (let i = 0; loading; i++) {
-          outcomes.push(await ((worker + i) % 3 === 2 ? clientCredentials(baseUrl, fixture, 'client_credentials') : needsDatabase(worker + i)));
+          const before = Date.now();
+          const needs = (worker + i) % 3 !== 2;
+          const outcome = needs ? needsDatabase(worker + i) : clientCredentials(baseUrl, fixture, 'client_credentials');
+          made.push({ before, after: Date.now(), needsDatabase: needs, outcome });
+          loadMoved();
+          outcomes.push(await outcome);
+          loadMoved();
           await sleep(20);
         }
       }),
@@ -145,13 +183,14 @@ describe.skipIf(skipReason !== undefined)('the database goes away under load (R-
   for (const outage of outages) {
     it(`answers 503 within 2 s while the database is ${outage.name}, then recovers by itself`, async () => {
       const pid = server.child.pid;
-      await sleep(300);
+      // The load runs against the database before it goes: an answer to each worker since this test began.
+      const began = Date.now();
+      await whenLoad('an answer to each worker', () => (outcomes.filter((o) => o.startedAt >= began).length >= LOAD_WORKERS ? true : undefined));
       const downBegan = Date.now();
       await outage.down();
       const down = Date.now();
 
       // Away. Probe the endpoints, and let the load run against it for longer than the 2 s bound.
-      await sleep(200);
       const [readyz, healthz, revoke, introspect, code, api, cc] = await Promise.all([
         request(baseUrl, { path: '/readyz' }),
         request(baseUrl, { path: '/healthz' }),
@@ -161,10 +200,11 @@ describe.skipIf(skipReason !== undefined)('the database goes away under load (R-
         listContacts(baseUrl, fixture, accessToken),
         clientCredentials(baseUrl, fixture, 'client_credentials'),
       ]);
-      // The outage lasts FAIL_WITHIN_MS + 2.5 s: the load's requests made early enough to be
-      // answered before it ends span 2.5 s, enough for several even on a loaded machine (with
-      // 1 s, a busy CI machine once had only one of them).
-      await sleep(Math.max(0, down + FAIL_WITHIN_MS + 2500 - Date.now()));
+      // The outage lasts until two of the load's requests that need the database were made while
+      // it was away, and FAIL_WITHIN_MS more: each had the whole bound to be answered before it
+      // returns (a fixed length had, on a busy CI machine, only one such request once).
+      const second = await whenLoad('two requests that need the database made while it is away', () => made.filter((m) => m.needsDatabase && m.before >= down)[1]);
+      while (Date.now() < second.after + FAIL_WITHIN_MS) await sleep(second.after + FAIL_WITHIN_MS - Date.now());
       const stateWhileAway = { exitCode: server.child.exitCode, signal: server.child.signalCode };
       const upBegan = Date.now();
       await outage.up();
@@ -189,7 +229,8 @@ describe.skipIf(skipReason !== undefined)('the database goes away under load (R-
       expect((await request(baseUrl, { path: '/readyz' })).status).toBe(200);
       const after = await Promise.all(Array.from({ length: 10 }, (_, i) => (i % 3 === 2 ? clientCredentials(baseUrl, fixture) : needsDatabase(i))));
       expect(after.map((o) => [o.label, o.status])).toEqual(after.map((o) => [o.label, 200]));
-      await sleep(100);
+      // Every request the load made before then has its answer.
+      await Promise.all(made.filter((m) => m.before < recovered).map((m) => m.outcome));
 
       // The load's view. Every request ended (no socket error, no hang) and none was a 500. Each
       // one made while the database was away (early enough to be answered before it came back)
@@ -248,14 +289,22 @@ describe.skipIf(skipReason !== undefined)('the database goes away under load (R-
     const state = async () =>
       (await admin.query<{ consumed: boolean; grant_id: number | null }>('select consumed_at is not null as consumed, grant_id::int as grant_id from authorization_codes where code_hash = $1', [sha256Hex(code)])).rows[0];
     try {
+      const adminPid = (await admin.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid;
       await admin.query('begin');
       await admin.query('select id from authorization_codes where code_hash = $1 for update', [sha256Hex(code)]);
       const held = await redeem('held', code);
       expect(shape(held)).toEqual({ label: 'held', ...unavailable });
       expect(held.ms).toBeLessThan(FAIL_WITHIN_MS);
-      // The lock goes: a statement still waiting for it (its client long gone) would now consume the code.
+      // A statement still waiting for the lock (its client long gone) would consume the code once
+      // the lock goes: the database itself ends it (statement_timeout), so none is left waiting.
+      // (pg_locks, not pg_stat_activity: a transaction sees one snapshot of the latter.)
+      await waitFor(
+        'no statement left waiting for the lock',
+        async () => ((await admin.query('select 1 from pg_locks where not granted and $1 = any(pg_blocking_pids(pid))', [adminPid])).rows.length === 0 ? true : undefined),
+        5000,
+        10,
+      );
       await admin.query('commit');
-      await sleep(300);
       expect(await state()).toEqual({ consumed: false, grant_id: null });
       const redeemed = await redeem('again', code);
       expect(redeemed.status).toBe(200);

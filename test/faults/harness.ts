@@ -10,9 +10,7 @@ import pg from 'pg';
 import { afterAll, beforeAll } from 'vitest';
 import type { DB } from '../../src/db/connect.js';
 import { generateSecret, sha256Hex } from '../../src/lib/crypto.js';
-import { connectDatabase } from '../../src/db/connect.js';
-import { migrateToLatest } from '../../src/db/migrate.js';
-import { createEmptyDatabase, TEST_DATABASE_URL, type TestDatabase } from '../helpers/db.js';
+import { createTestDatabase, TEST_DATABASE_URL, type TestDatabase } from '../helpers/db.js';
 import { basic, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
 import { ROOT, type Running, SERVER } from '../helpers/process.js';
 
@@ -261,29 +259,26 @@ export async function killIfRunning(server: Running | undefined): Promise<void> 
 
 /**
  * A fresh database on the run's back-end (PGlite on disk, or a new database on TEST_DATABASE_URL's
- * server) for a server process to open: migrated, with an organization fixture, `codeCount`
- * pre-issued codes (see insertCodes) and whatever `seed` adds. Its handle is closed before this
- * returns: the embedded database is opened by one process at a time. Dropped again if setting it up fails.
+ * server) for a server process to open: migrated (a copy of the run's template: createTestDatabase),
+ * with an organization fixture, `codeCount` pre-issued codes (see insertCodes) and whatever `seed`
+ * adds. Its handle is closed before this returns: the embedded database is opened by one process
+ * at a time. Dropped again if setting it up fails.
  */
 async function prepareDatabase(
   codeCount: number,
   redirectUri: string,
   seed?: (db: DB, fixture: OrgFixture) => Promise<void>,
 ): Promise<{ database: TestDatabase; fixture: OrgFixture; codes: string[] }> {
-  const database = await createEmptyDatabase({ onDisk: true });
+  const { handle, close, ...database } = await createTestDatabase({ onDisk: true });
   try {
-    const handle = await connectDatabase(database.target);
-    try {
-      await migrateToLatest(handle.db);
-      const fixture = await createOrgFixture(handle.db);
-      await seed?.(handle.db, fixture);
-      return { database, fixture, codes: await insertCodes(handle.db, fixture, codeCount, redirectUri) };
-    } finally {
-      await handle.close();
-    }
+    const fixture = await createOrgFixture(handle.db);
+    await seed?.(handle.db, fixture);
+    const codes = await insertCodes(handle.db, fixture, codeCount, redirectUri);
+    await handle.close();
+    return { database, fixture, codes };
   } catch (err) {
-    // The caller never gets it to drop: drop it here.
-    await database.drop();
+    // The caller never gets it to drop: close it and drop it here.
+    await close();
     throw err;
   }
 }
