@@ -123,7 +123,8 @@ export interface QueueWatch {
 export async function watchQueue(db: DB, listen: Listen): Promise<QueueWatch> {
   await sql`create or replace function orgauth_test_queue_changed() returns trigger language plpgsql as $$
     begin
-      perform pg_notify(${sql.lit(WATCH_CHANNEL)}, tg_table_name);
+      -- One payload for every row and table: a transaction's changes make one notification.
+      perform pg_notify(${sql.lit(WATCH_CHANNEL)}, '');
       return null;
     end $$`.execute(db);
   for (const table of ['webhook_deliveries', 'webhook_attempts', 'webhook_endpoints']) {

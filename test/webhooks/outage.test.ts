@@ -9,8 +9,9 @@
  * The minute is simulated, not waited out: at each backoff, this process's clock (Date, which
  * times and signs the attempts, and by which the receiver verifies them) is moved forward by what
  * the backoff had left, and the delivery's next_attempt_at, which the database's clock compares,
- * is brought forward by as much. Time moves only by what the dispatcher itself scheduled, so the
- * gaps between the attempts logged are the schedule's (plus the real time the test takes).
+ * is brought forward by as much (on PGlite, whose now() reads this process's clock, moving the
+ * clock does it). Time moves only by what the dispatcher itself scheduled, so the gaps between
+ * the attempts logged are the schedule's (plus the real time the test takes).
  */
 import { sql } from 'kysely';
 import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
