@@ -7,9 +7,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { addMember } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
 import { basic, form } from '../helpers/oauth.js';
-import { HAS_CHROMIUM, screenshot, signUpThroughOutbox, startWorld, type BrowserWorld, enterPassword } from './harness.js';
+import { CallbackServer, HAS_CHROMIUM, screenshot, signUpThroughOutbox, startWorld, type BrowserWorld, enterPassword } from './harness.js';
 
-const CALLBACK = 'http://localhost:8766/callback';
 const PASSWORD = 'a long dashboard password';
 
 describe.runIf(HAS_CHROMIUM)('the dashboard in a real browser', () => {
@@ -19,12 +18,18 @@ describe.runIf(HAS_CHROMIUM)('the dashboard in a real browser', () => {
   let privateApp: { clientId: string; secret: string };
   let publicApp: { clientId: string; secret: string };
   let userToken: string;
+  /** The public application's callback: a real listener, so the browser's redirect ends in a page that loads. */
+  let rp: CallbackServer;
 
   beforeAll(async () => {
     world = await startWorld();
+    rp = await CallbackServer.start();
     page = await world.browser.newPage({ viewport: { width: 1280, height: 800 } });
   }, 60_000);
-  afterAll(() => world?.close());
+  afterAll(async () => {
+    await rp?.stop();
+    await world?.close();
+  });
 
   const api = (token: string) =>
     fetch(`${world.baseUrl}/api/v1/${orgId}/contacts`, { headers: { authorization: `Bearer ${token}`, accept: 'application/json' } });
@@ -65,24 +70,20 @@ describe.runIf(HAS_CHROMIUM)('the dashboard in a real browser', () => {
     await page.goto(`${world.baseUrl}/dashboard/applications`);
     const publicForm = page.locator('form', { has: page.locator('button', { hasText: /^Create application$/ }) });
     await publicForm.locator('input[name="name"]').fill('Partner Web App');
-    await publicForm.locator('textarea[name="redirect_uris"]').fill(CALLBACK);
+    await publicForm.locator('textarea[name="redirect_uris"]').fill(rp.callback);
     await Promise.all([page.waitForLoadState('load'), publicForm.locator('button', { hasText: /^Create application$/ }).click()]);
     publicApp = { clientId: (await page.locator('#client-id').textContent())!.trim(), secret: await page.locator('#client-secret').inputValue() };
 
-    let callback: URL | undefined;
-    await page.route(`${CALLBACK}**`, async (route) => {
-      callback = new URL(route.request().url());
-      await route.fulfill({ status: 200, contentType: 'text/plain', body: 'client callback' });
-    });
     const state = 'dashboard-browser-state-0123456';
     await page.goto(
-      `${world.baseUrl}/oauth/authorize?${new URLSearchParams({ client_id: publicApp.clientId, redirect_uri: CALLBACK, response_type: 'code', scope: 'contacts.read', state })}`,
+      `${world.baseUrl}/oauth/authorize?${new URLSearchParams({ client_id: publicApp.clientId, redirect_uri: rp.callback, response_type: 'code', scope: 'contacts.read', state })}`,
     );
     await screenshot(page, 'consent-dashboard-app');
-    await page.click('button[name="decision"][value="approve"]');
-    await expect.poll(() => callback?.searchParams.get('code') ?? null, { timeout: 5000 }).not.toBeNull();
-    expect(callback!.searchParams.get('state')).toBe(state);
-    const res = await tokenRequest(publicApp.clientId, publicApp.secret, { grant_type: 'authorization_code', code: callback!.searchParams.get('code')!, redirect_uri: CALLBACK });
+    // Until the browser has loaded the callback: a navigation still under way would cut the next test's short.
+    await Promise.all([page.waitForURL((url) => url.href.startsWith(`${rp.callback}?`)), page.click('button[name="decision"][value="approve"]')]);
+    const callback = new URL(page.url());
+    expect(callback.searchParams.get('state')).toBe(state);
+    const res = await tokenRequest(publicApp.clientId, publicApp.secret, { grant_type: 'authorization_code', code: callback.searchParams.get('code')!, redirect_uri: rp.callback });
     expect(res.status).toBe(200);
     const body = (await res.json()) as { access_token: string; organization_id: number };
     expect(body.organization_id).toBe(orgId);
