@@ -18,8 +18,15 @@ export async function freePort(): Promise<number> {
 
 export interface Running {
   child: ChildProcess;
+  /** Everything written so far. */
   output: { stdout: string; stderr: string };
+  /** Settles once the process has exited and its output is all read. */
   exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }>;
+  /**
+   * Resolves as soon as stdout + stderr (as written so far, stdout first) match `pattern`: tested
+   * again on every chunk the process writes, not on a clock. Rejects if the process ends without
+   * printing it; `timeoutMs` only bounds a hung process, so the error says what it printed.
+   */
   waitForOutput(pattern: RegExp, timeoutMs?: number): Promise<void>;
 }
 
@@ -45,22 +52,47 @@ export function start(script: string, args: string[], env: Record<string, string
     : [process.execPath, [script, ...args]];
   const child = spawn(command, argv, { cwd: ROOT, env: childEnv(env), stdio: ['ignore', 'pipe', 'pipe'] });
   const output = { stdout: '', stderr: '' };
-  child.stdout?.on('data', (d: Buffer) => (output.stdout += d.toString()));
-  child.stderr?.on('data', (d: Buffer) => (output.stderr += d.toString()));
+  /** The waitForOutput calls not answered yet: tested on each chunk that arrives. */
+  const waiters = new Set<{ pattern: RegExp; resolve: () => void }>();
+  const seen = () => output.stdout + output.stderr;
+  const onChunk = (stream: 'stdout' | 'stderr') => (chunk: string) => {
+    output[stream] += chunk;
+    if (waiters.size === 0) return;
+    const text = seen();
+    for (const waiter of waiters) if (waiter.pattern.test(text)) waiter.resolve();
+  };
+  // Decoded as UTF-8 across chunks, so a character split between two is not mangled.
+  child.stdout?.setEncoding('utf8').on('data', onChunk('stdout'));
+  child.stderr?.setEncoding('utf8').on('data', onChunk('stderr'));
+  let ended = false;
+  // 'close', not 'exit': the streams are read to their end, so `output` is complete.
   const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
-    child.on('exit', (code, signal) => resolve({ code, signal })),
+    child.on('close', (code, signal) => {
+      ended = true;
+      resolve({ code, signal });
+    }),
   );
   return {
     child,
     output,
     exited,
-    async waitForOutput(pattern, timeoutMs = 30_000) {
-      const deadline = Date.now() + timeoutMs;
-      while (!pattern.test(output.stdout + output.stderr)) {
-        if (child.exitCode !== null) throw new Error(`process exited (${child.exitCode}) before printing ${pattern}:\n${output.stdout}\n${output.stderr}`);
-        if (Date.now() > deadline) throw new Error(`timed out waiting for ${pattern}:\n${output.stdout}\n${output.stderr}`);
-        await new Promise((r) => setTimeout(r, 50));
-      }
+    waitForOutput(pattern, timeoutMs = 30_000) {
+      const describe = () => `${output.stdout}\n${output.stderr}`;
+      if (pattern.test(seen())) return Promise.resolve();
+      if (ended) return Promise.reject(new Error(`process exited (${child.exitCode ?? child.signalCode}) before printing ${pattern}:\n${describe()}`));
+      return new Promise<void>((resolve, reject) => {
+        const waiter = { pattern, resolve: () => settle() };
+        const timer = setTimeout(() => settle(new Error(`no ${pattern} after ${timeoutMs} ms:\n${describe()}`)), timeoutMs);
+        // After the close, no more output can come.
+        void exited.then(() => settle(new Error(`process exited (${child.exitCode ?? child.signalCode}) before printing ${pattern}:\n${describe()}`)));
+        function settle(err?: Error): void {
+          if (!waiters.delete(waiter)) return;
+          clearTimeout(timer);
+          if (err) reject(err);
+          else resolve();
+        }
+        waiters.add(waiter);
+      });
     },
   };
 }
