@@ -64,7 +64,9 @@ describe('/readyz when the database is unreachable', () => {
   });
 
   it('answers 503 once the embedded database is closed', async () => {
-    const handle = await connectDatabase({ kind: 'pglite', dataDir: null });
+    // On an embedded run, a copy of the run's migrated template (no initdb); a PostgreSQL run has
+    // no PGlite template, so a new embedded database.
+    const handle = BACKEND === 'pglite' ? (await createTestDatabase()).handle : await connectDatabase({ kind: 'pglite', dataDir: null });
     const down = await buildTestApp(handle.db);
     try {
       expect((await down.inject('/readyz')).statusCode).toBe(200);

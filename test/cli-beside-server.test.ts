@@ -11,25 +11,51 @@ import net from 'node:net';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { adminSocketPath } from '../src/admin-socket.js';
+import { BACKEND, createTestDatabase, type TestDatabase } from './helpers/db.js';
 import { CLI, freePort, ROOT, run, type Running, SERVER, start } from './helpers/process.js';
 
-const dataDir = mkdtempSync(path.join(tmpdir(), 'orgauth-beside-'));
+let dataDir: string;
+let database: TestDatabase;
 let port: number;
 let server: Running;
-const env = () => ({ DATA_DIR: dataDir, LOG_LEVEL: 'silent' });
+/** The server's and the commands' environment: the same DATA_DIR, SECRET_KEY and PASSWORD_HASHING. */
+let databaseEnv: Record<string, string>;
+const env = () => ({ ...databaseEnv, LOG_LEVEL: 'silent' });
+
+/**
+ * The embedded database, whatever this run's back-end. An embedded run has a migrated template:
+ * its copy in a DATA_DIR, closed here for the server to open. A PostgreSQL run has none: an empty
+ * DATA_DIR, which the server creates and migrates.
+ */
+async function embeddedDatabase(): Promise<TestDatabase> {
+  if (BACKEND === 'pglite') {
+    const copy = await createTestDatabase({ onDisk: true });
+    await copy.handle.close();
+    return copy;
+  }
+  const folder = mkdtempSync(path.join(tmpdir(), 'orgauth-beside-'));
+  return {
+    target: { kind: 'pglite', dataDir: path.join(folder, 'pgdata') },
+    env: { DATA_DIR: folder, SECRET_KEY: 'beside-secret-key-0123456789abcdefghijklmnop', PASSWORD_HASHING: 'weak-for-tests' },
+    drop: async () => rmSync(folder, { recursive: true, force: true }),
+  };
+}
 
 beforeAll(async () => {
   if (!existsSync(path.join(ROOT, SERVER))) throw new Error(`${SERVER} is missing: run the tests with \`npm test\`, which builds first`);
+  database = await embeddedDatabase();
+  databaseEnv = database.env;
+  dataDir = databaseEnv.DATA_DIR!;
   port = await freePort();
-  server = start(SERVER, [], { DATA_DIR: dataDir, PORT: String(port) });
+  server = start(SERVER, [], { ...databaseEnv, PORT: String(port) });
   await server.waitForOutput(/orgauth is ready/);
 });
 afterAll(async () => {
-  if (server.child.exitCode === null) {
+  if (server && server.child.exitCode === null) {
     server.child.kill('SIGTERM');
     await server.exited;
   }
-  rmSync(dataDir, { recursive: true, force: true });
+  await database?.drop();
 });
 
 /** The real `orgauth` binary in its own process, as from a second terminal. */
@@ -84,19 +110,25 @@ describe('the orgauth command beside a running server on the embedded database',
   });
 
   it('lists users, organizations, members, applications, grants and keys as {"data": [...]}', async () => {
-    const users = await json('user', 'list');
+    // Only reads: the commands run side by side, from as many shells, and the server answers each.
+    const [users, orgs, members, apps, grants, keys, text] = await Promise.all([
+      json('user', 'list'),
+      json('org', 'list'),
+      json('member', 'list', '--org', String(orgId)),
+      json('app', 'list', '--org', String(orgId)),
+      json('grant', 'list', '--org', String(orgId)),
+      json('keys', 'list'),
+      orgauth('member', 'list', '--org', String(orgId)),
+    ]);
     expect(users.data).toContainEqual({ id: expect.any(Number), email: 'shell@example.com', name: 'Shell User', created_at: expect.any(String) });
     expect(users).toHaveProperty('next_cursor', null);
-    expect((await json('org', 'list')).data).toContainEqual({ id: orgId, name: 'Shell Org', require_mfa: false, created_at: expect.any(String) });
-    expect((await json('member', 'list', '--org', String(orgId))).data).toEqual([
+    expect(orgs.data).toContainEqual({ id: orgId, name: 'Shell Org', require_mfa: false, created_at: expect.any(String) });
+    expect(members.data).toEqual([
       { user_id: expect.any(Number), email: 'shell@example.com', name: 'Shell User', role: 'owner', two_step: false, created_at: expect.any(String) },
     ]);
-    const apps = await json('app', 'list', '--org', String(orgId));
     expect(apps.data).toEqual([expect.objectContaining({ client_id: app.client_id, organization_id: orgId, type: 'private', disabled: false })]);
     expect(JSON.stringify(apps)).not.toContain(app.client_secret);
-    const grants = await json('grant', 'list', '--org', String(orgId));
     expect(grants.data).toEqual([expect.objectContaining({ user: null, application: expect.objectContaining({ client_id: app.client_id }) })]);
-    const keys = await json('keys', 'list');
     // The access tokens' key (SIGNING_ALG) and the ID tokens' RS256 key.
     expect(keys.data).toEqual(
       expect.arrayContaining([
@@ -106,7 +138,6 @@ describe('the orgauth command beside a running server on the embedded database',
     );
     expect(keys.data).toHaveLength(2);
     // Plain text for people.
-    const text = await orgauth('member', 'list', '--org', String(orgId));
     expect(text.code).toBe(0);
     expect(text.stdout).toMatch(/^USER +EMAIL +NAME +ROLE +JOINED\n\d+ +shell@example.com +Shell User +owner /);
   });
@@ -115,11 +146,14 @@ describe('the orgauth command beside a running server on the embedded database',
     await json('user', 'create', '--email', 'second@example.com', '--password', 'second-password-1');
     expect(await json('member', 'add', '--org', String(orgId), '--email', 'second@example.com')).toMatchObject({ role: 'member' });
     expect(await json('member', 'set-role', '--org', String(orgId), '--email', 'second@example.com', '--role', 'admin')).toMatchObject({ role: 'admin' });
-    const demote = await orgauth('member', 'set-role', '--org', String(orgId), '--email', 'shell@example.com', '--role', 'member', '--json');
+    // Both refused, so neither changes what the other finds: tried at once.
+    const [demote, remove] = await Promise.all([
+      orgauth('member', 'set-role', '--org', String(orgId), '--email', 'shell@example.com', '--role', 'member', '--json'),
+      orgauth('member', 'remove', '--org', String(orgId), '--email', 'shell@example.com'),
+    ]);
     expect(demote.code).toBe(1);
     expect(demote.stdout).toBe('');
     expect(JSON.parse(demote.stderr)).toEqual({ error: 'conflict', error_description: expect.stringMatching(/last owner/) });
-    const remove = await orgauth('member', 'remove', '--org', String(orgId), '--email', 'shell@example.com');
     expect(remove).toEqual({ code: 1, stdout: '', stderr: 'orgauth: the last owner of an organization cannot be removed\n' });
     expect(await json('member', 'remove', '--org', String(orgId), '--email', 'second@example.com')).toEqual({ organization_id: orgId, user_id: expect.any(Number), removed: true });
   });
@@ -128,10 +162,11 @@ describe('the orgauth command beside a running server on the embedded database',
     const [grant] = (await json('grant', 'list', '--org', String(orgId))).data;
     expect(await json('grant', 'revoke', '--id', String(grant.id))).toEqual({ id: grant.id, revoked: true });
     await withinOneSecond(() => api(orgId, token), 401);
-    const again = await orgauth('grant', 'revoke', '--id', String(grant.id), '--json');
+    // The same grant revoked again, and a new token (a new grant) for the application: at once.
+    const [again, created] = await Promise.all([orgauth('grant', 'revoke', '--id', String(grant.id), '--json'), json('token', 'create', '--client-id', app.client_id)]);
     expect({ code: again.code, error: JSON.parse(again.stderr).error }).toEqual({ code: 1, error: 'not_found' });
 
-    const fresh = (await json('token', 'create', '--client-id', app.client_id)).access_token;
+    const fresh = created.access_token;
     expect(await api(orgId, fresh)).toBe(200);
     expect(await json('app', 'disable', '--client-id', app.client_id)).toMatchObject({ client_id: app.client_id, disabled: true });
     await withinOneSecond(() => api(orgId, fresh), 401);
@@ -151,11 +186,11 @@ describe('the orgauth command beside a running server on the embedded database',
   });
 
   it('answers usage errors and help itself, exactly as without a server', async () => {
-    expect(await orgauth('app', 'show', '--json')).toEqual({
+    const [usage, limit, help] = await Promise.all([orgauth('app', 'show', '--json'), orgauth('user', 'list', '--limit', '0'), orgauth('--help')]);
+    expect(usage).toEqual({
       code: 1, stdout: '', stderr: `${JSON.stringify({ error: 'usage', error_description: '--client-id is required\nusage: orgauth app show --client-id ID' })}\n`,
     });
-    expect((await orgauth('user', 'list', '--limit', '0')).stderr).toMatch(/--limit must be a whole number from 1 to 1000/);
-    const help = await orgauth('--help');
+    expect(limit.stderr).toMatch(/--limit must be a whole number from 1 to 1000/);
     expect(help.code).toBe(0);
     for (const command of ['user list', 'org list', 'member list', 'member set-role', 'member remove', 'app list', 'app show', 'app disable', 'app delete', 'grant list', 'grant revoke', 'keys list']) {
       expect(help.stdout).toContain(command);

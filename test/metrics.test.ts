@@ -10,7 +10,7 @@ import { Metrics } from '../src/metrics.js';
 import { buildApp } from '../src/app.js';
 import { createLogger } from '../src/logger.js';
 import { testConfig, TEST_SECRET_KEY } from './helpers/app.js';
-import { BACKEND, createEmptyDatabase, createTestDatabase, TEST_DATABASE_URL } from './helpers/db.js';
+import { BACKEND, createTestDatabase, TEST_DATABASE_URL } from './helpers/db.js';
 import { basic, clientCredentialsToken, createOrgFixture, form, type OrgFixture, revokeToken } from './helpers/oauth.js';
 import { freePort, SERVER, start } from './helpers/process.js';
 
@@ -89,7 +89,9 @@ describe(`metrics counted by the app on ${BACKEND}`, () => {
 
 describe('the metrics port', () => {
   it('serves Prometheus text on METRICS_PORT only, with the pool gauges on PostgreSQL', async () => {
-    const database = await createEmptyDatabase({ onDisk: true });
+    // A migrated copy, closed here for the server to open (the embedded database opens in one process).
+    const database = await createTestDatabase({ onDisk: true });
+    await database.handle.close();
     const [port, metricsPort] = [await freePort(), await freePort()];
     const server = start(SERVER, [], { ...database.env, PORT: String(port), METRICS_PORT: String(metricsPort), LOG_LEVEL: 'info' });
     try {
@@ -112,7 +114,7 @@ describe('the metrics port', () => {
     } finally {
       server.child.kill('SIGTERM');
       await server.exited;
-      await database.drop();
+      await database.close();
     }
   });
 });

@@ -13,7 +13,7 @@ import { runCli } from '../src/cli/index.js';
 import { connectDatabase } from '../src/db/connect.js';
 import { secretMatches } from '../src/lib/crypto.js';
 import { createEmptyDatabase, TEST_DATABASE_URL, type TestDatabase } from './helpers/db.js';
-import { CLI, freePort, HAS_SCRIPT, ROOT, run, SERVER, start } from './helpers/process.js';
+import { CLI, freePort, HAS_SCRIPT, ROOT, run, type Running, SERVER, start } from './helpers/process.js';
 
 beforeAll(() => {
   if (!existsSync(path.join(ROOT, SERVER))) throw new Error(`${SERVER} is missing: run the tests with \`npm test\`, which builds first`);
@@ -23,7 +23,20 @@ describe('zero set-up on the embedded database', () => {
   const dataDir = mkdtempSync(path.join(tmpdir(), 'orgauth-start-'));
   let port: number;
   let banner: string;
-  afterAll(() => rmSync(dataDir, { recursive: true, force: true }));
+  /**
+   * The server started again on the same DATA_DIR, its output piped (as under a supervisor): one
+   * process for the tests of a later start (how it logs when piped; that it does not seed again),
+   * started by the first of them to run.
+   */
+  let again: Running | undefined;
+  const startAgain = () => (again ??= start(SERVER, [], { DATA_DIR: dataDir, PORT: String(port), LOG_LEVEL: 'info' }));
+  afterAll(async () => {
+    if (again && again.child.exitCode === null && again.child.signalCode === null) {
+      again.child.kill('SIGTERM');
+      await again.exited;
+    }
+    rmSync(dataDir, { recursive: true, force: true });
+  });
 
   it('starts, serves /healthz, generates SECRET_KEY and prints the demo credentials once', async () => {
     port = await freePort();
@@ -110,21 +123,19 @@ describe('zero set-up on the embedded database', () => {
   });
 
   it.skipIf(!HAS_SCRIPT)('logs lines a person reads in a terminal, and JSON when piped (LOG_FORMAT unset: auto)', async () => {
-    const visit = async (server: ReturnType<typeof start>, at: number) => {
+    // Up to the end of the line that says the request completed: the request's lines are all in.
+    const visit = async (server: Running, at: number) => {
       await server.waitForOutput(/orgauth is ready/);
       expect((await fetch(`http://127.0.0.1:${at}/.well-known/openid-configuration`)).status).toBe(200);
-      await server.waitForOutput(/request completed/);
-    };
-    const stop = async (server: ReturnType<typeof start>) => {
-      server.child.kill('SIGTERM');
-      await server.exited;
+      await server.waitForOutput(/request completed[^\n]*\n/);
     };
     const terminalPort = await freePort();
     const inTerminal = start(SERVER, [], { DATA_DIR: dataDir, PORT: String(terminalPort) }, { terminal: true });
     try {
       await visit(inTerminal, terminalPort);
     } finally {
-      await stop(inTerminal);
+      inTerminal.child.kill('SIGTERM');
+      await inTerminal.exited;
     }
     const shown = inTerminal.output.stdout;
     // Coloured, and once the colours are gone: time, level, the request on the message's line; no JSON.
@@ -134,15 +145,12 @@ describe('zero set-up on the embedded database', () => {
     expect(lines.some((l) => /^\[\d\d:\d\d:\d\d\.\d{3}\] INFO: GET \/\.well-known\/openid-configuration from 127\.0\.0\.1 incoming request/.test(l)), shown).toBe(true);
     expect(lines.some((l) => /^\[\d\d:\d\d:\d\d\.\d{3}\] INFO: 200 in [\d.]+ ms request completed/.test(l)), shown).toBe(true);
 
-    const pipedPort = await freePort();
-    const piped = start(SERVER, [], { DATA_DIR: dataDir, PORT: String(pipedPort) });
-    try {
-      await visit(piped, pipedPort);
-    } finally {
-      await stop(piped);
-    }
+    // Piped: the next test stops this one.
+    const piped = startAgain();
+    await visit(piped, port);
     const objects = piped.output.stdout
       .split('\n')
+      .slice(0, -1) // whole lines only: the server is still running
       .filter((l) => l.startsWith('{'))
       .map((l) => JSON.parse(l) as { level: number; msg: string; req?: { url: string } });
     expect(objects.some((o) => o.level === 30 && o.msg === 'incoming request' && o.req?.url === '/.well-known/openid-configuration')).toBe(true);
@@ -150,7 +158,7 @@ describe('zero set-up on the embedded database', () => {
   });
 
   it('does not seed again on the next start', async () => {
-    const server = start(SERVER, [], { DATA_DIR: dataDir, PORT: String(port), LOG_LEVEL: 'info' });
+    const server = startAgain();
     try {
       await server.waitForOutput(/orgauth is ready/);
       expect(server.output.stdout).not.toContain('demo@orgauth.local');
@@ -161,7 +169,8 @@ describe('zero set-up on the embedded database', () => {
   });
 });
 
-describe('start-up errors: one line per problem, exit code 1, no stack trace', () => {
+// Three processes of their own, independent of each other: run side by side.
+describe.concurrent('start-up errors: one line per problem, exit code 1, no stack trace', () => {
   it('names SECRET_KEY when it is too short', async () => {
     const result = await run(SERVER, [], { DATABASE_URL: 'postgres://postgres@127.0.0.1:5432/postgres', SECRET_KEY: 'short' });
     expect(result).toEqual({ code: 1, stdout: '', stderr: 'orgauth: SECRET_KEY: must be at least 32 characters\n' });
