@@ -7,7 +7,7 @@ import { existsSync, mkdirSync, mkdtempSync, rmSync, statSync, symlinkSync, writ
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { adminSocketPath, type AdminSocket, type CommandOutcome, sendToAdminSocket, serveAdminSocket } from '../src/admin-socket.js';
 
 let dataDir: string;
@@ -24,6 +24,13 @@ afterEach(async () => {
   socket = undefined;
   rmSync(dataDir, { recursive: true, force: true });
 });
+
+/** A promise and the function that resolves it: an event to wait for. */
+function signal(): [Promise<void>, () => void] {
+  let resolve: () => void = () => {};
+  const promise = new Promise<void>((r) => (resolve = r));
+  return [promise, resolve];
+}
 
 const echo = async (argv: string[]): Promise<CommandOutcome> => ({ code: argv.length === 0 ? 2 : 0, stdout: `${argv.join(' ')}\n`, stderr: '' });
 
@@ -68,20 +75,27 @@ describe('the admin socket', () => {
 
   it('closes at once with an idle client connected, lets a short command finish, and removes the socket (R-4)', async () => {
     let release: () => void = () => {};
-    const slow = (argv: string[]) => new Promise<CommandOutcome>((resolve) => (release = () => resolve({ code: 0, stdout: `${argv[0]}\n`, stderr: '' })));
+    const [runStarted, started] = signal();
+    const slow = (argv: string[]) =>
+      new Promise<CommandOutcome>((resolve) => {
+        release = () => resolve({ code: 0, stdout: `${argv[0]}\n`, stderr: '' });
+        started();
+      });
     socket = await serveAdminSocket(dataDir, slow, logger);
     const idle = net.connect(adminSocketPath(dataDir));
     const idleClosed = new Promise<void>((resolve) => idle.on('close', () => resolve()));
     idle.on('error', () => {});
     await new Promise((resolve) => idle.on('connect', resolve));
     const answer = sendToAdminSocket(dataDir, ['finishing']);
-    await new Promise((resolve) => setTimeout(resolve, 100));
+    // The command is running when the close begins.
+    await runStarted;
     const closed = socket!.close();
-    setTimeout(() => release(), 200);
-    // The idle client would otherwise hold the close for its 10 s request timeout.
+    // The server cuts the idle client while the command still runs (it is released only then),
+    // rather than waiting out the client's 10 s request timeout.
+    await idleClosed;
+    release();
     const first = await Promise.race([closed.then(() => 'closed'), new Promise((resolve) => setTimeout(() => resolve('still open after 5 s'), 5000))]);
     expect(first).toBe('closed');
-    await idleClosed;
     expect(await answer).toEqual({ outcome: { code: 0, stdout: 'finishing\n', stderr: '' } });
     expect(existsSync(adminSocketPath(dataDir))).toBe(false);
     expect(await sendToAdminSocket(dataDir, ['x'])).toEqual({ absent: true });
@@ -89,10 +103,21 @@ describe('the admin socket', () => {
   });
 
   it('cuts a command still running after the grace period, so the server can exit', async () => {
-    socket = await serveAdminSocket(dataDir, () => new Promise<CommandOutcome>(() => {}), logger);
+    const [runStarted, started] = signal();
+    socket = await serveAdminSocket(dataDir, () => (started(), new Promise<CommandOutcome>(() => {})), logger);
     const answer = sendToAdminSocket(dataDir, ['forever']);
-    await new Promise((resolve) => setTimeout(resolve, 100));
-    await socket!.close();
+    await runStarted;
+    // The grace period passes on a fake clock (the sockets' I/O stays real): close() has armed its
+    // timer when it returns, and a shutdown must be over within R-4's 10 s.
+    vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout'] });
+    try {
+      const closed = socket!.close();
+      await vi.advanceTimersByTimeAsync(9_999);
+      vi.useRealTimers();
+      await closed;
+    } finally {
+      vi.useRealTimers();
+    }
     expect(await answer).toEqual({ error: 'the server closed the admin connection without an answer; see its log' });
     socket = undefined;
   });

@@ -75,7 +75,14 @@ describe.skipIf(!TEST_DATABASE_URL)('the migration lock, taken inside the migrat
         done = true;
         return o;
       });
-      await new Promise((r) => setTimeout(r, 500));
+      // Until the opener is seen waiting for the lock: its request in pg_locks, not granted.
+      // (PostgreSQL announces no lock wait, so pg_locks is read again until it shows one.) An
+      // opener that finished instead did not wait for the holder, and fails here.
+      const waiting = async () =>
+        (await holder.query(`select 1 from pg_locks where locktype = 'advisory' and not granted and database = (select oid from pg_database where datname = current_database())`)).rowCount! > 0;
+      let failed = false;
+      opening.catch(() => (failed = true));
+      while (!done && !failed && !(await waiting())) await new Promise((r) => setTimeout(r, 20));
       expect(done).toBe(false);
       await holder.query(`select pg_advisory_unlock(${KYSELY_MIGRATION_LOCK_ID})`);
       expect((await opening).applied).toEqual(migrationNames());
