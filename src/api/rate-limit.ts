@@ -13,11 +13,19 @@ import { authOf } from './auth.js';
 
 export async function registerApiRateLimit(app: FastifyInstance, config: Pick<Config, 'apiRateLimit' | 'redisUrl'>): Promise<void> {
   if (config.apiRateLimit === 0) return;
+  // Connected once the app is ready, before it listens: connecting while the app is still being
+  // built (which holds the event loop for seconds on a busy host) let the 500 ms connect timeout
+  // fire before the connection's answer was read, and the instance then served its first requests
+  // unlimited while it reconnected.
   const redis = config.redisUrl
-    ? new Redis(config.redisUrl, { connectTimeout: 500, maxRetriesPerRequest: 1, enableOfflineQueue: false, lazyConnect: false })
+    ? new Redis(config.redisUrl, { connectTimeout: 500, maxRetriesPerRequest: 1, enableOfflineQueue: false, lazyConnect: true })
     : undefined;
   redis?.on('error', (err) => app.log.warn({ err }, 'Redis for rate limits is unavailable; requests are not limited meanwhile'));
-  if (redis) app.addHook('onClose', async () => void (await redis.quit().catch(() => redis.disconnect())));
+  if (redis) {
+    // A Redis that does not answer does not stop the start: ioredis keeps reconnecting (the 'error' above).
+    app.addHook('onReady', async () => void (await redis.connect().catch(() => {})));
+    app.addHook('onClose', async () => void (await redis.quit().catch(() => redis.disconnect())));
+  }
 
   await app.register(rateLimit, {
     global: true,

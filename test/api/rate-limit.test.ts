@@ -71,4 +71,19 @@ describe('API rate limits per application and organization', () => {
     for (const app of [one, two, one, two, one, two]) statuses.push((await get(app, fresh, bearer)).statusCode);
     expect(statuses).toEqual([200, 200, 200, 200, 429, 429]);
   });
+
+  it.runIf(REDIS)('count from the first request even when building the app held the event loop past the Redis connect timeout', async () => {
+    const db = 1 + (randomBytes(1)[0]! % 15);
+    const app = await appWith({ API_RATE_LIMIT: '2', REDIS_URL: `redis://127.0.0.1:6379/${db}` });
+    // As a busy host's start does (building the app, the API reference): over the 500 ms connect
+    // timeout, in one synchronous stretch, before the app is ready.
+    const until = Date.now() + 800;
+    while (Date.now() < until);
+    await app.ready();
+    const fresh = await createOrgFixture(t.handle.db);
+    const bearer = await token(app, fresh);
+    const statuses = [];
+    for (let i = 0; i < 3; i++) statuses.push((await get(app, fresh, bearer)).statusCode);
+    expect(statuses).toEqual([200, 200, 429]);
+  });
 });
