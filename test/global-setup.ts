@@ -61,6 +61,11 @@ export default async function setup(project: TestProject) {
   return async () => {
     const admin = new pg.Client({ connectionString: url });
     await admin.connect();
+    // A worker's spare copy (test/helpers/db.ts) may still be being created by a server process
+    // whose client has gone: it is dropped once it exists.
+    const creating = () =>
+      admin.query('select 1 from pg_stat_activity where pid <> pg_backend_pid() and datname is not null and query ilike $1 and state = $2', [`create database "${runId}_%`, 'active']);
+    for (let waited = 0; (await creating()).rowCount! > 0 && waited < 300; waited++) await new Promise((resolve) => setTimeout(resolve, 100));
     const left = await admin.query<{ datname: string }>('select datname from pg_database where datname like $1', [`${runId}_%`]);
     for (const { datname } of left.rows) {
       await admin.query(`drop database if exists ${pg.escapeIdentifier(datname)} with (force)`);
