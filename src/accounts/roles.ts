@@ -44,6 +44,8 @@ export const PERMISSION_DESCRIPTIONS: Record<Permission, string> = {
   'sso.write': 'Manage SSO connections and domains: connect identity providers, verify domains, require SSO',
   'webhooks.read': 'See the webhook endpoints and their deliveries',
   'webhooks.write': 'Manage webhook endpoints: create, change, delete, rotate their secrets, ping them, retry deliveries',
+  'directory.read': 'See the SCIM directories that provision members',
+  'directory.write': 'Manage SCIM directories: create, change, delete and rotate their tokens',
 };
 
 export interface BuiltinRoleDefinition {
@@ -183,6 +185,7 @@ const IMPLIED_READ: Record<string, Permission> = {
   'grants.write': 'grants.read',
   'sso.write': 'sso.read',
   'webhooks.write': 'webhooks.read',
+  'directory.write': 'directory.read',
   // A webhook event is an audit entry (its payload is the entry's details), so who sees
   // deliveries, or subscribes an endpoint to them, reads the audit log.
   'webhooks.read': 'audit.read',

@@ -19,6 +19,7 @@ import { applicationRoutes } from './applications.js';
 import { auditEventRoutes } from './audit-events.js';
 import { actorOf, authenticateApiRequest, authOf } from './auth.js';
 import { contactRoutes } from './contacts.js';
+import { directoryRoutes } from './directories.js';
 import { domainRoutes } from './domains.js';
 import { registerApiRateLimit } from './rate-limit.js';
 import { grantRoutes } from './grants.js';
@@ -120,4 +121,6 @@ export async function apiRoutes(
   await api.register(domainRoutes, { db: options.db, config: options.config });
   // Signed webhooks: the organization's endpoints and the log of what was sent to them.
   await api.register(webhookRoutes, { db: options.db, config: options.config });
+  // Directory sync (SCIM): the organization's SCIM clients.
+  await api.register(directoryRoutes, { db: options.db });
 }

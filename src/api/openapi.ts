@@ -21,7 +21,7 @@ export async function registerOpenApi(app: FastifyInstance, config: Config): Pro
         title: 'orgauth API',
         version: '1.0.0',
         description:
-          'Organization-scoped API. Every path starts with the organization_id of the token response; a token for another organization is refused with 403 organization_mismatch. The management operations (applications, members, grants, audit-events, sso-connections, domains, webhooks) need management scopes, which only the organization\'s own private applications can hold (client_credentials, the dashboard\'s Generate Token, `orgauth token create`).',
+          'Organization-scoped API. Every path starts with the organization_id of the token response; a token for another organization is refused with 403 organization_mismatch. The management operations (applications, members, grants, audit-events, sso-connections, domains, webhooks, directories) need management scopes, which only the organization\'s own private applications can hold (client_credentials, the dashboard\'s Generate Token, `orgauth token create`).',
       },
       servers: [{ url: config.issuer }],
       components: {

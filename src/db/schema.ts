@@ -684,6 +684,29 @@ export interface SamlAssertionIdsTable {
   expires_at: Timestamp;
 }
 
+/** A built-in role a directory may give (never owner). */
+export type DirectoryRole = 'admin' | 'member' | 'viewer';
+
+export interface DirectoriesTable {
+  id: Generated<number>;
+  organization_id: number;
+  name: string;
+  state: ColumnType<'active' | 'disabled', 'active' | 'disabled' | undefined, 'active' | 'disabled'>;
+  default_role: ColumnType<DirectoryRole, DirectoryRole | undefined, DirectoryRole>;
+  /** SHA-256 (hex) of the bearer token; the token itself is shown once. */
+  token_hash: string;
+  token_created_at: Timestamp;
+  created_at: Generated<Date>;
+  updated_at: Timestamp;
+}
+
+export interface DirectoryGroupRolesTable {
+  directory_id: number;
+  /** A SCIM group's displayName or id, compared without case. */
+  group_ref: string;
+  role: DirectoryRole;
+}
+
 export interface Database {
   users: UsersTable;
   organizations: OrganizationsTable;
@@ -727,6 +750,8 @@ export interface Database {
   pushed_authorization_requests: PushedAuthorizationRequestsTable;
   seen_jtis: SeenJtisTable;
   activity_daily: ActivityDailyTable;
+  directories: DirectoriesTable;
+  directory_group_roles: DirectoryGroupRolesTable;
 }
 
 export type User = Selectable<UsersTable>;

@@ -93,6 +93,12 @@ describe('GET /openapi.json', () => {
       'GET /api/v1/{organization_id}/webhooks/{id}/deliveries': ['webhooks.read'],
       'GET /api/v1/{organization_id}/webhooks/{id}/deliveries/{delivery_id}': ['webhooks.read'],
       'POST /api/v1/{organization_id}/webhooks/{id}/deliveries/{delivery_id}/retry': ['webhooks.write'],
+      'GET /api/v1/{organization_id}/directories': ['directory.read'],
+      'POST /api/v1/{organization_id}/directories': ['directory.write'],
+      'GET /api/v1/{organization_id}/directories/{id}': ['directory.read'],
+      'PATCH /api/v1/{organization_id}/directories/{id}': ['directory.write'],
+      'DELETE /api/v1/{organization_id}/directories/{id}': ['directory.write'],
+      'POST /api/v1/{organization_id}/directories/{id}/rotate-token': ['directory.write'],
     });
     expect(doc.components.securitySchemes.oauth2).toMatchObject({ type: 'oauth2' });
   });
@@ -106,7 +112,7 @@ describe('GET /openapi.json', () => {
     expect(Object.keys(flows.clientCredentials!.scopes)).toEqual([
       'contacts.read', 'contacts.write', 'tasks.read', 'tasks.write',
       'applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read', 'sso.read', 'sso.write',
-      'webhooks.read', 'webhooks.write',
+      'webhooks.read', 'webhooks.write', 'directory.read', 'directory.write',
     ]);
   });
 });

@@ -73,6 +73,8 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   pushed_authorization_requests: ['id', 'request_uri_hash', 'application_id', 'params', 'dpop_jkt', 'expires_at', 'first_used_at', 'consumed_at', 'created_at'],
   seen_jtis: ['key', 'expires_at'],
   activity_daily: ['organization_id', 'metric', 'day', 'count'],
+  directories: ['id', 'organization_id', 'name', 'state', 'default_role', 'token_hash', 'token_created_at', 'created_at', 'updated_at'],
+  directory_group_roles: ['directory_id', 'group_ref', 'role'],
   device_authorizations: [
     'id', 'device_code_hash', 'user_code', 'application_id', 'resource_id', 'scopes', 'identity_scopes', 'status', 'user_id', 'organization_id',
     'granted_scopes', 'auth_time', 'amr', 'grant_id', 'interval_s', 'last_polled_at', 'expires_at', 'created_at', 'sso_connection_id',
@@ -80,7 +82,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
 };
 
 // applications is not here: a client that registered itself (RFC 7591, a metadata document) belongs to no organization.
-const ORG_OWNED = ['memberships', 'roles', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations', 'sso_connections', 'sso_domains', 'removed_members', 'webhook_endpoints', 'activity_daily'];
+const ORG_OWNED = ['memberships', 'roles', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations', 'sso_connections', 'sso_domains', 'removed_members', 'webhook_endpoints', 'activity_daily', 'directories'];
 const HASH = 'a'.repeat(64);
 
 let database: TestDatabase;
@@ -130,6 +132,7 @@ const MIGRATIONS = [
   '20261205_0022_sso_connection_on_grants',
   '20261206_0023_pushed_requests_by_client',
   '20261207_0024_pending_sign_ups',
+  '20261208_0025_directories',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {
@@ -309,7 +312,7 @@ describe(`the migrated schema on ${BACKEND}`, () => {
     const app = (client_id: string, type: 'public' | 'private', scopes: string[]) => ({
       organization_id: orgId, client_id, client_secret_hash: HASH, type, name: 'X', scopes, redirect_uris: type === 'public' ? ['https://a.example/cb'] : [],
     });
-    for (const scope of ['applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read', 'sso.read', 'sso.write', 'webhooks.read', 'webhooks.write']) {
+    for (const scope of ['applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read', 'sso.read', 'sso.write', 'webhooks.read', 'webhooks.write', 'directory.read', 'directory.write']) {
       await expect(db().insertInto('applications').values(app(`pub-${scope}`, 'public', ['contacts.read', scope])).execute()).rejects.toMatchObject({ code: '23514' });
       await db().insertInto('applications').values(app(`priv-${scope}`, 'private', ['contacts.read', scope])).execute();
     }

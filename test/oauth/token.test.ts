@@ -243,7 +243,7 @@ describe('metadata (MD-3) and JWKS', () => {
         'openid', 'profile', 'email',
         'contacts.read', 'contacts.write', 'tasks.read', 'tasks.write',
         'applications.read', 'applications.write', 'members.read', 'members.write', 'grants.read', 'grants.write', 'audit.read', 'sso.read', 'sso.write',
-        'webhooks.read', 'webhooks.write',
+        'webhooks.read', 'webhooks.write', 'directory.read', 'directory.write',
       ],
       response_types_supported: ['code'],
       token_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post', 'private_key_jwt', 'none'],

@@ -20,6 +20,8 @@ export const SCOPE_DESCRIPTIONS = {
   'sso.write': 'Manage the organization’s SSO connections and domains',
   'webhooks.read': 'Read the organization’s webhook endpoints and their deliveries',
   'webhooks.write': 'Manage the organization’s webhook endpoints: create, change, delete, rotate secrets, ping, retry deliveries',
+  'directory.read': 'Read the organization’s SCIM directories',
+  'directory.write': 'Manage the organization’s SCIM directories: create, change, delete, rotate their tokens',
 } as const;
 
 export type Scope = keyof typeof SCOPE_DESCRIPTIONS;
@@ -42,6 +44,8 @@ export const MANAGEMENT_SCOPES = [
   'sso.write',
   'webhooks.read',
   'webhooks.write',
+  'directory.read',
+  'directory.write',
 ] as const satisfies readonly Scope[];
 
 /** Canonical order: scope lists are always written in this order. */
