@@ -5,7 +5,7 @@
  * metadata read from files. Run in-process like test/cli.test.ts, on the backend TEST_DATABASE_URL
  * selects.
  */
-import { X509Certificate } from 'node:crypto';
+import { createHash, X509Certificate } from 'node:crypto';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -358,10 +358,57 @@ describe(`orgauth sso on ${BACKEND}`, { timeout: 180_000 }, () => {
   });
 });
 
+describe(`orgauth directory on ${BACKEND}`, { timeout: 180_000 }, () => {
+  it('creates a SCIM directory (token printed once, kept as its hash), lists, shows, updates, rotates and deletes it; the API\'s JSON with --json', async () => {
+    const created = await json('directory', 'create', '--org', orgId, '--name', 'Okta', '--default-role', 'viewer', '--map-group', 'Engineering=member', '--map-group', 'R&D = Labs=admin');
+    expect(created).toEqual({
+      id: expect.any(Number), name: 'Okta', state: 'active', default_role: 'viewer',
+      group_roles: [{ group: 'Engineering', role: 'member' }, { group: 'R&D = Labs', role: 'admin' }],
+      token: expect.stringMatching(/^scim_[A-Za-z0-9_-]{43}$/), token_created_at: expect.any(String), created_at: expect.any(String), updated_at: expect.any(String),
+    });
+    const id = String(created.id);
+    const row = await (await sharedDb()).selectFrom('directories').select('token_hash').where('id', '=', created.id).executeTakeFirstOrThrow();
+    expect(row.token_hash).toBe(createHash('sha256').update(created.token).digest('hex'));
+
+    const { token, ...shown } = created;
+    expect(await json('directory', 'show', '--org', orgId, '--id', id)).toEqual(shown);
+    expect(await json('directory', 'list', '--org', orgId)).toEqual({ data: [shown] });
+    const text = await cli('directory', 'list', '--org', orgId);
+    expect(text.stdout).toMatch(new RegExp(`^ID +NAME +STATE +DEFAULT_ROLE +GROUP_ROLES\n${id} +Okta +active +viewer +2\n$`));
+    expect(text.stdout + (await cli('directory', 'show', '--org', orgId, '--id', id)).stdout).not.toContain(token);
+
+    expect(await json('directory', 'update', '--org', orgId, '--id', id, '--state', 'disabled', '--map-group', 'Admins=admin')).toMatchObject({ state: 'disabled', default_role: 'viewer', group_roles: [{ group: 'Admins', role: 'admin' }] });
+    expect(await json('directory', 'update', '--org', orgId, '--id', id, '--no-group-roles')).toMatchObject({ group_roles: [] });
+
+    const rotated = await json('directory', 'rotate-token', '--org', orgId, '--id', id);
+    expect(rotated.token).toMatch(/^scim_/);
+    expect(rotated.token).not.toBe(token);
+    const rotatedText = await cli('directory', 'rotate-token', '--org', orgId, '--id', id);
+    expect(rotatedText.stdout).toMatch(/^rotated the token of directory \d+; the old one no longer works\n[\s\S]*token: +scim_[A-Za-z0-9_-]{43}\n\(the token is shown only now/);
+
+    expect(await cli('directory', 'delete', '--org', orgId, '--id', id)).toEqual({ code: 0, stdout: `deleted directory ${id}\n`, stderr: '' });
+    expect(await jsonError('directory', 'show', '--org', orgId, '--id', id)).toEqual({ error: 'not_found', error_description: 'directory not found' });
+    const events = (await auditActions()).filter((e) => e.action.startsWith('directory.'));
+    expect(events.map((e) => e.action)).toEqual(['directory.created', 'directory.updated', 'directory.updated', 'directory.token_rotated', 'directory.token_rotated', 'directory.deleted']);
+    expect(events.every((e) => e.actor_user_id === null && e.actor_client_id === null)).toBe(true);
+    expect(JSON.stringify(events)).not.toContain(token);
+  });
+
+  it('refuses owner, a malformed --map-group, --map-group with --no-group-roles, and a bad --id, saying which', async () => {
+    expect((await jsonError('directory', 'create', '--org', orgId, '--name', 'X', '--default-role', 'owner')).error_description).toMatch(/^default_role: must be one of viewer, member, admin/);
+    expect((await jsonError('directory', 'create', '--org', orgId, '--name', 'X', '--map-group', 'Admins=owner')).error_description).toMatch(/group_roles\.0\.role/);
+    expect(await jsonError('directory', 'create', '--org', orgId, '--name', 'X', '--map-group', 'Admins')).toEqual({ error: 'usage', error_description: expect.stringMatching(/^--map-group takes "GROUP=ROLE"/) });
+    expect(await jsonError('directory', 'update', '--org', orgId, '--id', '1', '--map-group', 'A=member', '--no-group-roles')).toEqual({ error: 'usage', error_description: expect.stringMatching(/exclude each other/) });
+    expect(await jsonError('directory', 'show', '--org', orgId, '--id', '01')).toEqual({ error: 'usage', error_description: expect.stringMatching(/^--id must be a positive integer/) });
+    expect(await json('directory', 'list', '--org', orgId)).toEqual({ data: [] });
+  });
+});
+
 describe('the sso and domain commands in the help, and their files beside a running server', () => {
   it('lists every command, with its usage', async () => {
     const help = await cli('--help');
-    for (const command of ['sso create', 'sso list', 'sso show', 'sso update', 'sso delete', 'domain add', 'domain list', 'domain show', 'domain verify', 'domain update', 'domain delete']) {
+    for (const command of ['sso create', 'sso list', 'sso show', 'sso update', 'sso delete', 'domain add', 'domain list', 'domain show', 'domain verify', 'domain update', 'domain delete',
+      'directory create', 'directory list', 'directory show', 'directory update', 'directory rotate-token', 'directory delete']) {
       expect(help.stdout).toContain(`  ${command} `);
     }
     expect((await cli('sso', 'create', '--help')).stdout).toMatch(/^usage: orgauth sso create --org ID --protocol oidc .*\n {7}orgauth sso create --org ID --protocol saml .*--idp-cert-file FILE \[--idp-cert-file FILE2\]\.\.\./);

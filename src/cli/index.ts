@@ -23,6 +23,7 @@ import { describeStartupError, openDatabase } from '../runtime.js';
 import { appCommands } from './apps.js';
 import { cleanupCommands } from './cleanup.js';
 import { clientCommands } from './clients.js';
+import { directoryCommands } from './directories.js';
 import { domainCommands } from './domains.js';
 import { grantCommands } from './grants.js';
 import { jobCommands } from './jobs.js';
@@ -55,6 +56,7 @@ const COMMANDS: Record<string, Command> = {
   ...ssoCommands,
   ...domainCommands,
   ...webhookCommands,
+  ...directoryCommands,
   ...keyCommands,
   ...resourceCommands,
   ...jobCommands,
