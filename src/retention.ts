@@ -32,6 +32,7 @@
  *   (AG-3): what a flood of registrations leaves behind. One that holds a grant stays, whatever
  *   first_used_at says: deleting it would drop its grants without publishing their revocation.
  * - The Overview's activity counters go ACTIVITY_RETENTION_DAYS (400) days after their day.
+ * - Setup links go 30 days after they expired, revoked or not.
  * - Jobs go 30 days after they finished (succeeded or failed); webhook events 30 days after they
  *   happened, with their deliveries and the log of attempts.
  */
@@ -73,6 +74,8 @@ const RULES = [
   { table: 'pushed_authorization_requests', key: 'id', at: 'expires_at', graceSeconds: 0 },
   // The webhook delivery log: events go 30 days on, their deliveries and attempts with them.
   { table: 'webhook_events', key: 'id', at: 'created_at', graceSeconds: 30 * DAY_S },
+  // Setup links a month after they expired (the owners' record of who was let in, with the audit log's).
+  { table: 'setup_links', key: 'id', at: 'expires_at', graceSeconds: 30 * DAY_S },
 ] as const;
 
 export type Expired = Record<(typeof RULES)[number]['table'] | 'unused_clients' | 'activity_daily', number>;

@@ -62,7 +62,7 @@ beforeAll(async () => {
 });
 afterAll(() => database.close());
 
-const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, pending_sign_ups: 0, sign_up_attempts: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0, jobs: 0, webhook_events: 0, seen_jtis: 0, pushed_authorization_requests: 0, activity_daily: 0 };
+const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, pending_sign_ups: 0, sign_up_attempts: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0, jobs: 0, webhook_events: 0, seen_jtis: 0, pushed_authorization_requests: 0, activity_daily: 0, setup_links: 0 };
 
 describe(`deleting expired rows on ${BACKEND}`, () => {
   it('deletes what expired, keeps what is live, and keeps codes a week past expiry for replay detection', async () => {
@@ -121,6 +121,13 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
     for (const [id, createdAgo] of [['msg_old', -31 * DAY], ['msg_recent', -29 * DAY]] as const) {
       await db.insertInto('webhook_events').values({ organization_id: fixture.organizationId, type: 'member.added', message_id: id, payload: '{}', created_at: at(createdAgo) }).execute();
     }
+    // Setup links a month after they expired, revoked or not.
+    for (const [name, expiredAgo] of [['link-gone', -31 * DAY], ['link-kept', -29 * DAY]] as const) {
+      await db
+        .insertInto('setup_links')
+        .values({ organization_id: fixture.organizationId, features: ['sso'], token_hash: sha256Hex(name), created_at: at(expiredAgo - DAY), expires_at: at(expiredAgo), revoked_at: at(expiredAgo - 60) })
+        .execute();
+    }
     // The Overview's counters: kept 400 days.
     for (const [metric, daysAgo] of [['sign_ins', 401], ['consents', 399]] as const) {
       await sql`insert into activity_daily (organization_id, metric, day, count) values (${fixture.organizationId}, ${metric}, current_date - ${daysAgo}::int, 1)`.execute(db);
@@ -150,7 +157,9 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
       seen_jtis: 1,
       pushed_authorization_requests: 1,
       activity_daily: 1,
+      setup_links: 1,
     });
+    expect((await db.selectFrom('setup_links').select('token_hash').execute()).map((r) => r.token_hash)).toEqual([sha256Hex('link-kept')]);
     expect((await db.selectFrom('activity_daily').select('metric').where('organization_id', '=', fixture.organizationId).execute()).map((r) => r.metric)).toEqual(['consents']);
     expect((await db.selectFrom('seen_jtis').select('key').execute()).map((r) => r.key)).toEqual([seenJtiDigest('dpop-live')]);
     expect((await db.selectFrom('pushed_authorization_requests').select('request_uri_hash').execute()).map((r) => r.request_uri_hash)).toEqual(['par-live']);

@@ -752,6 +752,7 @@ export interface Database {
   activity_daily: ActivityDailyTable;
   directories: DirectoriesTable;
   directory_group_roles: DirectoryGroupRolesTable;
+  setup_links: SetupLinksTable;
 }
 
 export type User = Selectable<UsersTable>;
@@ -778,3 +779,19 @@ export type CustomRole = Selectable<RolesTable>;
 export type Passkey = Selectable<PasskeysTable>;
 export type SsoConnection = Selectable<SsoConnectionsTable>;
 export type SsoDomain = Selectable<SsoDomainsTable>;
+
+/** A link an owner gives a customer's IT admin to set up domains, SSO and directories (migration 0027; accounts/setup-links.ts). */
+export interface SetupLinksTable {
+  id: Generated<number>;
+  organization_id: number;
+  /** A non-empty subset of 'domains', 'sso', 'directory'. */
+  features: TextArray;
+  /** SHA-256 (hex) of the token in the link's URL; the token itself is shown once. */
+  token_hash: string;
+  /** The owner who made it; null when the operator did (the CLI). */
+  created_by_user_id: number | null;
+  created_at: Generated<Date>;
+  expires_at: Timestamp;
+  revoked_at: NullableTimestamp;
+  last_used_at: NullableTimestamp;
+}

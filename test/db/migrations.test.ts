@@ -75,6 +75,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   activity_daily: ['organization_id', 'metric', 'day', 'count'],
   directories: ['id', 'organization_id', 'name', 'state', 'default_role', 'token_hash', 'token_created_at', 'created_at', 'updated_at'],
   directory_group_roles: ['directory_id', 'group_ref', 'role'],
+  setup_links: ['id', 'organization_id', 'features', 'token_hash', 'created_by_user_id', 'created_at', 'expires_at', 'revoked_at', 'last_used_at'],
   device_authorizations: [
     'id', 'device_code_hash', 'user_code', 'application_id', 'resource_id', 'scopes', 'identity_scopes', 'status', 'user_id', 'organization_id',
     'granted_scopes', 'auth_time', 'amr', 'grant_id', 'interval_s', 'last_polled_at', 'expires_at', 'created_at', 'sso_connection_id',
@@ -82,7 +83,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
 };
 
 // applications is not here: a client that registered itself (RFC 7591, a metadata document) belongs to no organization.
-const ORG_OWNED = ['memberships', 'roles', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations', 'sso_connections', 'sso_domains', 'removed_members', 'webhook_endpoints', 'activity_daily', 'directories'];
+const ORG_OWNED = ['memberships', 'roles', 'grants', 'authorization_codes', 'refresh_tokens', 'revoked_access_tokens', 'audit_events', 'contacts', 'tasks', 'invitations', 'sso_connections', 'sso_domains', 'removed_members', 'webhook_endpoints', 'activity_daily', 'directories', 'setup_links'];
 const HASH = 'a'.repeat(64);
 
 let database: TestDatabase;
@@ -133,6 +134,7 @@ const MIGRATIONS = [
   '20261206_0023_pushed_requests_by_client',
   '20261207_0024_pending_sign_ups',
   '20261208_0025_directories',
+  '20261210_0027_setup_links',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {
