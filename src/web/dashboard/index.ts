@@ -8,11 +8,9 @@
  * to its second step (or to set one up) first. A GET page shows what the change that redirected to it did (notice.ts).
  */
 import type { FastifyInstance } from 'fastify';
-import { factorSummary, hasSecondFactor } from '../../accounts/second-factors.js';
 import { sessionShortfall } from '../../accounts/organization-access.js';
-import { ssoRequiredMessage } from '../../sso/required.js';
-import { twoFactorsPath } from '../second-step.js';
-import { loginPath, ssoSignInPath } from '../sign-in.js';
+import { answerShortfall } from '../shortfall.js';
+import { loginPath } from '../sign-in.js';
 import { ForbiddenError } from '../../errors.js';
 import { setUpPages } from '../render.js';
 import { accountRoutes } from './account.js';
@@ -41,13 +39,7 @@ export async function dashboardPages(app: FastifyInstance, deps: DashboardDeps):
       const route = req.routeOptions.url ?? '';
       const shortfall = ctx.organization ? sessionShortfall(ctx.organization, ctx.session) : undefined;
       if (ctx.organization && shortfall && !route.startsWith('/dashboard/account') && route !== '/dashboard/organization') {
-        const reading = req.method === 'GET' || req.method === 'HEAD';
-        if (shortfall === 'sso') {
-          if (!reading) throw new ForbiddenError(ssoRequiredMessage(ctx.organization.name));
-          return reply.redirect(ssoSignInPath(ctx.session.email, req.url), 303);
-        }
-        if (!reading) throw new ForbiddenError(`${ctx.organization.name} requires two-step sign-in.`);
-        return reply.redirect(twoFactorsPath(hasSecondFactor(await factorSummary(deps.db, ctx.session.userId)), req.url), 303);
+        return answerShortfall(deps.db, req, reply, shortfall, ctx.organization.name, ctx.session);
       }
       // The page a change redirected to says what it did, once (notice.ts).
       if (req.method === 'GET') ctx.notice = takeNotice(req, reply, deps.config, ctx.session.sessionId);

@@ -28,7 +28,7 @@ import {
   MAX_SAML_CERTIFICATES,
   updateConnection,
 } from '../../sso/connections.js';
-import { addDomain, deleteDomain, getDomain, listDomains, txtLookup, updateDomain, verifyDomain } from '../../sso/domains.js';
+import { addDomain, deleteDomain, type DomainView, getDomain, listDomains, txtLookup, updateDomain, verifyDomain } from '../../sso/domains.js';
 import { renderPage } from '../render.js';
 import type { DashboardDeps } from './applications.js';
 import { type ActionContext, dashboardContext, type DashboardContext, parseId, readForm, requireAction, requireView } from './context.js';
@@ -144,11 +144,166 @@ function editFormOf(c: ConnectionView): EditForm {
 }
 
 /** What a change of a connection's state says, once it is done. */
-const STATE_NOTICES: Record<'active' | 'draft' | 'disabled', (name: string) => string> = {
+export const STATE_NOTICES: Record<'active' | 'draft' | 'disabled', (name: string) => string> = {
   active: (name) => `Connection ${name} is active: people can sign in through it.`,
   draft: (name) => `Connection ${name} is a draft now: nobody can sign in through it, and everyone who had signed in through it was signed out.`,
   disabled: (name) => `Connection ${name} is disabled: everyone who had signed in through it was signed out.`,
 };
+
+/** What a new connection's page says, above the URLs to register. */
+export const createdNotice = (name: string) => `Connection ${name} created. Register the URLs below at your identity provider.`;
+
+/** The state a form asks for, or an InvalidRequestError. */
+export function stateFromForm(params: Params): 'active' | 'draft' | 'disabled' {
+  const state = params.state;
+  if (state !== 'active' && state !== 'draft' && state !== 'disabled') throw new InvalidRequestError('Choose active, draft or disabled.');
+  return state;
+}
+
+/**
+ * Runs a change; a refusal the person can act on (a bad field, a conflict, a role that may not do
+ * it, another organization's thing) goes to `show`, with its status and what to say.
+ */
+export async function showingRefusals<T>(change: () => Promise<T>, show: (status: number, errors: string[]) => Promise<T>): Promise<T> {
+  try {
+    return await change();
+  } catch (err) {
+    if (err instanceof InvalidRequestError || err instanceof ConflictError || err instanceof ForbiddenError || err instanceof NotFoundError) {
+      return show(err.statusCode, errorMessages(err));
+    }
+    throw err;
+  }
+}
+
+/**
+ * The creation forms' fields as typed (`form`, shown again when refused) and what createConnection
+ * is given. `chooseRole: false` (a setup link's page): the default role is not the form's to set,
+ * whatever it sends, and stays the domain's default.
+ */
+export function creationFromForm(params: Params, options: { chooseRole: boolean }): { form: { oidc: OidcForm } | { saml: SamlForm }; input: Record<string, unknown> } {
+  const role = options.chooseRole && params.default_role !== undefined ? { default_role: params.default_role } : {};
+  if (params.protocol === 'oidc') {
+    const oidc: OidcForm = {
+      name: params.name ?? '',
+      issuer: params.issuer ?? '',
+      clientId: params.client_id ?? '',
+      scopes: params.oidc_scopes ?? '',
+      jit: checked(params, 'jit'),
+      defaultRole: params.default_role ?? '',
+    };
+    const input = {
+      protocol: 'oidc',
+      name: oidc.name,
+      issuer: oidc.issuer,
+      client_id: oidc.clientId,
+      client_secret: params.client_secret ?? '',
+      ...(params.oidc_scopes === undefined ? {} : { scopes: params.oidc_scopes }),
+      jit: oidc.jit,
+      ...role,
+    };
+    return { form: { oidc }, input };
+  }
+  if (params.protocol === 'saml') {
+    const saml: SamlForm = {
+      name: params.name ?? '',
+      metadataXml: params.idp_metadata_xml ?? '',
+      entityId: params.idp_entity_id ?? '',
+      ssoUrl: params.idp_sso_url ?? '',
+      certificates: params.idp_certificates ?? '',
+      jit: checked(params, 'jit'),
+      defaultRole: params.default_role ?? '',
+      state: params.state === 'draft' ? 'draft' : 'active',
+    };
+    const certificates = certificatesFromText(params.idp_certificates);
+    const input = {
+      protocol: 'saml',
+      name: saml.name,
+      ...(params.idp_metadata_xml === undefined ? {} : { idp_metadata_xml: params.idp_metadata_xml }),
+      ...(params.idp_entity_id === undefined ? {} : { idp_entity_id: params.idp_entity_id }),
+      ...(params.idp_sso_url === undefined ? {} : { idp_sso_url: params.idp_sso_url }),
+      ...(certificates === undefined ? {} : { idp_certificates: certificates }),
+      jit: saml.jit,
+      ...role,
+      state: params.state ?? 'active',
+    };
+    return { form: { saml }, input };
+  }
+  throw new InvalidRequestError('Choose OpenID Connect or SAML.');
+}
+
+/**
+ * An edit form's fields as typed and what updateConnection is given for connection `c`. Only an
+ * owner's form says whether it links existing accounts; `chooseRole: false` leaves the default role alone.
+ */
+export function editFromForm(params: Params, c: ConnectionView, options: { owner: boolean; chooseRole: boolean }): { form: EditForm; input: Record<string, unknown> } {
+  const form: EditForm = {
+    name: params.name ?? '',
+    jit: checked(params, 'jit'),
+    defaultRole: (options.chooseRole ? params.default_role : undefined) ?? c.default_role,
+    issuer: params.issuer ?? '',
+    clientId: params.client_id ?? '',
+    scopes: params.oidc_scopes ?? '',
+    entityId: params.idp_entity_id ?? '',
+    ssoUrl: params.idp_sso_url ?? '',
+    certificates: params.idp_certificates ?? '',
+    metadataXml: params.idp_metadata_xml ?? '',
+    idpInitiated: checked(params, 'idp_initiated'),
+    linksExisting: checked(params, 'links_existing_accounts'),
+  };
+  const input: Record<string, unknown> = { name: form.name, jit: form.jit };
+  // Only an owner vouches for a connection (the checkbox is theirs alone).
+  if (options.owner) input.links_existing_accounts = form.linksExisting;
+  // The default role only when changed: changing it is for those who could give both the old and the new one.
+  if (form.defaultRole !== c.default_role) input.default_role = form.defaultRole;
+  if (c.protocol === 'oidc') {
+    Object.assign(input, { issuer: form.issuer, client_id: form.clientId, scopes: form.scopes });
+    // Blank keeps the current secret (it is never shown).
+    if (params.client_secret !== undefined) input.client_secret = params.client_secret;
+  } else {
+    input.idp_initiated = form.idpInitiated;
+    const certificates = certificatesFromText(params.idp_certificates);
+    if (certificates !== undefined) input.idp_certificates = certificates;
+    if (params.idp_metadata_xml !== undefined) {
+      // Pasted metadata gives the entity ID, SSO URL and certificates; what was changed beside it wins.
+      input.idp_metadata_xml = params.idp_metadata_xml;
+      if (params.idp_entity_id !== undefined && params.idp_entity_id !== c.idp_entity_id) input.idp_entity_id = params.idp_entity_id;
+      if (params.idp_sso_url !== undefined && params.idp_sso_url !== c.idp_sso_url) input.idp_sso_url = params.idp_sso_url;
+    } else {
+      Object.assign(input, { idp_entity_id: form.entityId, idp_sso_url: form.ssoUrl });
+    }
+  }
+  return { form, input };
+}
+
+/**
+ * The connections partial's list (sso-connections.eta): each connection with its certificates'
+ * expiry flags, its edit form (as typed when `edit` is it), the roles its form offers, and its
+ * path under `base`.
+ */
+export function connectionsForPage(connections: ConnectionView[], options: { base: string; roles: string[]; edit?: { id: number; form: EditForm } | undefined }) {
+  const now = Date.now();
+  return connections.map((c) => ({
+    ...c,
+    certificates: (c.idp_certificates ?? []).map((cert) => {
+      const expires = Date.parse(cert.not_after);
+      return { ...cert, expired: expires <= now, expiresSoon: expires > now && expires - now < EXPIRY_WARNING_DAYS * 86_400_000 };
+    }),
+    form: options.edit?.id === c.id ? options.edit.form : editFormOf(c),
+    // A default role the user's role could not give is theirs to see, not to change (the domain refuses it).
+    roleChoices: options.roles.includes(c.default_role) ? options.roles : [c.default_role, ...options.roles],
+    path: `${options.base}/connections/${c.id}`,
+  }));
+}
+
+/** The domains partial's list (sso-domains.eta): each domain with its path under `base` and its anchor. */
+export function domainsForPage(domains: DomainView[], base: string) {
+  return domains.map((d) => ({ ...d, path: `${base}/domains/${encodeURIComponent(d.domain)}`, anchor: `domain-${d.id}` }));
+}
+
+/** The empty creation forms (new OpenID Connect and SAML connections). */
+export function emptyForms(): { oidcForm: OidcForm; samlForm: SamlForm } {
+  return { oidcForm: emptyOidc(), samlForm: emptySaml() };
+}
 
 interface PageView {
   errors?: string[];
@@ -174,27 +329,21 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
     const access = organization?.access;
     // The roles a connection may give its members: never owner, and only those the user's own role could give.
     const roles = organization && manage && access ? (await listRoles(db, organization.id)).filter((r) => r.kind !== 'owner' && mayAssign(access, r)).map((r) => r.name) : [];
-    const now = Date.now();
     return renderPage(reply, status, 'dashboard/sso', {
       title: 'Single sign-on',
       ctx,
       active: 'sso',
       manage,
       owner: access?.kind === 'owner',
-      connections: connections.map((c) => ({
-        ...c,
-        certificates: (c.idp_certificates ?? []).map((cert) => {
-          const expires = Date.parse(cert.not_after);
-          return { ...cert, expired: expires <= now, expiresSoon: expires > now && expires - now < EXPIRY_WARNING_DAYS * 86_400_000 };
-        }),
-        form: view.edit?.id === c.id ? view.edit.form : editFormOf(c),
-        // A default role the user's role could not give is theirs to see, not to change (the domain refuses it).
-        roleChoices: roles.includes(c.default_role) ? roles : [c.default_role, ...roles],
-        path: `${SSO_PATH}/connections/${c.id}`,
-      })),
+      // The partials' settings: the forms post here, offer roles, delete and require SSO.
+      base: SSO_PATH,
+      chooseRole: true,
+      deletable: true,
+      ssoRequired: true,
+      connections: connectionsForPage(connections, { base: SSO_PATH, roles, edit: view.edit }),
       // Just created: its URLs, prominently, to register at the provider (only this organization's).
       created: view.createdId === undefined ? undefined : connections.find((c) => c.id === view.createdId),
-      domains: domains.map((d) => ({ ...d, path: `${SSO_PATH}/domains/${encodeURIComponent(d.domain)}`, anchor: `domain-${d.id}` })),
+      domains: domainsForPage(domains, SSO_PATH),
       roles,
       oidcForm: view.oidc ?? emptyOidc(),
       samlForm: view.saml ?? emptySaml(),
@@ -216,15 +365,8 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
   }
 
   /** Runs a change; a refusal the user can act on is shown on the page (with `view`: what they typed), at its status. */
-  async function attempt(reply: FastifyReply, ctx: ActionContext, view: PageView, change: () => Promise<FastifyReply>) {
-    try {
-      return await change();
-    } catch (err) {
-      if (err instanceof InvalidRequestError || err instanceof ConflictError || err instanceof ForbiddenError || err instanceof NotFoundError) {
-        return render(reply, ctx, err.statusCode, { ...view, errors: errorMessages(err) });
-      }
-      throw err;
-    }
+  function attempt(reply: FastifyReply, ctx: ActionContext, view: PageView, change: () => Promise<FastifyReply>) {
+    return showingRefusals(change, (status, errors) => render(reply, ctx, status, { ...view, errors }));
   }
 
   app.get<{ Querystring: { created?: unknown } }>(SSO_PATH, async (req, reply) => render(reply, dashboardContext(req), 200, { createdId: parseId(req.query.created) }));
@@ -234,69 +376,11 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
   app.post(`${SSO_PATH}/connections`, { bodyLimit: METADATA_FORM_LIMIT }, async (req, reply) => {
     const { params } = readForm(req.body);
     const ctx = requireAction(config, req, params, { permission: 'sso.write' });
-    if (params.protocol === 'oidc') {
-      const form: OidcForm = {
-        name: params.name ?? '',
-        issuer: params.issuer ?? '',
-        clientId: params.client_id ?? '',
-        scopes: params.oidc_scopes ?? '',
-        jit: checked(params, 'jit'),
-        defaultRole: params.default_role ?? '',
-      };
-      return attempt(reply, ctx, { oidc: form }, async () => {
-        const created = await createConnection(
-          db,
-          settings,
-          ctx.organization.id,
-          {
-            protocol: 'oidc',
-            name: form.name,
-            issuer: form.issuer,
-            client_id: form.clientId,
-            client_secret: params.client_secret ?? '',
-            ...(params.oidc_scopes === undefined ? {} : { scopes: params.oidc_scopes }),
-            jit: form.jit,
-            ...(params.default_role === undefined ? {} : { default_role: params.default_role }),
-          },
-          by(ctx),
-        );
-        return done(reply, ctx, `Connection ${created.name} created. Register the URLs below at your identity provider.`, { connection: created.id, created: true });
-      });
-    }
-    if (params.protocol === 'saml') {
-      const form: SamlForm = {
-        name: params.name ?? '',
-        metadataXml: params.idp_metadata_xml ?? '',
-        entityId: params.idp_entity_id ?? '',
-        ssoUrl: params.idp_sso_url ?? '',
-        certificates: params.idp_certificates ?? '',
-        jit: checked(params, 'jit'),
-        defaultRole: params.default_role ?? '',
-        state: params.state === 'draft' ? 'draft' : 'active',
-      };
-      return attempt(reply, ctx, { saml: form }, async () => {
-        const certificates = certificatesFromText(params.idp_certificates);
-        const created = await createConnection(
-          db,
-          settings,
-          ctx.organization.id,
-          {
-            protocol: 'saml',
-            name: form.name,
-            ...(params.idp_metadata_xml === undefined ? {} : { idp_metadata_xml: params.idp_metadata_xml }),
-            ...(params.idp_entity_id === undefined ? {} : { idp_entity_id: params.idp_entity_id }),
-            ...(params.idp_sso_url === undefined ? {} : { idp_sso_url: params.idp_sso_url }),
-            ...(certificates === undefined ? {} : { idp_certificates: certificates }),
-            jit: form.jit,
-            ...(params.default_role === undefined ? {} : { default_role: params.default_role }),
-            state: params.state ?? 'active',
-          },
-          by(ctx),
-        );
-        return done(reply, ctx, `Connection ${created.name} created. Register the URLs below at your identity provider.`, { connection: created.id, created: true });
-      });
-    }
-    throw new InvalidRequestError('Choose OpenID Connect or SAML.');
+    const { form, input } = creationFromForm(params, { chooseRole: true });
+    return attempt(reply, ctx, form, async () => {
+      const created = await createConnection(db, settings, ctx.organization.id, input, by(ctx));
+      return done(reply, ctx, createdNotice(created.name), { connection: created.id, created: true });
+    });
   });
 
   /** The connection named in the URL, for someone who manages SSO; another organization's is a 404. */
@@ -311,42 +395,7 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
 
   app.post<{ Params: { id: string } }>(`${SSO_PATH}/connections/:id`, { bodyLimit: METADATA_FORM_LIMIT }, async (req, reply) => {
     const { ctx, params, connection: c } = await managedConnection(req);
-    const form: EditForm = {
-      name: params.name ?? '',
-      jit: checked(params, 'jit'),
-      defaultRole: params.default_role ?? c.default_role,
-      issuer: params.issuer ?? '',
-      clientId: params.client_id ?? '',
-      scopes: params.oidc_scopes ?? '',
-      entityId: params.idp_entity_id ?? '',
-      ssoUrl: params.idp_sso_url ?? '',
-      certificates: params.idp_certificates ?? '',
-      metadataXml: params.idp_metadata_xml ?? '',
-      idpInitiated: checked(params, 'idp_initiated'),
-      linksExisting: checked(params, 'links_existing_accounts'),
-    };
-    const input: Record<string, unknown> = { name: form.name, jit: form.jit };
-    // Only an owner vouches for a connection (the checkbox is theirs alone).
-    if (ctx.organization.access.kind === 'owner') input.links_existing_accounts = form.linksExisting;
-    // The default role only when changed: changing it is for those who could give both the old and the new one.
-    if (form.defaultRole !== c.default_role) input.default_role = form.defaultRole;
-    if (c.protocol === 'oidc') {
-      Object.assign(input, { issuer: form.issuer, client_id: form.clientId, scopes: form.scopes });
-      // Blank keeps the current secret (it is never shown).
-      if (params.client_secret !== undefined) input.client_secret = params.client_secret;
-    } else {
-      input.idp_initiated = form.idpInitiated;
-      const certificates = certificatesFromText(params.idp_certificates);
-      if (certificates !== undefined) input.idp_certificates = certificates;
-      if (params.idp_metadata_xml !== undefined) {
-        // Pasted metadata gives the entity ID, SSO URL and certificates; what was changed beside it wins.
-        input.idp_metadata_xml = params.idp_metadata_xml;
-        if (params.idp_entity_id !== undefined && params.idp_entity_id !== c.idp_entity_id) input.idp_entity_id = params.idp_entity_id;
-        if (params.idp_sso_url !== undefined && params.idp_sso_url !== c.idp_sso_url) input.idp_sso_url = params.idp_sso_url;
-      } else {
-        Object.assign(input, { idp_entity_id: form.entityId, idp_sso_url: form.ssoUrl });
-      }
-    }
+    const { form, input } = editFromForm(params, c, { owner: ctx.organization.access.kind === 'owner', chooseRole: true });
     return attempt(reply, ctx, { edit: { id: c.id, form } }, async () => {
       const saved = await updateConnection(db, settings, ctx.organization.id, c.id, input, by(ctx));
       return done(reply, ctx, `Connection ${saved.name} saved.`, { connection: c.id });
@@ -355,8 +404,7 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
 
   app.post<{ Params: { id: string } }>(`${SSO_PATH}/connections/:id/state`, async (req, reply) => {
     const { ctx, params, connection: c } = await managedConnection(req);
-    const state = params.state;
-    if (state !== 'active' && state !== 'draft' && state !== 'disabled') throw new InvalidRequestError('Choose active, draft or disabled.');
+    const state = stateFromForm(params);
     return attempt(reply, ctx, {}, async () => {
       // Leaving active ends every session signed in through the connection (the domain does it in the same transaction).
       await updateConnection(db, settings, ctx.organization.id, c.id, { state }, by(ctx));
@@ -430,6 +478,7 @@ export async function ssoRoutes(app: FastifyInstance, deps: DashboardDeps): Prom
           active: 'sso',
           domain: current,
           path: `${SSO_PATH}/domains/${encodeURIComponent(current.domain)}`,
+          cancel: `${SSO_PATH}#domain-${current.id}`,
         });
       }
       await deleteDomain(db, ctx.organization.id, domain, actor(ctx));
