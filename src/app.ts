@@ -12,6 +12,7 @@ import { API_PREFIX, apiRoutes } from './api/index.js';
 import { openApiRoutes, registerOpenApi } from './api/openapi.js';
 import type { Config } from './config.js';
 import { dashboardPages } from './web/dashboard/index.js';
+import { setupPages } from './web/setup-pages.js';
 import type { DB, Listen } from './db/connect.js';
 import { isBadValue, isDatabaseUnavailable, isTransactionConflict } from './db/errors.js';
 import { AppError, InvalidRequestError, sanitizeDescription, ServiceUnavailableError } from './errors.js';
@@ -230,6 +231,8 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await app.register(devicePages, { db: deps.db, config, resources });
   await app.register(endSessionEndpoint, { db: deps.db, config, keys });
   await app.register(dashboardPages, { db: deps.db, config, keys, revocations, applications, clientGrants, metrics, mail });
+  // A setup link's pages: a customer's IT admin sets up domains, SSO and directories without being a member.
+  await app.register(setupPages, { db: deps.db, config });
 
   // The queues start claiming once the app is ready, after every other onReady hook (a plugin's
   // run after its parent's and its elder siblings': this plugin is the last one). Building the

@@ -53,8 +53,12 @@ function scrubField(key: string, item: unknown, parentKey: string, depth = 0, se
 /** Query parameters whose values never reach a log line (a token sent in a URL, a code in a redirect). */
 const SECRET_QUERY_PARAMS = new Set([...SECRET_FIELDS, 'code', 'id_token', 'client_assertion']);
 
-/** The URL as logged: path and query, with the values of secret query parameters masked. */
-export function maskUrl(url: string): string {
+/** Paths that carry a secret in a segment: a setup link's token (`/setup/<token>/...`, accounts/setup-links.ts). */
+const SECRET_PATH = /^\/setup\/[^/?#]+/;
+
+/** The URL as logged: path and query, with a secret path segment and the values of secret query parameters masked. */
+export function maskUrl(logged: string): string {
+  const url = logged.replace(SECRET_PATH, '/setup/[redacted]');
   const q = url.indexOf('?');
   if (q === -1) return url;
   const query = url

@@ -2,11 +2,15 @@ import type { DB } from '../db/connect.js';
 
 /**
  * Who acted: a user (dashboard, consent), a client (/oauth/revoke, reuse detection, the
- * management API), both (a user's token), or neither (the system, the operator's CLI).
+ * management API), both (a user's token), or neither (the system, the operator's CLI). A user
+ * acting through a setup link (accounts/setup-links.ts) is not a member: the link says by what
+ * right they acted, and every event they cause carries it in its details (`setup_link_id`), so
+ * each domain module records it without knowing of links.
  */
 export interface Actor {
   actorUserId?: number | null | undefined;
   actorClientId?: string | null | undefined;
+  setupLinkId?: number | null | undefined;
 }
 
 export interface AuditEventInput {
@@ -27,9 +31,14 @@ export async function recordAuditEvent(db: DB, event: AuditEventInput): Promise<
       action: event.action,
       actor_user_id: event.actor?.actorUserId ?? null,
       actor_client_id: event.actor?.actorClientId ?? null,
-      details: JSON.stringify(event.details ?? {}),
+      details: JSON.stringify(withSetupLink(event.details ?? {}, event.actor)),
     })
     .execute();
+}
+
+function withSetupLink(details: Record<string, unknown>, actor: Actor | undefined): Record<string, unknown> {
+  const id = actor?.setupLinkId;
+  return id === undefined || id === null ? details : { ...details, setup_link_id: id };
 }
 
 export interface AuditEventRow {

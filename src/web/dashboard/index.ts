@@ -23,6 +23,7 @@ import { takeNotice } from './notice.js';
 import { organizationRoutes } from './organization.js';
 import { overviewRoutes } from './overview.js';
 import { roleRoutes } from './roles.js';
+import { setupLinkRoutes } from './setup-links.js';
 import { ssoRoutes } from './sso.js';
 import { webhookRoutes } from './webhooks.js';
 
@@ -53,6 +54,7 @@ export async function dashboardPages(app: FastifyInstance, deps: DashboardDeps):
   await organizationRoutes(app, deps);
   await roleRoutes(app, deps);
   await ssoRoutes(app, deps);
+  await setupLinkRoutes(app, deps);
   await webhookRoutes(app, deps);
   await accountRoutes(app, deps);
   const factorGuard = new FactorChangeGuard(deps.db);
