@@ -34,6 +34,7 @@ import { orgCommands } from './orgs.js';
 import { resourceCommands } from './resources.js';
 import { roleCommands } from './roles.js';
 import { seedDemoCommands } from './seed-demo.js';
+import { setupLinkCommands } from './setup-links.js';
 import { ssoCommands } from './sso.js';
 import { count, NO_PROGRESS, type Progress, progressLine, type ProgressLine, UsageError, type Command, type CommandContext, type Options, type Values } from './shared.js';
 import { tokenCommands } from './tokens.js';
@@ -47,6 +48,7 @@ const COMMANDS: Record<string, Command> = {
   ...migrateCommands,
   ...userCommands,
   ...orgCommands,
+  ...setupLinkCommands,
   ...memberCommands,
   ...roleCommands,
   ...appCommands,
@@ -101,9 +103,9 @@ export interface CliIo {
   terminal?: { columns?: (() => number | undefined) | undefined } | undefined;
 }
 
-/** Finds the command named by the leading words of argv ("app create"), longest name first. */
+/** Finds the command named by the leading words of argv ("app create", "org setup-link revoke"), longest name first. */
 function findCommand(argv: string[]): { name: string; command: Command; rest: string[] } | undefined {
-  for (const words of [2, 1]) {
+  for (const words of [3, 2, 1]) {
     const name = argv.slice(0, words).join(' ');
     const command = Object.hasOwn(COMMANDS, name) ? COMMANDS[name] : undefined;
     if (command && argv.slice(0, words).every((w) => !w.startsWith('-'))) return { name, command, rest: argv.slice(words) };
