@@ -33,6 +33,7 @@
  *   first_used_at says: deleting it would drop its grants without publishing their revocation.
  * - The Overview's activity counters go ACTIVITY_RETENTION_DAYS (400) days after their day.
  * - Setup links go 30 days after they expired, revoked or not.
+ * - A directory's logged SCIM requests go a week after they were made.
  * - Jobs go 30 days after they finished (succeeded or failed); webhook events 30 days after they
  *   happened, with their deliveries and the log of attempts.
  */
@@ -76,6 +77,8 @@ const RULES = [
   { table: 'webhook_events', key: 'id', at: 'created_at', graceSeconds: 30 * DAY_S },
   // Setup links a month after they expired (the owners' record of who was let in, with the audit log's).
   { table: 'setup_links', key: 'id', at: 'expires_at', graceSeconds: 30 * DAY_S },
+  // A directory's request log (also trimmed to its newest 1,000 as it grows: src/directory/request-log.ts).
+  { table: 'directory_requests', key: 'id', at: 'created_at', graceSeconds: 7 * DAY_S },
 ] as const;
 
 export type Expired = Record<(typeof RULES)[number]['table'] | 'unused_clients' | 'activity_daily', number>;

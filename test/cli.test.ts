@@ -483,7 +483,7 @@ describe(`orgauth CLI on ${BACKEND}`, { timeout: 120_000 }, () => {
   it('cleanup deletes expired rows and says how many', async () => {
     const user = await json('user', 'create', '--email', 'cleanup@example.com', '--password', 'a-long-password');
     await withDb((db) => db.insertInto('sessions').values({ id_hash: 'a'.repeat(64), user_id: user.id as number, expires_at: new Date(Date.now() - 1000) }).execute());
-    const none = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, pending_sign_ups: 0, sign_up_attempts: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0, jobs: 0, webhook_events: 0, seen_jtis: 0, pushed_authorization_requests: 0, activity_daily: 0, setup_links: 0 };
+    const none = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, pending_sign_ups: 0, sign_up_attempts: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0, jobs: 0, webhook_events: 0, seen_jtis: 0, pushed_authorization_requests: 0, activity_daily: 0, setup_links: 0, directory_requests: 0 };
     expect(await json('cleanup')).toEqual({ deleted: { ...none, sessions: 1 } });
     expect(await json('cleanup')).toEqual({ deleted: none });
   });

@@ -62,7 +62,7 @@ beforeAll(async () => {
 });
 afterAll(() => database.close());
 
-const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, pending_sign_ups: 0, sign_up_attempts: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0, jobs: 0, webhook_events: 0, seen_jtis: 0, pushed_authorization_requests: 0, activity_daily: 0, setup_links: 0 };
+const NOTHING = { authorization_codes: 0, refresh_tokens: 0, revoked_access_tokens: 0, sessions: 0, account_tokens: 0, invitations: 0, pending_sign_ups: 0, sign_up_attempts: 0, mail_outbox: 0, pending_sign_ins: 0, sso_sign_ins: 0, saml_assertion_ids: 0, second_step_failures: 0, unused_clients: 0, device_authorizations: 0, client_registrations: 0, jobs: 0, webhook_events: 0, seen_jtis: 0, pushed_authorization_requests: 0, activity_daily: 0, setup_links: 0, directory_requests: 0 };
 
 describe(`deleting expired rows on ${BACKEND}`, () => {
   it('deletes what expired, keeps what is live, and keeps codes a week past expiry for replay detection', async () => {
@@ -128,6 +128,15 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
         .values({ organization_id: fixture.organizationId, features: ['sso'], token_hash: sha256Hex(name), created_at: at(expiredAgo - DAY), expires_at: at(expiredAgo), revoked_at: at(expiredAgo - 60) })
         .execute();
     }
+    // A directory's request log: a week.
+    const { id: directoryId } = await db
+      .insertInto('directories')
+      .values({ organization_id: fixture.organizationId, name: 'Okta', token_hash: sha256Hex('directory-token') })
+      .returning('id')
+      .executeTakeFirstOrThrow();
+    for (const [path, createdAgo] of [['/Users?old', -8 * DAY], ['/Users?recent', -6 * DAY]] as const) {
+      await db.insertInto('directory_requests').values({ directory_id: directoryId, method: 'GET', path, status: 200, scim_type: null, created_at: at(createdAgo) }).execute();
+    }
     // The Overview's counters: kept 400 days.
     for (const [metric, daysAgo] of [['sign_ins', 401], ['consents', 399]] as const) {
       await sql`insert into activity_daily (organization_id, metric, day, count) values (${fixture.organizationId}, ${metric}, current_date - ${daysAgo}::int, 1)`.execute(db);
@@ -158,7 +167,9 @@ describe(`deleting expired rows on ${BACKEND}`, () => {
       pushed_authorization_requests: 1,
       activity_daily: 1,
       setup_links: 1,
+      directory_requests: 1,
     });
+    expect((await db.selectFrom('directory_requests').select('path').execute()).map((r) => r.path)).toEqual(['/Users?recent']);
     expect((await db.selectFrom('setup_links').select('token_hash').execute()).map((r) => r.token_hash)).toEqual([sha256Hex('link-kept')]);
     expect((await db.selectFrom('activity_daily').select('metric').where('organization_id', '=', fixture.organizationId).execute()).map((r) => r.metric)).toEqual(['consents']);
     expect((await db.selectFrom('seen_jtis').select('key').execute()).map((r) => r.key)).toEqual([seenJtiDigest('dpop-live')]);

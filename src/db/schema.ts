@@ -707,6 +707,57 @@ export interface DirectoryGroupRolesTable {
   role: DirectoryRole;
 }
 
+/** A SCIM User a directory pushed, linked to the account it created or claimed (migration 0026). */
+export interface DirectoryUsersTable {
+  /** The SCIM id (a UUID orgauth assigns). */
+  id: Generated<string>;
+  /** List order and keyset cursor. */
+  seq: Generated<number>;
+  directory_id: number;
+  user_id: number;
+  user_name: string;
+  external_id: string | null;
+  display_name: string | null;
+  active: ColumnType<boolean, boolean | undefined, boolean>;
+  /** The rest of the representation as the client sent it (without id, meta, groups). */
+  resource: ColumnType<Record<string, unknown>, string, string>;
+  /** The role the directory last gave; null for an owner, whom a directory never changes. */
+  role: DirectoryRole | null;
+  /** The ETag, W/"<version>"; bumped by each change. */
+  version: ColumnType<number, number | undefined, number>;
+  created_at: Generated<Date>;
+  updated_at: Timestamp;
+}
+
+/** A SCIM Group a directory pushed. */
+export interface DirectoryGroupsTable {
+  id: Generated<string>;
+  seq: Generated<number>;
+  directory_id: number;
+  display_name: string;
+  external_id: string | null;
+  version: ColumnType<number, number | undefined, number>;
+  created_at: Generated<Date>;
+  updated_at: Timestamp;
+}
+
+export interface DirectoryGroupMembersTable {
+  group_id: string;
+  /** directory_users.id */
+  user_id: string;
+}
+
+/** A SCIM request a directory received, for the Directory page (never the token or a body). */
+export interface DirectoryRequestsTable {
+  id: Generated<number>;
+  directory_id: number;
+  method: string;
+  path: string;
+  status: number;
+  scim_type: string | null;
+  created_at: Generated<Date>;
+}
+
 export interface Database {
   users: UsersTable;
   organizations: OrganizationsTable;
@@ -752,6 +803,10 @@ export interface Database {
   activity_daily: ActivityDailyTable;
   directories: DirectoriesTable;
   directory_group_roles: DirectoryGroupRolesTable;
+  directory_users: DirectoryUsersTable;
+  directory_groups: DirectoryGroupsTable;
+  directory_group_members: DirectoryGroupMembersTable;
+  directory_requests: DirectoryRequestsTable;
   setup_links: SetupLinksTable;
 }
 

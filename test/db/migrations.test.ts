@@ -75,6 +75,10 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   activity_daily: ['organization_id', 'metric', 'day', 'count'],
   directories: ['id', 'organization_id', 'name', 'state', 'default_role', 'token_hash', 'token_created_at', 'created_at', 'updated_at'],
   directory_group_roles: ['directory_id', 'group_ref', 'role'],
+  directory_users: ['id', 'seq', 'directory_id', 'user_id', 'user_name', 'external_id', 'display_name', 'active', 'resource', 'role', 'version', 'created_at', 'updated_at'],
+  directory_groups: ['id', 'seq', 'directory_id', 'display_name', 'external_id', 'version', 'created_at', 'updated_at'],
+  directory_group_members: ['group_id', 'user_id'],
+  directory_requests: ['id', 'directory_id', 'method', 'path', 'status', 'scim_type', 'created_at'],
   setup_links: ['id', 'organization_id', 'features', 'token_hash', 'created_by_user_id', 'created_at', 'expires_at', 'revoked_at', 'last_used_at'],
   device_authorizations: [
     'id', 'device_code_hash', 'user_code', 'application_id', 'resource_id', 'scopes', 'identity_scopes', 'status', 'user_id', 'organization_id',
@@ -134,6 +138,7 @@ const MIGRATIONS = [
   '20261206_0023_pushed_requests_by_client',
   '20261207_0024_pending_sign_ups',
   '20261208_0025_directories',
+  '20261209_0026_directory_resources',
   '20261210_0027_setup_links',
 ];
 
