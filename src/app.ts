@@ -14,8 +14,8 @@ import type { Config } from './config.js';
 import { dashboardPages } from './web/dashboard/index.js';
 import { setupPages } from './web/setup-pages.js';
 import type { DB, Listen } from './db/connect.js';
-import { isBadValue, isDatabaseUnavailable, isTransactionConflict } from './db/errors.js';
-import { AppError, InvalidRequestError, sanitizeDescription, ServiceUnavailableError } from './errors.js';
+import { sanitizeDescription } from './errors.js';
+import { toAppError } from './error-mapping.js';
 import { HEALTH_PATHS, healthRoutes } from './health.js';
 import { deriveKey } from './lib/crypto.js';
 import { authorizeEndpoint } from './oauth/endpoints/authorize.js';
@@ -72,38 +72,6 @@ export interface AppDeps {
 
 /** Bodies are forms and small JSON documents; anything larger is refused before it is parsed. */
 export const BODY_LIMIT = 64 * 1024;
-
-const CODE_FOR_STATUS: Record<number, string> = {
-  401: 'unauthorized',
-  403: 'forbidden',
-  404: 'not_found',
-  405: 'method_not_allowed',
-  406: 'not_acceptable',
-  413: 'request_too_large',
-  415: 'unsupported_media_type',
-  429: 'too_many_requests',
-};
-
-/** Maps anything thrown in a request to the one error shape; unknown errors become a bare 500. */
-function toAppError(err: FastifyError | Error): AppError | undefined {
-  if (err instanceof AppError) return err;
-  if (isDatabaseUnavailable(err)) return new ServiceUnavailableError(undefined, { cause: err });
-  if (isTransactionConflict(err)) return new ServiceUnavailableError('a concurrent request got there first; retry', { cause: err });
-  if (isBadValue(err)) return new InvalidRequestError('a value in the request is not acceptable', { cause: err });
-  if ('validation' in err && Array.isArray(err.validation)) {
-    const context = 'validationContext' in err && typeof err.validationContext === 'string' ? err.validationContext : '';
-    const details = err.validation.map((v) => ({
-      path: String(v.instancePath ?? '').replace(/^\//, '').replace(/\//g, '.') || context,
-      message: String(v.message ?? 'invalid'),
-    }));
-    return new InvalidRequestError(`invalid ${context || 'request'}: ${details.map((d) => `${d.path} ${d.message}`).join('; ')}`, { details, cause: err });
-  }
-  const status = 'statusCode' in err ? err.statusCode : undefined;
-  if (typeof status === 'number' && status >= 400 && status < 500) {
-    return new AppError(status, CODE_FOR_STATUS[status] ?? 'invalid_request', err.message, { cause: err });
-  }
-  return undefined;
-}
 
 export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyInstance> {
   const app = Fastify({

@@ -80,6 +80,8 @@ export interface Config {
   readonly logFormat: (typeof LOG_FORMATS)[number];
   /** API requests per minute per (application, organization); 0 disables the limit. */
   readonly apiRateLimit: number;
+  /** SCIM_RATE_LIMIT: SCIM requests per minute per directory (Okta and Entra ID push in bursts); 0 disables the limit. */
+  readonly scimRateLimit: number;
   /** Redis for rate limits shared by every instance; null keeps them in memory, per instance. */
   readonly redisUrl: string | null;
   /** Passed to Fastify's trustProxy: false, true, or the proxies' addresses/CIDR ranges. */
@@ -250,6 +252,7 @@ const envSchema = z
   PASSWORD_HASHING: optional(z.enum(PASSWORD_HASHINGS, { error: `must be one of ${PASSWORD_HASHINGS.join(', ')}` })),
   LOG_FORMAT: optional(z.enum(LOG_FORMATS, { error: `must be one of ${LOG_FORMATS.join(', ')}` })),
   API_RATE_LIMIT: optional(wholeNumber(0, 1_000_000, 'must be a whole number of requests per minute (0 disables the limit)')),
+  SCIM_RATE_LIMIT: optional(wholeNumber(0, 1_000_000, 'must be a whole number of requests per minute (0 disables the limit)')),
   REDIS_URL: optional(
     z.string().refine((v) => /^rediss?:\/\//.test(v) && URL.canParse(v), { message: 'must be a redis:// or rediss:// URL' }),
   ),
@@ -429,6 +432,7 @@ export function parseConfig(env: NodeJS.ProcessEnv): Config {
     passwordHashing: e.PASSWORD_HASHING ?? 'standard',
     logFormat: e.LOG_FORMAT ?? 'auto',
     apiRateLimit: e.API_RATE_LIMIT ?? 600,
+    scimRateLimit: e.SCIM_RATE_LIMIT ?? 2000,
     redisUrl: e.REDIS_URL ?? null,
     trustProxy: e.TRUST_PROXY === undefined ? false : (parseTrustProxy(e.TRUST_PROXY) ?? false),
     cleanupInterval: e.CLEANUP_INTERVAL ?? 600,

@@ -40,6 +40,7 @@ describe('parseConfig', () => {
       passwordHashing: 'standard',
       logFormat: 'auto',
       apiRateLimit: 600,
+      scimRateLimit: 2000,
       redisUrl: null,
       trustProxy: false,
       cleanupInterval: 600,

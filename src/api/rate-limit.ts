@@ -5,14 +5,36 @@
  * through rather than refused: the limit protects the service, it must not take it down.
  */
 import rateLimit from '@fastify/rate-limit';
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
 import { Redis } from 'ioredis';
 import type { Config } from '../config.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
 import { authOf } from './auth.js';
 
 export async function registerApiRateLimit(app: FastifyInstance, config: Pick<Config, 'apiRateLimit' | 'redisUrl'>): Promise<void> {
-  if (config.apiRateLimit === 0) return;
+  await registerRateLimit(app, config, {
+    max: config.apiRateLimit,
+    nameSpace: 'orgauth-api-rl:',
+    key: (req) => {
+      const auth = authOf(req);
+      return `${auth.claims.client_id}:${auth.organizationId}`;
+    },
+    refuse: (retryAfterS, message) => new TooManyAttemptsError(retryAfterS, message),
+  });
+}
+
+/** A limit of `max` requests a minute per `key` on the plugin's routes, counted after authentication (preHandler); 0 turns it off. */
+export interface RateLimit {
+  max: number;
+  /** Keeps one limit's Redis keys apart from another's. */
+  nameSpace: string;
+  key: (req: FastifyRequest) => string;
+  /** The 429 to throw: its Retry-After, in seconds, and a message. */
+  refuse: (retryAfterS: number, message: string) => Error;
+}
+
+export async function registerRateLimit(app: FastifyInstance, config: Pick<Config, 'redisUrl'>, limit: RateLimit): Promise<void> {
+  if (limit.max === 0) return;
   // Connected once the app is ready, before it listens: connecting while the app is still being
   // built (which holds the event loop for seconds on a busy host) let the 500 ms connect timeout
   // fire before the connection's answer was read, and the instance then served its first requests
@@ -31,17 +53,13 @@ export async function registerApiRateLimit(app: FastifyInstance, config: Pick<Co
     global: true,
     // After authentication (onRequest), so the key is the token's application and organization.
     hook: 'preHandler',
-    max: config.apiRateLimit,
+    max: limit.max,
     timeWindow: 60_000,
-    keyGenerator: (req) => {
-      const auth = authOf(req);
-      return `${auth.claims.client_id}:${auth.organizationId}`;
-    },
+    keyGenerator: limit.key,
     enableDraftSpec: true,
     skipOnError: true,
-    nameSpace: 'orgauth-api-rl:',
+    nameSpace: limit.nameSpace,
     ...(redis ? { redis } : {}),
-    errorResponseBuilder: (_req, ctx) =>
-      new TooManyAttemptsError(Math.max(1, Math.ceil(ctx.ttl / 1000)), `rate limit of ${ctx.max} requests per minute exceeded; retry in ${ctx.after}`),
+    errorResponseBuilder: (_req, ctx) => limit.refuse(Math.max(1, Math.ceil(ctx.ttl / 1000)), `rate limit of ${ctx.max} requests per minute exceeded; retry in ${ctx.after}`),
   });
 }
