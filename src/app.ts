@@ -16,6 +16,7 @@ import { setupPages } from './web/setup-pages.js';
 import type { DB, Listen } from './db/connect.js';
 import { sanitizeDescription } from './errors.js';
 import { toAppError } from './error-mapping.js';
+import { SCIM_PREFIX, scimService } from './directory/scim-service.js';
 import { HEALTH_PATHS, healthRoutes } from './health.js';
 import { deriveKey } from './lib/crypto.js';
 import { authorizeEndpoint } from './oauth/endpoints/authorize.js';
@@ -190,6 +191,7 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
   await registerOpenApi(app, config);
   await app.register(apiRoutes, { ...oauth, mail, prefix: API_PREFIX });
   await app.register(openApiRoutes, { config });
+  await app.register(scimService, { db: deps.db, config, revocations, prefix: `${SCIM_PREFIX}/:directory_id` });
 
   // Browser pages: each plugin sets up its own security headers and HTML error pages (AZ-7).
   await app.register(pageAssets);

@@ -4,7 +4,8 @@ import { roleDeletionJob, roleGrantsJob } from '../accounts/roles.js';
 import { applicationGrantsJob } from '../oauth/models/applications.js';
 import type { RevokedGrantsMemory } from '../oauth/models/grants.js';
 import type { JobHandler } from './queue.js';
+import { directoryRolesJob } from '../directory/provisioning.js';
 
 export function jobHandlers(memory?: RevokedGrantsMemory): JobHandler<any, any>[] {
-  return [applicationGrantsJob(memory), roleGrantsJob(memory), roleDeletionJob(memory), memberGrantsJob(memory)];
+  return [applicationGrantsJob(memory), roleGrantsJob(memory), roleDeletionJob(memory), memberGrantsJob(memory), directoryRolesJob(memory)];
 }

@@ -150,7 +150,7 @@ export async function resolveUpstreamIdentity(db: DB, identity: UpstreamIdentity
  * IDNA (xn--) form; undefined when it is not an address, or has a non-ASCII local part
  * (whose case folding differs between JavaScript and the database's collation).
  */
-function canonicalEmail(value: string | undefined): string | undefined {
+export function canonicalEmail(value: string | undefined): string | undefined {
   const parsed = value === undefined ? undefined : emailSchema.safeParse(value);
   if (!parsed?.success) return undefined;
   const at = parsed.data.lastIndexOf('@');
@@ -171,7 +171,7 @@ async function isMember(trx: DB, organizationId: number, userId: number): Promis
  * it gave; the address is then verified (by the IdP). Audited on the account and in the
  * organization.
  */
-async function reclaimUnverifiedAccount(trx: Transaction<Database>, userId: number, organizationId: number, connectionId: number): Promise<void> {
+export async function reclaimUnverifiedAccount(trx: Transaction<Database>, userId: number, organizationId: number, via: { connection_id: number } | { directory_id: number }): Promise<void> {
   await trx.updateTable('users').set({ password_hash: null, email_verified_at: sql<Date>`now()`, updated_at: new Date() }).where('id', '=', userId).execute();
   // Its links to identity providers too: one made by whoever held the account (through an IdP of
   // their own, proving it with the password) must not outlive the password.
@@ -179,8 +179,9 @@ async function reclaimUnverifiedAccount(trx: Transaction<Database>, userId: numb
   await endAccountTokens(trx, userId);
   const memberships = await trx.selectFrom('memberships').select('organization_id').where('user_id', '=', userId).execute();
   for (const m of memberships) await revokeGrantsInTransaction(trx, { organizationId: m.organization_id, userId }, 'account_reclaimed');
-  await recordAuditEvent(trx, { organizationId, action: 'sso.unverified_account_reclaimed', details: { connection_id: connectionId, user_id: userId } });
-  await recordAccountEvent(trx, { userId, action: 'sso.unverified_account_reclaimed', details: { connection_id: connectionId, organization_id: organizationId } });
+  const action = 'connection_id' in via ? 'sso.unverified_account_reclaimed' : 'directory.unverified_account_reclaimed';
+  await recordAuditEvent(trx, { organizationId, action, details: { ...via, user_id: userId } });
+  await recordAccountEvent(trx, { userId, action, details: { ...via, organization_id: organizationId } });
 }
 
 type ConnectionForLink = NonNullable<Awaited<ReturnType<typeof lockConnection>>>;
@@ -216,7 +217,7 @@ async function linkExisting(
   // Automation adds nobody the organization removed; an admin or an invitation may.
   if (!member && (!connection.jit || (await wasRemoved(trx, organizationId, userId)))) return refuse(trx, organizationId, identity, 'not_a_member');
   // Only once the sign-in will go through: a refused one must not have taken the account's password.
-  if (options.reclaim) await reclaimUnverifiedAccount(trx, userId, organizationId, identity.connectionId);
+  if (options.reclaim) await reclaimUnverifiedAccount(trx, userId, organizationId, { connection_id: identity.connectionId });
   if (!(await insertLink(trx, identity, userId, identity.email ?? ''))) return refuse(trx, organizationId, identity, 'linked_to_another_subject');
   if (!member) await addMember(trx, { organizationId, userId, role: defaultRoleOf(connection) });
   await recordAuditEvent(trx, { organizationId, action: 'sso.identity_linked', details: { connection_id: identity.connectionId, user_id: userId, how, ...(member ? {} : { added_as: defaultRoleOf(connection).name }) } });

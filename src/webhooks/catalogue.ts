@@ -24,6 +24,14 @@ export const WEBHOOK_EVENT_TYPES = [
   'grant.created',
   'grant.revoked',
   'organization.updated',
+  'directory.user.created',
+  'directory.user.updated',
+  'directory.user.deactivated',
+  'directory.user.reactivated',
+  'directory.user.deleted',
+  'directory.group.created',
+  'directory.group.updated',
+  'directory.group.deleted',
 ] as const;
 
 export type WebhookEventType = (typeof WEBHOOK_EVENT_TYPES)[number];
