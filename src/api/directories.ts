@@ -20,7 +20,7 @@ import {
   updateDirectory,
   updateDirectorySchema,
 } from '../directory/directories.js';
-import { actorOf, authOf, pathId } from './auth.js';
+import { actingRoleOf, actorOf, authOf, pathId } from './auth.js';
 import { errorResponses, errorSchema, idParams, orgParams } from './schemas.js';
 
 const roleSchema = z.enum(DIRECTORY_ROLES as [string, ...string[]]);
@@ -90,7 +90,7 @@ export const directoryRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { 
     },
     async (req, reply) => {
       const auth = authOf(req);
-      const { directory, token } = await createDirectory(db, auth.organizationId, req.body, actorOf(auth));
+      const { directory, token } = await createDirectory(db, auth.organizationId, req.body, actorOf(auth), actingRoleOf(auth));
       reply.code(201).header('location', `/api/v1/${auth.organizationId}/directories/${directory.id}`);
       return { ...directoryOut(directory), token };
     },
@@ -110,7 +110,7 @@ export const directoryRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { 
     },
     async (req) => {
       const auth = authOf(req);
-      return directoryOut(await updateDirectory(db, auth.organizationId, pathId(req.params.id), req.body, actorOf(auth)));
+      return directoryOut(await updateDirectory(db, auth.organizationId, pathId(req.params.id), req.body, actorOf(auth), actingRoleOf(auth)));
     },
   );
 

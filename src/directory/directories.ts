@@ -15,9 +15,11 @@ import { z } from 'zod';
 import { type Actor, recordAuditEvent } from '../audit/events.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import type { DirectoryRole } from '../db/schema.js';
-import { ConflictError, NotFoundError } from '../errors.js';
+import { builtinRole, mayAssign, type RoleRef } from '../accounts/roles.js';
+import { ConflictError, ForbiddenError, NotFoundError } from '../errors.js';
 import { generateSecret, sha256Hex } from '../lib/crypto.js';
 import { parseInput } from '../lib/validate.js';
+import { queueRoleSync } from './provisioning.js';
 
 /** Directories per organization: one per identity provider, and one more while one replaces another. */
 export const MAX_DIRECTORIES = 10;
@@ -60,6 +62,23 @@ export const updateDirectorySchema = z
   .object({ name: nameSchema.optional(), state: z.enum(['active', 'disabled']).optional(), default_role: roleSchema.optional(), group_roles: groupRolesSchema.optional() })
   .strict();
 
+/**
+ * Refuses a directory configuration that gives (or, when replaced, took away) a role `actingAs`
+ * could not give a member by hand: a holder of directory.write alone must not make admins by
+ * mapping a group. Undefined actingAs: the operator or an owner's setup link, who may.
+ */
+function refuseRolesBeyond(actingAs: RoleRef | undefined, roles: Iterable<DirectoryRole>): void {
+  if (actingAs === undefined) return;
+  for (const role of new Set(roles)) {
+    if (!mayAssign(actingAs, builtinRole(role))) throw new ForbiddenError(`your role may not give the role ${role}: it holds permissions yours does not`);
+  }
+}
+
+const rolesOf = (fields: { default_role?: DirectoryRole | undefined; group_roles?: readonly GroupRole[] | undefined }) => [
+  ...(fields.default_role !== undefined ? [fields.default_role] : []),
+  ...(fields.group_roles ?? []).map((g) => g.role),
+];
+
 function newToken(): { token: string; hash: string } {
   const token = `${TOKEN_PREFIX}${generateSecret(32)}`;
   return { token, hash: sha256Hex(token) };
@@ -96,6 +115,8 @@ export async function getDirectory(db: DB, organizationId: number, id: number): 
   return { ...row, id: Number(row.id), organization_id: Number(row.organization_id), group_roles: groups.get(id) ?? [] };
 }
 
+const canonicalMappings = (list: readonly GroupRole[]) => list.map((g) => [g.group.toLowerCase(), g.role]).sort(([a], [b]) => (a! < b! ? -1 : a! > b! ? 1 : 0));
+
 async function replaceGroupRoles(trx: DB, directoryId: number, groupRoles: readonly GroupRole[]): Promise<void> {
   await trx.deleteFrom('directory_group_roles').where('directory_id', '=', directoryId).execute();
   if (groupRoles.length > 0) {
@@ -103,9 +124,10 @@ async function replaceGroupRoles(trx: DB, directoryId: number, groupRoles: reado
   }
 }
 
-/** Makes a directory; its token is in this answer only. */
-export async function createDirectory(db: DB, organizationId: number, input: unknown, actor?: Actor): Promise<{ directory: DirectoryView; token: string }> {
+/** Makes a directory; its token is in this answer only. `actingAs`: the role of whoever asks, who may configure only roles they could give. */
+export async function createDirectory(db: DB, organizationId: number, input: unknown, actor?: Actor, actingAs?: RoleRef): Promise<{ directory: DirectoryView; token: string }> {
   const fields = parseInput(createDirectorySchema, input);
+  refuseRolesBeyond(actingAs, [fields.default_role ?? 'member', ...rolesOf(fields)]);
   const { token, hash } = newToken();
   const id = await inTransaction(db, async (trx) => {
     // The organization's row, locked: two creations at once cannot both pass the count.
@@ -131,15 +153,27 @@ export async function createDirectory(db: DB, organizationId: number, input: unk
   return { directory: await getDirectory(db, organizationId, id), token };
 }
 
-/** Changes what `input` names and keeps the rest; group_roles, when given, replaces the mappings whole. */
-export async function updateDirectory(db: DB, organizationId: number, id: number, input: unknown, actor?: Actor): Promise<DirectoryView> {
+/**
+ * Changes what `input` names and keeps the rest; group_roles, when given, replaces the mappings
+ * whole. A new default role or new mappings change the roles of members the directory already
+ * provisioned: a job walks them (src/directory/provisioning.ts, directoryRolesJob), narrowing the
+ * grants of those whose role went down as any role change does.
+ */
+export async function updateDirectory(db: DB, organizationId: number, id: number, input: unknown, actor?: Actor, actingAs?: RoleRef): Promise<DirectoryView> {
   const fields = parseInput(updateDirectorySchema, input);
   await inTransaction(db, async (trx) => {
-    const current = await trx.selectFrom('directories').select(['id', 'name', 'state', 'default_role']).where('organization_id', '=', organizationId).where('id', '=', id).forUpdate().executeTakeFirst();
+    const current = await trx.selectFrom('directories').select(['id', 'organization_id', 'name', 'state', 'default_role']).where('organization_id', '=', organizationId).where('id', '=', id).forUpdate().executeTakeFirst();
     if (!current) throw new NotFoundError('directory not found');
+    const before = (await groupRolesOf(trx, [id])).get(id) ?? [];
+    const rolesChanged =
+      (fields.default_role !== undefined && fields.default_role !== current.default_role) ||
+      (fields.group_roles !== undefined && JSON.stringify(canonicalMappings(fields.group_roles)) !== JSON.stringify(canonicalMappings(before)));
+    // What changes, both what it gives and what it took: taking admin from a group's members is as much a role change as giving it.
+    if (rolesChanged) refuseRolesBeyond(actingAs, [...rolesOf(fields), ...(fields.default_role !== undefined ? [current.default_role] : []), ...(fields.group_roles !== undefined ? before.map((g) => g.role) : [])]);
     const changes = { ...(fields.name !== undefined ? { name: fields.name } : {}), ...(fields.state !== undefined ? { state: fields.state } : {}), ...(fields.default_role !== undefined ? { default_role: fields.default_role } : {}) };
     await trx.updateTable('directories').set({ ...changes, updated_at: sql`now()` }).where('id', '=', id).execute();
     if (fields.group_roles !== undefined) await replaceGroupRoles(trx, id, fields.group_roles);
+    if (rolesChanged) await queueRoleSync(trx, { id, organization_id: organizationId }, 'mappings_changed');
     await recordAuditEvent(trx, {
       organizationId,
       action: 'directory.updated',
