@@ -18,7 +18,7 @@ import type { FastifyInstance, LightMyRequestResponse } from 'fastify';
 import { afterAll, beforeAll, describe, expect, it, onTestFinished, vi } from 'vitest';
 import { createUser as createAccount } from '../../src/accounts/users.js';
 import { addMember } from '../../src/accounts/organizations.js';
-import { createDirectory, rotateDirectoryToken } from '../../src/directory/directories.js';
+import { createDirectory } from '../../src/directory/directories.js';
 import { createAuthorizationCode } from '../../src/oauth/models/authorization-codes.js';
 import { sha256Hex } from '../../src/lib/crypto.js';
 import { REMOVAL_MARGIN_S } from '../../src/oauth/models/grants.js';
@@ -27,7 +27,7 @@ import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
 import { buildTestApp, TEST_SECRET_KEY, testConfig } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
 import { finishJobs } from '../helpers/jobs.js';
-import { basic, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
+import { basic, clientCredentialsToken, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
 
 const USER = 'urn:ietf:params:scim:schemas:core:2.0:User';
 const ENTERPRISE = 'urn:ietf:params:scim:schemas:extension:enterprise:2.0:User';
@@ -222,3 +222,159 @@ describe(`SCIM on ${BACKEND}: an Okta-style client`, () => {
     ]);
   });
 });
+
+describe(`SCIM on ${BACKEND}: an Entra ID-style client`, () => {
+  /** Entra's provisioning service, with (`aadOptscim062020`) or without the flag that makes its PATCH requests RFC 7644's. */
+  for (const flag of [true, false]) {
+    it(`provisions, updates, groups and deprovisions a person as Entra ID sends it, ${flag ? 'with' : 'without'} aadOptscim062020`, async () => {
+      const entra = await newDirectory(org.organizationId, { name: `Entra ${flag}`, default_role: 'viewer', group_roles: [{ group: 'Org Members', role: 'member' }] });
+      const upn = `alex.${flag ? 'flag' : 'legacy'}@acme.example`;
+      const filter = (text: string) => `?filter=${encodeURIComponent(text)}`;
+      expect(ok(await scim(entra, 'GET', `/Users${filter(`userName eq "${upn}"`)}`), 200).totalResults).toBe(0);
+
+      // Entra's create, from Microsoft's SCIM reference (userName is the UPN; a meta and an empty roles list come with it).
+      const alex = ok(
+        await scim(entra, 'POST', '/Users', {
+          schemas: [USER, ENTERPRISE],
+          externalId: `0a21f0f2-8d2a-4f8e-bf98-7363c4aed4e${flag ? 'f' : '0'}`,
+          userName: upn,
+          active: true,
+          emails: [{ primary: true, type: 'work', value: upn }],
+          meta: { resourceType: 'User' },
+          name: { formatted: 'Alex Wilber', familyName: 'Wilber', givenName: 'Alex' },
+          roles: [],
+          [ENTERPRISE]: { department: 'Sales', employeeNumber: '1001' },
+        }),
+        201,
+      );
+      expect(alex).toMatchObject({ userName: upn, active: true, [ENTERPRISE]: { department: 'Sales', employeeNumber: '1001' } });
+      const account = await accountOf(upn);
+      expect(await membership(account!.id)).toEqual({ role: 'viewer' });
+      expect(ok(await scim(entra, 'GET', `/Users${filter(`userName eq "${upn}"`)}`), 200).Resources.map((u: { id: string }) => u.id)).toEqual([alex.id]);
+      expect(ok(await scim(entra, 'GET', `/Users${filter(`externalId eq "${alex.externalId}"`)}`), 200).totalResults).toBe(1);
+
+      // Attribute updates: a value-path into emails, a sub-attribute, the enterprise extension.
+      const moved = `alex.wilber.${flag ? 'flag' : 'legacy'}@acme.example`;
+      const updated = ok(
+        await scim(entra, 'PATCH', `/Users/${alex.id}`, {
+          schemas: [PATCH_OP],
+          Operations: [
+            { op: 'Replace', path: 'emails[type eq "work"].value', value: moved },
+            { op: 'Replace', path: 'name.familyName', value: 'Wilber-Smith' },
+            { op: flag ? 'Replace' : 'Add', path: `${ENTERPRISE}:department`, value: 'Marketing' },
+          ],
+        }),
+        200,
+      );
+      expect(updated.emails).toEqual([{ primary: true, type: 'work', value: moved }]);
+      expect(updated.name).toMatchObject({ familyName: 'Wilber-Smith', givenName: 'Alex' });
+      expect(updated[ENTERPRISE]).toMatchObject({ department: 'Marketing' });
+      // The account's address follows the directory (still the organization's verified domain).
+      expect((await db().selectFrom('users').select('email').where('id', '=', account!.id).executeTakeFirstOrThrow()).email).toBe(moved);
+
+      // Groups: created without members, found by displayName with members excluded, then PATCHed.
+      const group = ok(
+        await scim(entra, 'POST', '/Groups', {
+          schemas: [GROUP, 'http://schemas.microsoft.com/2006/11/ResourceManagement/ADSCIM/Group'],
+          externalId: `8aa1a0c0-c4c3-4bc0-b4a5-2ef67690015${flag ? '9' : '0'}`,
+          displayName: 'Org Members',
+          meta: { resourceType: 'Group' },
+        }),
+        201,
+      );
+      const listed = ok(await scim(entra, 'GET', `/Groups?excludedAttributes=members&${filter('displayName eq "Org Members"').slice(1)}`), 200);
+      expect(listed.Resources).toEqual([expect.not.objectContaining({ members: expect.anything() })]);
+      expect(listed.Resources[0].id).toBe(group.id);
+      ok(await scim(entra, 'PATCH', `/Groups/${group.id}`, { schemas: [PATCH_OP], Operations: [{ op: 'Add', path: 'members', value: [{ $ref: null, value: alex.id }] }] }), 204);
+      expect(await membership(account!.id)).toEqual({ role: 'member' });
+      // Entra asks whether a user is in a group with a filter on members.
+      const check = ok(await scim(entra, 'GET', `/Groups${filter(`id eq "${group.id}" and members[value eq "${alex.id}"]`)}&excludedAttributes=members`), 200);
+      expect(check.totalResults).toBe(1);
+      ok(await scim(entra, 'PATCH', `/Groups/${group.id}`, { schemas: [PATCH_OP], Operations: [{ op: 'Replace', path: 'displayName', value: 'Org Members (renamed)' }] }), 204);
+      // Renaming a mapped group away from its mapping is a role change for its members: the job syncs them.
+      await finishJobs(db());
+      expect(await membership(account!.id)).toEqual({ role: 'viewer' });
+      ok(await scim(entra, 'PATCH', `/Groups/${group.id}`, { schemas: [PATCH_OP], Operations: [{ op: 'Replace', path: 'displayName', value: 'Org Members' }] }), 204);
+      await finishJobs(db());
+      expect(await membership(account!.id)).toEqual({ role: 'member' });
+      // Entra's removal: the path is members and the value names who goes.
+      ok(await scim(entra, 'PATCH', `/Groups/${group.id}`, { schemas: [PATCH_OP], Operations: [{ op: 'Remove', path: 'members', value: [{ value: alex.id }] }] }), 204);
+      expect(await membership(account!.id)).toEqual({ role: 'viewer' });
+      expect(ok(await scim(entra, 'GET', `/Groups/${group.id}`), 200).members ?? []).toEqual([]);
+
+      // Deactivation: a boolean with the flag, the string "False" without it.
+      const tokens = await tokensOf(account!.id);
+      expect(await contacts(tokens.access_token)).toBe(200);
+      const off = ok(await scim(entra, 'PATCH', `/Users/${alex.id}`, { schemas: [PATCH_OP], Operations: [{ op: 'Replace', path: 'active', value: flag ? false : 'False' }] }), 200);
+      expect(off.active).toBe(false);
+      expect(await contacts(tokens.access_token)).toBe(401);
+      expect(await membership(account!.id)).toBeUndefined();
+      await finishJobs(db());
+      expect(await liveGrants(account!.id)).toBe(0);
+      const on = ok(await scim(entra, 'PATCH', `/Users/${alex.id}`, { schemas: [PATCH_OP], Operations: [{ op: 'Replace', path: 'active', value: flag ? true : 'True' }] }), 200);
+      expect(on.active).toBe(true);
+      expect(await membership(account!.id)).toEqual({ role: 'viewer' });
+
+      ok(await scim(entra, 'DELETE', `/Users/${alex.id}`), 204);
+      expect(await membership(account!.id)).toBeUndefined();
+      ok(await scim(entra, 'DELETE', `/Groups/${group.id}`), 204);
+      scimError(await scim(entra, 'GET', `/Groups/${group.id}`), 404);
+    });
+  }
+});
+
+describe(`SCIM on ${BACKEND}: accounts that exist, owners, and the directory's own settings`, () => {
+  it('links an existing account of a verified domain instead of making another, leaves an owner an owner, and follows a new default role and mappings', async () => {
+    const directory = await newDirectory(org.organizationId, { name: 'Claims', default_role: 'member' });
+    // An account that signed up by itself with an address of the domain, not yet a member.
+    const existing = await createAccount(db(), { email: 'pat@acme.example', password: 'pat-password-1' });
+    await db().updateTable('users').set({ email_verified_at: new Date() }).where('id', '=', existing.id).execute();
+    const pat = ok(await scim(directory, 'POST', '/Users', { schemas: [USER], userName: 'pat@acme.example', active: true }), 201);
+    expect(await db().selectFrom('users').select('id').where('email', '=', 'pat@acme.example').execute()).toEqual([{ id: existing.id }]);
+    expect(await membership(existing.id)).toEqual({ role: 'member' });
+
+    // An owner of the organization, provisioned and then deactivated: still the owner (owners are unmade by people).
+    const ownerEmail = 'founder@acme.example';
+    const founder = await createAccount(db(), { email: ownerEmail, password: 'founder-password-1' });
+    await db().updateTable('users').set({ email_verified_at: new Date() }).where('id', '=', founder.id).execute();
+    await addMember(db(), { organizationId: org.organizationId, userId: founder.id, role: 'owner' });
+    const owner = ok(await scim(directory, 'POST', '/Users', { schemas: [USER], userName: ownerEmail, active: true }), 201);
+    ok(await scim(directory, 'PATCH', `/Users/${owner.id}`, { schemas: [PATCH_OP], Operations: [{ op: 'replace', value: { active: false } }] }), 200);
+    expect(await membership(founder.id)).toEqual({ role: 'owner' });
+
+    // A new default role: the members the directory added follow, by the job.
+    const admin = await app.inject({
+      method: 'PATCH',
+      url: `/api/v1/${org.organizationId}/directories/${directory.id}`,
+      headers: { authorization: `Bearer ${await adminToken()}` },
+      payload: { default_role: 'viewer', group_roles: [{ group: 'Leads', role: 'admin' }] },
+    });
+    expect(admin.statusCode, admin.body).toBe(200);
+    await finishJobs(db());
+    expect(await membership(existing.id)).toEqual({ role: 'viewer' });
+    const leads = ok(await scim(directory, 'POST', '/Groups', { schemas: [GROUP], displayName: 'leads', members: [{ value: pat.id }] }), 201);
+    expect(leads.members).toEqual([expect.objectContaining({ value: pat.id })]);
+    expect(await membership(existing.id)).toEqual({ role: 'admin' });
+    expect(await membership(founder.id)).toEqual({ role: 'owner' });
+  });
+
+  it('refuses a mapping that gives a role the caller could not give by hand', async () => {
+    const directory = await newDirectory(org.organizationId, { name: 'Narrow' });
+    const narrow = await clientCredentialsToken(app, org, 'directory.read directory.write');
+    const res = await app.inject({
+      method: 'PATCH',
+      url: `/api/v1/${org.organizationId}/directories/${directory.id}`,
+      headers: { authorization: `Bearer ${narrow}` },
+      payload: { group_roles: [{ group: 'Everyone', role: 'admin' }] },
+    });
+    expect(res.statusCode, res.body).toBe(403);
+    expect((await app.inject({ method: 'POST', url: `/api/v1/${org.organizationId}/directories`, headers: { authorization: `Bearer ${narrow}` }, payload: { name: 'x', default_role: 'admin' } })).statusCode).toBe(403);
+    // Renaming is not a role change.
+    const renamed = await app.inject({ method: 'PATCH', url: `/api/v1/${org.organizationId}/directories/${directory.id}`, headers: { authorization: `Bearer ${narrow}` }, payload: { name: 'Narrow (renamed)' } });
+    expect(renamed.statusCode, renamed.body).toBe(200);
+  });
+});
+
+async function adminToken(): Promise<string> {
+  return clientCredentialsToken(app, org);
+}
