@@ -363,10 +363,12 @@ describe(`orgauth directory on ${BACKEND}`, { timeout: 180_000 }, () => {
     const created = await json('directory', 'create', '--org', orgId, '--name', 'Okta', '--default-role', 'viewer', '--map-group', 'Engineering=member', '--map-group', 'R&D = Labs=admin');
     expect(created).toEqual({
       id: expect.any(Number), name: 'Okta', state: 'active', default_role: 'viewer',
+      base_url: expect.stringMatching(new RegExp(`^${issuer.replace(/[.]/g, '\\.')}/scim/v2/\\d+$`)),
       group_roles: [{ group: 'Engineering', role: 'member' }, { group: 'R&D = Labs', role: 'admin' }],
       token: expect.stringMatching(/^scim_[A-Za-z0-9_-]{43}$/), token_created_at: expect.any(String), created_at: expect.any(String), updated_at: expect.any(String),
     });
     const id = String(created.id);
+    expect(created.base_url).toBe(`${issuer}/scim/v2/${id}`);
     const row = await (await sharedDb()).selectFrom('directories').select('token_hash').where('id', '=', created.id).executeTakeFirstOrThrow();
     expect(row.token_hash).toBe(createHash('sha256').update(created.token).digest('hex'));
 

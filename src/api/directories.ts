@@ -20,6 +20,7 @@ import {
   updateDirectory,
   updateDirectorySchema,
 } from '../directory/directories.js';
+import { scimBaseUrl } from '../directory/base-url.js';
 import { actingRoleOf, actorOf, authOf, pathId } from './auth.js';
 import { errorResponses, errorSchema, idParams, orgParams } from './schemas.js';
 
@@ -29,6 +30,7 @@ export const directorySchema = z
   .object({
     id: z.number().int(),
     name: z.string(),
+    base_url: z.string().describe('the SCIM base URL to give the identity provider: <issuer>/scim/v2/<id>'),
     state: z.enum(['active', 'disabled']).describe('a disabled directory’s requests are refused'),
     default_role: roleSchema.describe('the role of a provisioned member no mapped group gives a higher one'),
     group_roles: z
@@ -42,10 +44,11 @@ export const directorySchema = z
 
 const withToken = directorySchema.extend({ token: z.string().describe('the bearer token the SCIM client sends: shown in this answer only') }).meta({ id: 'DirectoryWithToken' });
 
-export function directoryOut(d: DirectoryView): z.infer<typeof directorySchema> {
+export function directoryOut(issuer: string, d: DirectoryView): z.infer<typeof directorySchema> {
   return {
     id: d.id,
     name: d.name,
+    base_url: scimBaseUrl(issuer, d.id),
     state: d.state,
     default_role: d.default_role,
     group_roles: d.group_roles.map((g) => ({ group: g.group, role: g.role })),
@@ -55,7 +58,8 @@ export function directoryOut(d: DirectoryView): z.infer<typeof directorySchema> 
   };
 }
 
-export const directoryRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { db }) => {
+export const directoryRoutes: FastifyPluginAsyncZod<{ db: DB; issuer: string }> = async (app, { db, issuer }) => {
+  const out = (d: DirectoryView) => directoryOut(issuer, d);
   app.get(
     '/directories',
     {
@@ -67,13 +71,13 @@ export const directoryRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { 
         response: { 200: z.object({ data: z.array(directorySchema) }), ...errorResponses },
       },
     },
-    async (req) => ({ data: (await listDirectories(db, authOf(req).organizationId)).map(directoryOut) }),
+    async (req) => ({ data: (await listDirectories(db, authOf(req).organizationId)).map(out) }),
   );
 
   app.get(
     '/directories/:id',
     { config: { scope: 'directory.read' }, schema: { tags: ['directory'], summary: 'Get a directory', params: idParams, response: { 200: directorySchema, ...errorResponses } } },
-    async (req) => directoryOut(await getDirectory(db, authOf(req).organizationId, pathId(req.params.id))),
+    async (req) => out(await getDirectory(db, authOf(req).organizationId, pathId(req.params.id))),
   );
 
   app.post(
@@ -92,7 +96,7 @@ export const directoryRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { 
       const auth = authOf(req);
       const { directory, token } = await createDirectory(db, auth.organizationId, req.body, actorOf(auth), actingRoleOf(auth));
       reply.code(201).header('location', `/api/v1/${auth.organizationId}/directories/${directory.id}`);
-      return { ...directoryOut(directory), token };
+      return { ...out(directory), token };
     },
   );
 
@@ -110,7 +114,7 @@ export const directoryRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { 
     },
     async (req) => {
       const auth = authOf(req);
-      return directoryOut(await updateDirectory(db, auth.organizationId, pathId(req.params.id), req.body, actorOf(auth), actingRoleOf(auth)));
+      return out(await updateDirectory(db, auth.organizationId, pathId(req.params.id), req.body, actorOf(auth), actingRoleOf(auth)));
     },
   );
 
@@ -128,7 +132,7 @@ export const directoryRoutes: FastifyPluginAsyncZod<{ db: DB }> = async (app, { 
     async (req) => {
       const auth = authOf(req);
       const { directory, token } = await rotateDirectoryToken(db, auth.organizationId, pathId(req.params.id), actorOf(auth));
-      return { ...directoryOut(directory), token };
+      return { ...out(directory), token };
     },
   );
 

@@ -122,5 +122,5 @@ export async function apiRoutes(
   // Signed webhooks: the organization's endpoints and the log of what was sent to them.
   await api.register(webhookRoutes, { db: options.db, config: options.config });
   // Directory sync (SCIM): the organization's SCIM clients.
-  await api.register(directoryRoutes, { db: options.db });
+  await api.register(directoryRoutes, { db: options.db, issuer: options.config.issuer });
 }

@@ -17,6 +17,7 @@ import {
   rotateDirectoryToken,
   updateDirectory,
 } from '../directory/directories.js';
+import { scimBaseUrl } from '../directory/base-url.js';
 import { parseCanonicalId } from '../oauth/helpers/params.js';
 import { optionalString, orgId, repeated, required, table, type Command, UsageError, type Values } from './shared.js';
 
@@ -39,10 +40,11 @@ function groupRolesOf(values: Values): { group: string; role: string }[] {
   });
 }
 
-function describe(d: DirectoryView): string {
+function describe(issuer: string, d: DirectoryView): string {
   return [
     `id:           ${d.id}`,
     `name:         ${d.name}`,
+    `base_url:     ${scimBaseUrl(issuer, d.id)}`,
     `state:        ${d.state}`,
     `default_role: ${d.default_role}`,
     `group_roles:  ${d.group_roles.length === 0 ? '(none)' : d.group_roles.map((g) => `${g.group}=${g.role}`).join(', ')}`,
@@ -50,10 +52,10 @@ function describe(d: DirectoryView): string {
   ].join('\n');
 }
 
-function withToken(d: DirectoryView, token: string, what: string): { json: object; text: string } {
+function withToken(issuer: string, d: DirectoryView, token: string, what: string): { json: object; text: string } {
   return {
-    json: { ...directoryOut(d), token },
-    text: [what, describe(d), `token:        ${token}`, '(the token is shown only now: give it to the SCIM client, which sends it as a bearer token)'].join('\n'),
+    json: { ...directoryOut(issuer, d), token },
+    text: [what, describe(issuer, d), `token:        ${token}`, '(the token is shown only now: give it to the SCIM client, which sends it as a bearer token)'].join('\n'),
   };
 }
 
@@ -64,7 +66,7 @@ export const directoryCommands: Record<string, Command> = {
     usage: 'orgauth directory create --org ID --name N [--default-role admin|member|viewer] [--map-group "GROUP=ROLE"]...',
     summary: 'make a SCIM directory for an organization; prints its token, once',
     options: { org: { type: 'string' }, name: { type: 'string' }, 'default-role': { type: 'string' }, 'map-group': { type: 'string', multiple: true } },
-    run: async ({ db }, v) => {
+    run: async ({ db, config }, v) => {
       const organizationId = await organizationOf(db, v);
       const defaultRole = optionalString(v, 'default-role');
       const { directory, token } = await createDirectory(db, organizationId, {
@@ -72,7 +74,7 @@ export const directoryCommands: Record<string, Command> = {
         ...(defaultRole !== undefined ? { default_role: defaultRole } : {}),
         group_roles: groupRolesOf(v),
       });
-      return withToken(directory, token, `created directory ${directory.id} for organization ${organizationId}`);
+      return withToken(config.issuer, directory, token, `created directory ${directory.id} for organization ${organizationId}`);
     },
   },
 
@@ -80,10 +82,10 @@ export const directoryCommands: Record<string, Command> = {
     usage: 'orgauth directory list --org ID',
     summary: "list an organization's SCIM directories",
     options: { org: { type: 'string' } },
-    run: async ({ db }, v) => {
+    run: async ({ db, config }, v) => {
       const directories = await listDirectories(db, await organizationOf(db, v));
       return {
-        json: { data: directories.map(directoryOut) },
+        json: { data: directories.map((d) => directoryOut(config.issuer, d)) },
         text:
           directories.length === 0
             ? '(none)'
@@ -96,9 +98,9 @@ export const directoryCommands: Record<string, Command> = {
     usage: 'orgauth directory show --org ID --id D',
     summary: 'show a SCIM directory and its group mappings (never its token)',
     options: { ...ORG_ID },
-    run: async ({ db }, v) => {
+    run: async ({ db, config }, v) => {
       const d = await getDirectory(db, await organizationOf(db, v), idOf(v));
-      return { json: directoryOut(d), text: describe(d) };
+      return { json: directoryOut(config.issuer, d), text: describe(config.issuer, d) };
     },
   },
 
@@ -106,7 +108,7 @@ export const directoryCommands: Record<string, Command> = {
     usage: 'orgauth directory update --org ID --id D [--name N] [--state active|disabled] [--default-role ROLE] [--map-group "GROUP=ROLE"]... [--no-group-roles]',
     summary: 'change a SCIM directory; --map-group replaces the group mappings whole, --no-group-roles removes them',
     options: { ...ORG_ID, name: { type: 'string' }, state: { type: 'string' }, 'default-role': { type: 'string' }, 'map-group': { type: 'string', multiple: true }, 'no-group-roles': { type: 'boolean' } },
-    run: async ({ db }, v) => {
+    run: async ({ db, config }, v) => {
       const organizationId = await organizationOf(db, v);
       const groupRoles = groupRolesOf(v);
       const clear = v['no-group-roles'] === true;
@@ -120,7 +122,7 @@ export const directoryCommands: Record<string, Command> = {
         ...(defaultRole !== undefined ? { default_role: defaultRole } : {}),
         ...(groupRoles.length > 0 || clear ? { group_roles: groupRoles } : {}),
       });
-      return { json: directoryOut(d), text: `updated directory ${d.id}\n${describe(d)}` };
+      return { json: directoryOut(config.issuer, d), text: `updated directory ${d.id}\n${describe(config.issuer, d)}` };
     },
   },
 
@@ -128,9 +130,9 @@ export const directoryCommands: Record<string, Command> = {
     usage: 'orgauth directory rotate-token --org ID --id D',
     summary: "replace a SCIM directory's token: the old one is refused at once; prints the new one, once",
     options: { ...ORG_ID },
-    run: async ({ db }, v) => {
+    run: async ({ db, config }, v) => {
       const { directory, token } = await rotateDirectoryToken(db, await organizationOf(db, v), idOf(v));
-      return withToken(directory, token, `rotated the token of directory ${directory.id}; the old one no longer works`);
+      return withToken(config.issuer, directory, token, `rotated the token of directory ${directory.id}; the old one no longer works`);
     },
   },
 

@@ -11,7 +11,7 @@ import { authenticateDirectory, MAX_DIRECTORIES } from '../../src/directory/dire
 import { sha256Hex } from '../../src/lib/crypto.js';
 import { KNOWN_SCOPES } from '../../src/oauth/helpers/scopes.js';
 import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
-import { buildTestApp, TEST_SECRET_KEY } from '../helpers/app.js';
+import { buildTestApp, TEST_SECRET_KEY, testConfig } from '../helpers/app.js';
 import { BACKEND, createTestDatabase } from '../helpers/db.js';
 import { clientCredentialsToken, createOrgFixture, type OrgFixture } from '../helpers/oauth.js';
 
@@ -52,6 +52,7 @@ function expectError(res: LightMyRequestResponse, status: number, error: string)
 const SHAPE = {
   id: expect.any(Number),
   name: expect.any(String),
+  base_url: expect.stringMatching(/^http.*\/scim\/v2\/\d+$/),
   state: expect.stringMatching(/^(active|disabled)$/),
   default_role: expect.any(String),
   group_roles: expect.any(Array),
@@ -67,6 +68,7 @@ describe(`directories through the management API on ${BACKEND}`, () => {
     const body = created.json();
     expect(body).toEqual({ ...SHAPE, name: 'Okta', state: 'active', default_role: 'viewer', group_roles: [{ group: 'Engineering', role: 'member' }, { group: 'IT Admins', role: 'admin' }], token: expect.stringMatching(/^scim_[A-Za-z0-9_-]{43}$/) });
     expect(created.headers.location).toBe(`/api/v1/${a.organizationId}/directories/${body.id}`);
+    expect(body.base_url).toBe(`${testConfig().issuer}/scim/v2/${body.id}`);
     const row = await t.handle.db.selectFrom('directories').selectAll().where('id', '=', body.id).executeTakeFirstOrThrow();
     expect(row.token_hash).toBe(sha256Hex(body.token));
     expect(JSON.stringify(row)).not.toContain(body.token);
