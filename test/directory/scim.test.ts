@@ -23,9 +23,9 @@ import { createAuthorizationCode } from '../../src/oauth/models/authorization-co
 import { sha256Hex } from '../../src/lib/crypto.js';
 import { REMOVAL_MARGIN_S } from '../../src/oauth/models/grants.js';
 import { KNOWN_SCOPES } from '../../src/oauth/helpers/scopes.js';
-import { ensureSigningKey } from '../../src/oauth/models/signing-keys.js';
-import { buildTestApp, TEST_SECRET_KEY, testConfig } from '../helpers/app.js';
-import { BACKEND, createTestDatabase } from '../helpers/db.js';
+import { testConfig } from '../helpers/app.js';
+import { BACKEND } from '../helpers/db.js';
+import { type InstancePair, startInstancePair } from '../helpers/instance-pair.js';
 import { finishJobs } from '../helpers/jobs.js';
 import { basic, clientCredentialsToken, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
 
@@ -36,8 +36,11 @@ const PATCH_OP = 'urn:ietf:params:scim:api:messages:2.0:PatchOp';
 const LIST = 'urn:ietf:params:scim:api:messages:2.0:ListResponse';
 const ERROR = 'urn:ietf:params:scim:api:messages:2.0:Error';
 
-let t: Awaited<ReturnType<typeof createTestDatabase>>;
+let pair: InstancePair;
+let t: InstancePair['t'];
 let app: FastifyInstance;
+/** Another instance on the same database: a deactivation through one is refused on the other at once. */
+let second: FastifyInstance;
 let org: OrgFixture;
 let other: OrgFixture;
 let publicAppId: number;
@@ -59,19 +62,17 @@ async function newDirectory(organizationId: number, input: Record<string, unknow
 }
 
 beforeAll(async () => {
-  t = await createTestDatabase();
-  await ensureSigningKey(db(), { alg: 'ES256', secretKey: TEST_SECRET_KEY });
-  app = await buildTestApp(db(), { env: { JOB_WORKERS: '0' } });
+  // Neither instance runs jobs (JOB_WORKERS=0): the test finishes them when it chooses, so what it
+  // sees in between is what a member with a million grants sees while the job walks them.
+  pair = await startInstancePair({ env: { JOB_WORKERS: '0' } });
+  ({ t, app, second } = pair);
   org = await createOrgFixture(db(), { scopes: KNOWN_SCOPES.join(' ') });
   other = await createOrgFixture(db(), { scopes: KNOWN_SCOPES.join(' ') });
   await verifiedDomain(org.organizationId, 'acme.example');
   await verifiedDomain(other.organizationId, 'globex.example');
   publicAppId = (await db().selectFrom('applications').select('id').where('client_id', '=', org.publicApp.client_id).executeTakeFirstOrThrow()).id;
 });
-afterAll(async () => {
-  await app?.close();
-  await t?.close();
-});
+afterAll(() => pair?.close());
 
 /** A SCIM request as the IdP sends it: its bearer token, application/scim+json. */
 async function scim(directory: Directory, method: 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE', path: string, body?: unknown, headers: Record<string, string> = {}): Promise<LightMyRequestResponse> {
@@ -116,7 +117,7 @@ async function tokensOf(userId: number): Promise<{ access_token: string; refresh
   return res.json();
 }
 
-const contacts = async (token: string) => (await app.inject({ method: 'GET', url: `/api/v1/${org.organizationId}/contacts`, headers: { authorization: `Bearer ${token}` } })).statusCode;
+const contacts = async (token: string, instance: FastifyInstance = app) => (await instance.inject({ method: 'GET', url: `/api/v1/${org.organizationId}/contacts`, headers: { authorization: `Bearer ${token}` } })).statusCode;
 const liveGrants = async (userId: number) =>
   Number((await db().selectFrom('grants').select((eb) => eb.fn.countAll().as('n')).where('user_id', '=', userId).where('organization_id', '=', org.organizationId).where('revoked_at', 'is', null).executeTakeFirstOrThrow()).n);
 
@@ -191,6 +192,9 @@ describe(`SCIM on ${BACKEND}: an Okta-style client`, () => {
     const off = ok(await scim(okta, 'PATCH', `/Users/${jane.id}`, { schemas: [PATCH_OP], Operations: [{ op: 'replace', value: { active: false } }] }), 200);
     expect(off.active).toBe(false);
     expect(await contacts(tokens.access_token)).toBe(401);
+    // On the other instance within a second (its revoked set hears of the removal), while every grant is still live.
+    await expect.poll(() => contacts(tokens.access_token, second), { timeout: 1000, interval: 20 }).toBe(401);
+    expect(await liveGrants(account!.id)).toBe(1);
     expect(await membership(account!.id)).toBeUndefined();
     expect(await db().selectFrom('sessions').select('id_hash').where('id_hash', '=', session.id_hash).executeTakeFirst()).toBeUndefined();
     await finishJobs(db());
