@@ -14,7 +14,8 @@
  * those whose answer holds a directory's token (shown once: 201/200, never a redirect). The
  * domain and connection forms are the dashboard's own (views/dashboard/sso-*.eta, the form
  * readers of dashboard/sso.ts), without what a link does not give: roles, SSO required, deletion
- * of connections. Every change is audited with the user and the link (Actor.setupLinkId). The
+ * of connections; so are the directory's token box, list and form (views/dashboard/directory-*.eta,
+ * directories-table.eta, the shapes of dashboard/directories.ts), without roles or deletion. Every change is audited with the user and the link (Actor.setupLinkId). The
  * token in the path is masked in the logs (logger.ts), and pages send no Referer (render.ts).
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
@@ -33,13 +34,13 @@ import {
 import type { Actor } from '../audit/events.js';
 import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
-import { scimBaseUrl } from '../directory/base-url.js';
 import { createDirectory, type DirectoryView, listDirectories, rotateDirectoryToken } from '../directory/directories.js';
 import { ForbiddenError, NotFoundError } from '../errors.js';
 import { type Params } from '../oauth/helpers/params.js';
 import { connectionSettings, createConnection, getConnection, listConnections, MAX_SAML_CERTIFICATES, updateConnection } from '../sso/connections.js';
 import { addDomain, deleteDomain, getDomain, listDomains, txtLookup, verifyDomain } from '../sso/domains.js';
 import { parseId, readForm } from './dashboard/context.js';
+import { directoriesForPage, tokenForPage } from './dashboard/directories.js';
 import { redirectWithNotice, takeNotice } from './dashboard/notice.js';
 import {
   connectionsForPage,
@@ -284,13 +285,18 @@ export async function setupPages(app: FastifyInstance, deps: { db: DB; config: C
 
   // Directories: made with the organization's default role and no group mappings (roles are the organization's to give).
 
-  async function directoryPage(reply: FastifyReply, ctx: SetupContext, status: number, view: { errors?: string[]; name?: string; token?: { directory: DirectoryView; token: string; rotated: boolean } } = {}) {
+  async function directoryPage(reply: FastifyReply, ctx: SetupContext, status: number, view: { errors?: string[]; name?: string; token?: { made: { directory: DirectoryView; token: string }; rotated: boolean } } = {}) {
     const directories = await listDirectories(db, ctx.link.organizationId);
+    const base = `${ctx.base}/directory/directories`;
+    // The dashboard's partials, without roles or each directory's page: a token button in the list instead.
     const data = {
-      base: ctx.base,
-      directories: directories.map((d) => ({ ...d, base_url: scimBaseUrl(config.issuer, d.id) })),
-      token: view.token && { ...view.token, base_url: scimBaseUrl(config.issuer, view.token.directory.id) },
-      nameForm: view.name ?? '',
+      detailed: false,
+      rotate: true,
+      directories: directoriesForPage(directories, { issuer: config.issuer, base }),
+      token: view.token && tokenForPage(view.token.made, view.token.rotated, config.issuer),
+      roles: [],
+      createAction: base,
+      createForm: { name: view.name ?? '', defaultRole: '' },
       errors: view.errors ?? [],
     };
     return page(reply, ctx, status, 'directory', 'Connect your directory (SCIM)', data);
@@ -305,7 +311,7 @@ export async function setupPages(app: FastifyInstance, deps: { db: DB; config: C
       async () => {
         const made = await createDirectory(db, ctx.link.organizationId, { name }, ctx.actor);
         // The token exists in plaintext only in this answer (no-store, never a redirect).
-        return directoryPage(reply, ctx, 201, { token: { ...made, rotated: false } });
+        return directoryPage(reply, ctx, 201, { token: { made, rotated: false } });
       },
       (status, errors) => directoryPage(reply, ctx, status, { errors, name }),
     );
@@ -318,7 +324,7 @@ export async function setupPages(app: FastifyInstance, deps: { db: DB; config: C
       async () => {
         if (id === undefined) throw new NotFoundError('directory not found');
         const rotated = await rotateDirectoryToken(db, ctx.link.organizationId, id, ctx.actor);
-        return directoryPage(reply, ctx, 200, { token: { ...rotated, rotated: true } });
+        return directoryPage(reply, ctx, 200, { token: { made: rotated, rotated: true } });
       },
       (status, errors) => directoryPage(reply, ctx, status, { errors }),
     );
