@@ -145,6 +145,56 @@ describe.runIf(HAS_CHROMIUM)('every dashboard page, accessible at 1280 px and at
   );
 
   it(
+    'directory sync: the list, a new directory and its token, a directory with what it pushed, and its confirmation',
+    async () => {
+      const problems: string[] = [];
+      problems.push(...(await visit('/dashboard/directories', 'directories-none')));
+      const create = owner.locator('form[action="/dashboard/directories"]');
+      await create.locator('input[name="name"]').fill('Okta production, the one the whole company signs in with');
+      await submit(owner, create.locator('button[type="submit"]'));
+      expect(await owner.locator('#scim-token').count()).toBe(1);
+      problems.push(...(await answer('directory-created')));
+
+      // What a provider would have pushed: two people, a group holding one, and its requests.
+      const d = world.db.handle.db;
+      const { id } = await d.selectFrom('directories').select('id').where('organization_id', '=', seeded.homeId).executeTakeFirstOrThrow();
+      const pushed = await d
+        .insertInto('directory_users')
+        .values([
+          { directory_id: id, user_id: seeded.ownerId, user_name: OWNER, display_name: 'Olive Owner', resource: '{}', role: null, updated_at: new Date() },
+          { directory_id: id, user_id: seeded.colleagueId, user_name: COLLEAGUE, display_name: 'Colin Colleague', active: false, resource: '{}', role: 'admin', updated_at: new Date() },
+        ])
+        .returning('id')
+        .execute();
+      const group = await d.insertInto('directory_groups').values({ directory_id: id, display_name: 'Engineering and Operations (all offices)', updated_at: new Date() }).returning('id').executeTakeFirstOrThrow();
+      await d.insertInto('directory_group_members').values({ group_id: group.id, user_id: pushed[0]!.id }).execute();
+      await d
+        .insertInto('directory_requests')
+        .values([
+          { directory_id: id, method: 'GET', path: `/Users?filter=${encodeURIComponent(`userName eq "${OWNER}"`)}&startIndex=1&count=100`, status: 200, scim_type: null },
+          { directory_id: id, method: 'POST', path: '/Users', status: 400, scim_type: 'invalidValue' },
+        ])
+        .execute();
+      problems.push(...(await visit(`/dashboard/directories/${id}`, 'directory')));
+      const map = owner.locator(`form[action="/dashboard/directories/${id}/mappings"]`);
+      await map.locator('input[name="group"]').fill('Engineering and Operations (all offices)');
+      await map.locator('select[name="role"]').selectOption('admin');
+      await submit(owner, map.locator('button[type="submit"]'));
+      problems.push(...(await answer('directory-mapped')));
+      await submit(owner, owner.locator('button', { hasText: 'New token' }).first());
+      expect(await owner.locator('#scim-token').count()).toBe(1);
+      problems.push(...(await answer('directory-rotated')));
+      problems.push(...(await visit('/dashboard/directories', 'directories')));
+      await owner.goto(url(`/dashboard/directories/${id}`));
+      await submit(owner, owner.locator('button.danger', { hasText: 'Delete' }).first());
+      problems.push(...(await answer('directory-delete')));
+
+      expectNoProblems(problems);
+    },
+    LONG_TEST_MS,
+  );
+
+  it(
     'the Account page: two-step sign-in set up, its recovery codes, and passkeys',
     async () => {
       const problems: string[] = [];

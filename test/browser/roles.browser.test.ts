@@ -231,7 +231,7 @@ describe.runIf(HAS_CHROMIUM)('organization roles in a real browser', () => {
     await signIn(owner, OWNER);
     const navOf = async (page: Page) => (await page.locator('nav[aria-label="Dashboard"] a').allTextContents()).map((t) => t.trim());
     // The owner's nav, to compare with: every page.
-    expect(await navOf(owner)).toEqual(['Overview', 'Applications', 'Connected apps', 'Members', 'Roles', 'Single sign-on', 'Webhooks', 'Audit log', 'Account']);
+    expect(await navOf(owner)).toEqual(['Overview', 'Applications', 'Connected apps', 'Members', 'Roles', 'Single sign-on', 'Directory sync', 'Webhooks', 'Audit log', 'Account']);
     await owner.context().close();
 
     const page = await freshPage();

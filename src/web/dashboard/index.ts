@@ -19,6 +19,7 @@ import { FactorChangeGuard } from './factor-guard.js';
 import { passkeyRoutes } from './passkeys.js';
 import { applicationRoutes, type DashboardDeps } from './applications.js';
 import { CSRF_FAILED, loadContext, setDashboardContext } from './context.js';
+import { directoryRoutes } from './directories.js';
 import { takeNotice } from './notice.js';
 import { organizationRoutes } from './organization.js';
 import { overviewRoutes } from './overview.js';
@@ -55,6 +56,7 @@ export async function dashboardPages(app: FastifyInstance, deps: DashboardDeps):
   await roleRoutes(app, deps);
   await ssoRoutes(app, deps);
   await setupLinkRoutes(app, deps);
+  await directoryRoutes(app, deps);
   await webhookRoutes(app, deps);
   await accountRoutes(app, deps);
   const factorGuard = new FactorChangeGuard(deps.db);

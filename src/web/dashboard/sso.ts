@@ -57,6 +57,7 @@ const FIELD_LABELS: Record<string, string> = {
   idp_initiated: 'IdP-initiated sign-in',
   protocol: 'Protocol',
   domain: 'Domain',
+  group_roles: 'Group mappings',
 };
 
 function fieldLabel(path: string): string {
