@@ -324,10 +324,19 @@ describe(`dashboard directories: who may on ${BACKEND}`, () => {
     expect(await mappingsOf(directory.id)).toEqual([{ group_ref: 'Support', role: 'viewer' }]);
     const made = await submit(manager, PATH, { name: 'Mine', default_role: 'viewer' });
     expect(made.statusCode, alertIn(made.body)).toBe(201);
-    // An admin's mapping is the manager's to see, not to remove.
+    expect(rowsOf((await manager.get(`${PATH}/${directory.id}`)).body, 'mappings')).toEqual(['Support viewer Remove the mapping of Support']);
+    // Once a group gives admin, the mappings are the manager's to see, not to change (they are replaced whole).
     await follow(owner(), await submit(owner(), `${PATH}/${directory.id}/mappings`, { group: 'Engineering', role: 'admin' }));
     const shown = await manager.get(`${PATH}/${directory.id}`);
-    expect(rowsOf(shown.body, 'mappings')).toEqual(['Engineering admin', 'Support viewer Remove the mapping of Support']);
+    expect(rowsOf(shown.body, 'mappings')).toEqual(['Engineering admin', 'Support viewer']);
+    expect(shown.body).not.toContain(`action="${PATH}/${directory.id}/mappings`);
+    expect(shown.body).toContain('only someone who may give every role mapped here can change the mappings');
+    const removal = await submit(manager, `${PATH}/${directory.id}/mappings/remove`, { group: 'Support' });
+    expect(removal.statusCode).toBe(403);
+    expect(await mappingsOf(directory.id)).toEqual([{ group_ref: 'Engineering', role: 'admin' }, { group_ref: 'Support', role: 'viewer' }]);
+    // Its name is still theirs to change.
+    await follow(manager, await submit(manager, `${PATH}/${directory.id}`, { name: 'Okta (renamed)', default_role: 'viewer' }));
+    expect((await directoriesOf(org.id))[0]!.name).toBe('Okta (renamed)');
   });
 
   it('shows directory.read the pages without a form, and refuses its changes (403)', async () => {

@@ -158,8 +158,9 @@ export async function directoryRoutes(app: FastifyInstance, deps: DashboardDeps)
       defaultRoles: roleChoices(roles, directory.default_role),
       settings: view.settings ?? { name: directory.name, defaultRole: directory.default_role },
       mappingForm: view.mapping ?? { group: '', role: roles.includes('member') ? 'member' : (roles[0] ?? '') },
-      // A mapping the member could not give is shown, not offered for removal (the domain would refuse it).
-      mappings: directory.group_roles.map((m) => ({ ...m, removable: roles.includes(m.role) })),
+      mappings: directory.group_roles,
+      // Changing the mappings replaces them whole: for those who could give every role they hold (the domain refuses it otherwise).
+      mappingsEditable: manage && roles.length > 0 && directory.group_roles.every((m) => roles.includes(m.role)),
       q,
       users: users.slice(0, DASHBOARD_PAGE_SIZE),
       usersPager: {
