@@ -183,10 +183,11 @@ export async function scimService(app: FastifyInstance, options: ScimServiceOpti
   app.decorateRequest('scim', null);
   app.decorateRequest('scimType', null);
 
+  // JSON only: the app's other parsers (forms, text) are not the SCIM service's, so a form's
+  // fields never reach a resource and any other type is 415.
   const jsonParser = app.getDefaultJsonParser('error', 'error');
-  app.addContentTypeParser(['application/scim+json'], { parseAs: 'string', bodyLimit: SCIM_BODY_LIMIT }, jsonParser);
-  app.removeContentTypeParser('application/json');
-  app.addContentTypeParser(['application/json'], { parseAs: 'string', bodyLimit: SCIM_BODY_LIMIT }, jsonParser);
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser(['application/scim+json', 'application/json'], { parseAs: 'string', bodyLimit: SCIM_BODY_LIMIT }, jsonParser);
 
   app.setErrorHandler((err: FastifyError | Error, req, reply) => {
     let error = toAppError(err);
