@@ -25,6 +25,7 @@ import {
   type PatchPath,
   parsePatchPath,
 } from './filter.js';
+import { refuseDeepNesting } from './representation.js';
 import { badScim } from './scim-errors.js';
 
 export const PATCH_OP_SCHEMA = 'urn:ietf:params:scim:api:messages:2.0:PatchOp';
@@ -86,6 +87,7 @@ export function parsePatchRequest(body: unknown): PatchOperation[] {
     }
     const hasValue = Object.keys(raw).some((k) => k.toLowerCase() === 'value');
     const value = fieldOf(raw, 'value');
+    refuseDeepNesting(value, `operation ${i + 1}: the value`);
     if (op === 'remove') {
       if (path === undefined) throw badScim('noTarget', `operation ${i + 1}: remove needs a path`);
       return { op, path, ...(value !== undefined ? { value } : {}) };

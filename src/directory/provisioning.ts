@@ -32,7 +32,7 @@ import { hasVerifiedDomain, emailDomain } from '../sso/domains.js';
 import { canonicalEmail, reclaimUnverifiedAccount } from '../sso/identities.js';
 import { DIRECTORY_ROLES, type DirectoryView } from './directories.js';
 import { ScimError, badScim } from './scim-errors.js';
-import { clientAttributes, etagMatches, groupRepresentation, type GroupRow, type Reference, userRepresentation, type UserRow } from './representation.js';
+import { clientAttributes, etagMatches, groupRepresentation, type GroupRow, type Reference, refuseDeepNesting, userRepresentation, type UserRow } from './representation.js';
 import { applyGroupPatch, applyUserPatch, MAX_MEMBER_IDS, type MemberChange, type PatchOperation } from './patch.js';
 
 type Trx = Transaction<Database>;
@@ -48,8 +48,6 @@ export interface DirectoryScope {
 
 /** A stored representation's largest size, as JSON. */
 const MAX_RESOURCE_CHARS = 64 * 1024;
-/** How deep a representation may nest (a User nests three levels; enterprise manager four). */
-const MAX_DEPTH = 8;
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
 /**
@@ -108,13 +106,6 @@ function isObject(value: unknown): value is Record<string, unknown> {
   return value !== null && typeof value === 'object' && !Array.isArray(value);
 }
 
-function depthOf(value: unknown, depth = 0): number {
-  if (depth > MAX_DEPTH || value === null || typeof value !== 'object') return depth;
-  let deepest = depth;
-  for (const child of Object.values(value)) deepest = Math.max(deepest, depthOf(child, depth + 1));
-  return deepest;
-}
-
 /** `true`/`false`, or Entra ID's strings "True"/"False" (any case). */
 export function parseActive(value: unknown): boolean {
   if (value === undefined || value === null) return true;
@@ -153,7 +144,7 @@ function chosenEmail(emails: unknown, userName: string): string {
 
 export function userFields(body: unknown): UserFields {
   if (!isObject(body)) throw badScim('invalidSyntax', 'the body must be a JSON object');
-  if (depthOf(body) > MAX_DEPTH) throw badScim('invalidValue', `the resource nests deeper than ${MAX_DEPTH} levels`);
+  refuseDeepNesting(body, 'the resource');
   const attributes = clientAttributes(body);
   const userName = take(attributes, 'userName');
   if (typeof userName !== 'string' || userName.trim() === '' || userName.length > 254) throw badScim('invalidValue', 'userName is required: a string of 1 to 254 characters');
@@ -460,7 +451,7 @@ function memberIds(value: unknown): string[] {
 
 export function groupFields(body: unknown): GroupFields {
   if (!isObject(body)) throw badScim('invalidSyntax', 'the body must be a JSON object');
-  if (depthOf(body) > MAX_DEPTH) throw badScim('invalidValue', `the resource nests deeper than ${MAX_DEPTH} levels`);
+  refuseDeepNesting(body, 'the resource');
   const attributes = clientAttributes(body);
   const displayName = take(attributes, 'displayName');
   if (typeof displayName !== 'string' || displayName.trim() === '' || displayName.length > 256) throw badScim('invalidValue', 'displayName is required: a string of 1 to 256 characters');

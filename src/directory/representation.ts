@@ -49,6 +49,21 @@ export interface Reference {
   display: string | null;
 }
 
+/** How deep a representation (or a PATCH operation's value) may nest: a User nests three levels, the enterprise manager four. */
+export const MAX_DEPTH = 8;
+
+function depthOf(value: unknown, depth = 0): number {
+  if (depth > MAX_DEPTH || value === null || typeof value !== 'object') return depth;
+  let deepest = depth;
+  for (const child of Object.values(value)) deepest = Math.max(deepest, depthOf(child, depth + 1));
+  return deepest;
+}
+
+/** 400 invalidValue when `value` nests deeper than MAX_DEPTH, found without walking further down (a body nested 100,000 deep would overflow the stack of whatever copies it). */
+export function refuseDeepNesting(value: unknown, what: string): void {
+  if (depthOf(value) > MAX_DEPTH) throw badScim('invalidValue', `${what} nests deeper than ${MAX_DEPTH} levels`);
+}
+
 /** Attributes the server owns: never taken from a request body. */
 const SERVER_OWNED = new Set(['id', 'meta', 'schemas', 'groups']);
 
