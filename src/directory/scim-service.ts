@@ -94,7 +94,8 @@ function projectionOf(query: Record<string, unknown>, core: string): Projection 
 function searchParameters(body: unknown): Record<string, unknown> {
   if (body === null || typeof body !== 'object' || Array.isArray(body)) throw badScim('invalidSyntax', 'a search is a JSON object');
   const b = body as Record<string, unknown>;
-  const list = (v: unknown) => (Array.isArray(v) ? v.join(',') : v);
+  // A list of names only: anything else is left for parseAttributeList to refuse (joining nested arrays recurses without bound).
+  const list = (v: unknown) => (Array.isArray(v) && v.every((name) => typeof name === 'string') ? v.join(',') : v);
   const text = (v: unknown) => (typeof v === 'number' ? String(v) : v);
   return { filter: b.filter, startIndex: text(b.startIndex), count: text(b.count), attributes: list(b.attributes), excludedAttributes: list(b.excludedAttributes) };
 }
