@@ -142,10 +142,16 @@ function chosenEmail(emails: unknown, userName: string): string {
   return userName;
 }
 
+/** RFC 7643 §2.5: a null is an unassigned attribute, so it is left out (as a PATCH's null removes), not kept and sent back. */
+function withoutNulls(value: Record<string, unknown>): Record<string, unknown> {
+  const assigned = (v: unknown): unknown => (isObject(v) ? withoutNulls(v) : Array.isArray(v) ? v.map(assigned) : v);
+  return Object.fromEntries(Object.entries(value).filter(([, v]) => v !== null).map(([k, v]) => [k, assigned(v)]));
+}
+
 export function userFields(body: unknown): UserFields {
   if (!isObject(body)) throw badScim('invalidSyntax', 'the body must be a JSON object');
   refuseDeepNesting(body, 'the resource');
-  const attributes = clientAttributes(body);
+  const attributes = withoutNulls(clientAttributes(body));
   const userName = take(attributes, 'userName');
   if (typeof userName !== 'string' || userName.trim() === '' || userName.length > 254) throw badScim('invalidValue', 'userName is required: a string of 1 to 254 characters');
   const rest: Record<string, unknown> = { ...attributes };
