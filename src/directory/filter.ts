@@ -97,7 +97,10 @@ function tokenize(text: string, kind: ScimType): Token[] {
       STRING.lastIndex = i;
       const m = STRING.exec(text);
       if (!m) throw badScim(kind, `unterminated or malformed string at ${i + 1}`);
-      tokens.push({ t: 'string', v: JSON.parse(m[0]) as string, at: i });
+      const value = JSON.parse(m[0]) as string;
+      // No stored text can hold U+0000 (PostgreSQL refuses it): a filter naming it is malformed, not a database error.
+      if (value.includes('\u0000')) throw badScim(kind, `a string with U+0000 at ${i + 1}`);
+      tokens.push({ t: 'string', v: value, at: i });
       i += m[0].length;
       continue;
     }
