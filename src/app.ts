@@ -16,7 +16,7 @@ import { setupPages } from './web/setup-pages.js';
 import type { DB, Listen } from './db/connect.js';
 import { sanitizeDescription } from './errors.js';
 import { toAppError } from './error-mapping.js';
-import { SCIM_PREFIX, scimService } from './directory/scim-service.js';
+import { isScimPath, SCIM_PREFIX, scimService, sendScimPathError } from './directory/scim-service.js';
 import { HEALTH_PATHS, healthRoutes } from './health.js';
 import { deriveKey } from './lib/crypto.js';
 import { authorizeEndpoint } from './oauth/endpoints/authorize.js';
@@ -86,8 +86,9 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
     return503OnClosing: true,
     // A path the router cannot read (bad percent-encoding, an over-long parameter) gets the one
     // error shape too, not Fastify's own body (R-7; found by test/fuzz.test.ts).
-    frameworkErrors: (err: FastifyError, _req: unknown, reply: FastifyReply) => {
+    frameworkErrors: (err: FastifyError, req: { url: string }, reply: FastifyReply) => {
       const status = err.statusCode !== undefined && err.statusCode >= 400 && err.statusCode < 500 ? err.statusCode : 400;
+      if (isScimPath(req.url)) return void sendScimPathError(reply, status);
       void reply.code(status).send({ error: 'invalid_request', error_description: 'the request path is malformed' });
     },
   });

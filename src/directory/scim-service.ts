@@ -82,6 +82,14 @@ function send(reply: FastifyReply, status: number, body: unknown, version?: numb
   return reply.send(body);
 }
 
+/** Whether a request is for the SCIM service (the app's router answers a path it cannot read before any plugin sees it). */
+export const isScimPath = (url: string): boolean => url.startsWith(`${SCIM_PREFIX}/`);
+
+/** The router's refusal of a SCIM path (an over-long id, bad percent-encoding) as a SCIM error, not the app's shape. */
+export function sendScimPathError(reply: FastifyReply, status: number): FastifyReply {
+  return send(reply, status, scimErrorBody(status, undefined, 'the request path is malformed'));
+}
+
 const unauthorized = (detail: string) => new ScimError(401, undefined, detail, { headers: { 'www-authenticate': 'Bearer realm="orgauth-scim"' } });
 
 type Projection = { attributes?: string[][] | undefined; excluded?: string[][] | undefined };
