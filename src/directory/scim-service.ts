@@ -21,7 +21,7 @@ import { bearerToken, parsePathId } from '../api/auth.js';
 import { registerRateLimit } from '../api/rate-limit.js';
 import { authenticateDirectory } from './directories.js';
 import { scimBaseUrl } from './base-url.js';
-import { forgetCursors, MAX_COUNT, pageOf, readPage, type Page } from './listing.js';
+import { directoryChanged, forgetCursors, MAX_COUNT, pageOf, readPage, type Page } from './listing.js';
 import { parsePatchRequest } from './patch.js';
 import {
   createGroup,
@@ -236,6 +236,12 @@ export async function scimService(app: FastifyInstance, options: ScimServiceOpti
     await logDirectoryRequest(db, req.scim.directory.id, { method: req.method, url: req.url, prefix: req.scim.baseUrl.slice(config.issuer.length), status: reply.statusCode, scimType: req.scimType }).catch((err: unknown) =>
       req.log.warn({ err }, 'could not log the SCIM request'),
     );
+  });
+
+  // A write (whatever its outcome) ends the totals carried along list walks (listing.ts), once it
+  // is committed and before the client hears of it.
+  app.addHook('onSend', async (req) => {
+    if (req.scim && req.method !== 'GET' && req.method !== 'HEAD' && !req.url.split('?')[0]!.endsWith('/.search')) directoryChanged(req.scim.directory.id);
   });
 
   const ifMatch = (req: FastifyRequest) => (typeof req.headers['if-match'] === 'string' ? req.headers['if-match'] : undefined);
