@@ -344,6 +344,11 @@ interface Multi {
   present: RawBuilder<boolean>;
   exists(condition: RawBuilder<boolean>): RawBuilder<boolean>;
   element: Resolver;
+  /**
+   * An indexed test true of every row where some element's `value` holds `text` (without case):
+   * said beside a comparison of the values, so the index finds the rows to compare (emails).
+   */
+  holds?: (text: string) => RawBuilder<boolean>;
 }
 
 type Resolver = (path: AttrPath) => Scalar | Multi;
@@ -484,7 +489,7 @@ function compile(f: Filter, resolve: Resolver): RawBuilder<boolean> {
     case '[]': {
       const a = resolve(f.path);
       if (a.kind !== 'multi') throw badScim('invalidFilter', `${f.path.attr} is not multi-valued: a value filter does not apply`);
-      return a.exists(compile(f.filter, a.element));
+      return withHolds(a, valueTexts(f.filter), a.exists(compile(f.filter, a.element)));
     }
     default: {
       const a = resolve(f.path);
@@ -499,13 +504,34 @@ function compile(f: Filter, resolve: Resolver): RawBuilder<boolean> {
       }
       const e = a.element(subPath);
       if (e.kind !== 'scalar') return unknownAttribute(f.path);
-      return a.exists(compareScalar(e, f.path, f.op, f.value));
+      const compared = a.exists(compareScalar(e, f.path, f.op, f.value));
+      return subPath.attr.toLowerCase() === 'value' ? withHolds(a, valueTexts({ ...f, path: subPath }), compared) : compared;
     }
   }
 }
 
-/** The elements of a JSON array member of `resource` (anything else: none). */
-function jsonMulti(subs: Record<string, 'text' | 'boolean'>, key: string, sub: string | undefined, stringElements = false): Multi {
+/** Texts of 3 characters or more (a trigram) that a row's values must hold for `f` to be true of one element: its eq/co/sw/ew comparisons of `value` joined by `and`. */
+function valueTexts(f: Filter): string[] {
+  if (f.op === 'and') return [...valueTexts(f.left), ...valueTexts(f.right)];
+  if ((f.op === 'eq' || f.op === 'co' || f.op === 'sw' || f.op === 'ew') && f.path.schema === undefined && f.path.sub === undefined && typeof f.value === 'string' && [...f.value].length >= 3) {
+    return f.path.attr.toLowerCase() === 'value' ? [f.value] : [];
+  }
+  return [];
+}
+
+/** `condition`, with the index's test for one of `texts` beside it when the attribute has an index. */
+function withHolds(a: Multi, texts: string[], condition: RawBuilder<boolean>): RawBuilder<boolean> {
+  const text = texts.sort((x, y) => y.length - x.length)[0];
+  if (a.holds === undefined || text === undefined) return condition;
+  return sql<boolean>`(${a.holds(text)} and ${condition})`;
+}
+
+/**
+ * The elements of a JSON array member of `resource` (anything else: none). `indexed`: the
+ * member's values are indexed by migration 0028's directory_user_emails (emails only): every
+ * value lowercased, one a line, so a value holding a text means the function's result holds it.
+ */
+function jsonMulti(subs: Record<string, 'text' | 'boolean'>, key: string, sub: string | undefined, stringElements = false, indexed = false): Multi {
   const array = jsonGet(sql.ref('directory_users.resource'), [key]);
   const elements = sql`jsonb_array_elements(case when jsonb_typeof(${array}) = 'array' then ${array} else '[]'::jsonb end) as scim_e(v)`;
   const element: Resolver = (p) => {
@@ -523,6 +549,7 @@ function jsonMulti(subs: Record<string, 'text' | 'boolean'>, key: string, sub: s
     present: sql<boolean>`coalesce(case when jsonb_typeof(${array}) = 'array' then jsonb_array_length(${array}) > 0 end, false)`,
     exists: (condition) => sql<boolean>`exists (select 1 from ${elements} where ${condition})`,
     element,
+    ...(indexed && { holds: (text: string) => sql<boolean>`directory_user_emails(directory_users.resource) like lower(${`%${likeEscape(text)}%`}) escape '\\'` }),
   };
 }
 
@@ -530,8 +557,8 @@ const PLURAL = { value: 'text', display: 'text', type: 'text', primary: 'boolean
 const ADDRESS = { formatted: 'text', streetAddress: 'text', locality: 'text', region: 'text', postalCode: 'text', country: 'text', type: 'text', primary: 'boolean' } as const;
 
 /** RFC 7643 §4.1's multi-valued attributes, kept in `resource`. */
-const USER_MULTI: Record<string, { key: string; subs: Record<string, 'text' | 'boolean'>; strings?: boolean }> = {
-  emails: { key: 'emails', subs: PLURAL },
+const USER_MULTI: Record<string, { key: string; subs: Record<string, 'text' | 'boolean'>; strings?: boolean; indexed?: boolean }> = {
+  emails: { key: 'emails', subs: PLURAL, indexed: true },
   phonenumbers: { key: 'phoneNumbers', subs: PLURAL },
   ims: { key: 'ims', subs: PLURAL },
   photos: { key: 'photos', subs: PLURAL },
@@ -581,7 +608,7 @@ function coreUserAttribute(path: AttrPath): Scalar | Multi | undefined {
   const meta = metaOf(path, 'directory_users');
   if (meta) return meta;
   const multi = USER_MULTI[attr];
-  if (multi) return jsonMulti(multi.subs, multi.key, path.sub, multi.strings);
+  if (multi) return jsonMulti(multi.subs, multi.key, path.sub, multi.strings, multi.indexed);
   if (attr === 'name') {
     if (path.sub === undefined) return jsonComplex(resource, ['name']);
     const sub = canonical(NAME_SUBS, path.sub);

@@ -140,6 +140,7 @@ const MIGRATIONS = [
   '20261208_0025_directories',
   '20261209_0026_directory_resources',
   '20261210_0027_setup_links',
+  '20261211_0028_directory_user_filter_indexes',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {

@@ -335,6 +335,47 @@ describe(`filters run on ${BACKEND}`, () => {
     expect(JSON.stringify(plan)).toContain('directory_users_user_name_key');
   });
 
+  it("uses migration 0028's indexes for userName sw, active, and emails compared by value", async () => {
+    // A few rows would be read whole anyway: ask the planner what it would do with many. (With
+    // the directory's condition too, any index led by directory_id looks as good for five rows.)
+    const plan = async (filter: string, inDirectory = true) =>
+      JSON.stringify(
+        await t.handle.db.transaction().execute(async (trx) => {
+          await sql`set local enable_seqscan = off`.execute(trx);
+          const q = trx.selectFrom('directory_users').select('id').where(userFilterSql(filter));
+          return (inDirectory ? q.where('directory_id', '=', directoryId) : q).explain();
+        }),
+      );
+    expect(await plan('userName sw "BJen"')).toContain('directory_users_user_name_key');
+    expect(await plan('active eq false')).toContain('directory_users_active_idx');
+    for (const f of ['emails[type eq "work"].value co "Jensen"', 'emails.value eq "bjensen@example.com"', 'emails sw "bje"', 'emails[value ew "example.com" and type eq "work"]']) {
+      expect(await plan(f, false), f).toContain('directory_users_emails_idx');
+    }
+    // Shorter than a trigram, or one of several texts that may match: compared row by row only.
+    const compiled = (f: string) => t.handle.db.selectFrom('directory_users').select('id').where(userFilterSql(f)).compile().sql;
+    expect(compiled('emails co "ab"')).not.toContain('directory_user_emails');
+    expect(compiled('emails[value co "abc" or value co "def"]')).not.toContain('directory_user_emails');
+    expect(compiled('emails[type eq "work"].value co "abc"')).toContain('directory_user_emails');
+  });
+
+  it("never answers otherwise for the emails index's test: any case, %, _, \\, line breaks, non-ASCII letters", async () => {
+    const text = fc.string({ unit: fc.constantFrom('a', 'B', 'é', 'É', 'İ', 'ß', 'Σ', '%', '_', '\\', '\n', '@', '.', ' ', '1'), minLength: 3, maxLength: 6 });
+    const element = fc.record({ value: fc.oneof(text, fc.constant(42), fc.constant(null)), type: fc.constantFrom('work', 'home') });
+    const resource = fc.oneof(fc.array(element, { maxLength: 3 }).map((emails) => ({ emails })), fc.constant({ emails: 'not-an-array' }), fc.constant({}));
+    await fc.assert(
+      fc.asyncProperty(resource, text, fc.constantFrom('eq', 'co', 'sw', 'ew'), async (r, value, op) => {
+        const v = JSON.stringify(value);
+        // With the index's test beside the comparison, and (an `or` of the same comparison) without it.
+        const indexed = userFilterSql(`emails[type eq "work"].value ${op} ${v}`);
+        const plain = userFilterSql(`emails[type eq "work" and (value ${op} ${v} or value ${op} ${v})]`);
+        const { rows } = await sql<{ indexed: boolean; plain: boolean }>`select ${indexed} as indexed, ${plain} as plain
+          from (select cast(${JSON.stringify(r)} as jsonb) as resource) as directory_users`.execute(t.handle.db);
+        expect(rows[0]!.indexed, JSON.stringify({ r, value, op })).toBe(rows[0]!.plain);
+      }),
+      { numRuns: 300 },
+    );
+  });
+
   it('takes an injection-shaped value as a value', async () => {
     const compiled = t.handle.db.selectFrom('directory_users').select('id').where(userFilterSql('userName eq "x\' or 1=1 --" or title co "\'; --"')).compile();
     expect(compiled.sql).not.toMatch(/1=1|--/);
