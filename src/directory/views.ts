@@ -4,9 +4,10 @@
  * an index whatever the directory holds (100,000 users cost what 100 do):
  *
  * - the users in SCIM order, keyset-paged on (directory_id, seq), never OFFSET;
- * - a userName prefix search on the (directory_id, lower(user_name)) index: a range from the
- *   prefix to the prefix followed by U+10FFFF (the highest code point: no userName holds it), in
- *   userName order, and the exact prefix test on what the range yields. The cursor is still the
+ * - a userName prefix search on the (directory_id, lower(user_name) text_pattern_ops) index: a
+ *   range from the prefix to the prefix followed by U+10FFFF (the highest code point: no userName
+ *   holds it), compared and ordered by code point (the opclass's ~>=~ and ~<~, so the range is
+ *   exact under any collation), and the exact prefix test on what the range yields. The cursor is still the
  *   last row's seq, whose userName the next page starts after (userNames are unique without case);
  * - counts as "at most cap + 1" (a LIMIT under the count), shown as "1,000+" past the cap.
  */
@@ -86,14 +87,16 @@ export async function listDirectoryUsers(db: DB, organizationId: number, directo
   if (prefix === undefined || prefix === '') {
     query = query.where('u.seq', '>', options.after).orderBy('u.seq');
   } else {
+    // The index is text_pattern_ops (migration 0028, for SCIM's LIKE prefixes): its comparisons
+    // are ~>=~, ~<~ and ~>~ (code-point order, whatever the collation), and so is the page's order.
     const key = sql<string>`lower(u.user_name)`;
     query = query
-      .where(key, '>=', sql<string>`lower(${prefix})`)
-      .where(key, '<', sql<string>`lower(${prefix}) || ${AFTER_EVERY_NAME}`)
-      .where(sql<boolean>`starts_with(lower(u.user_name), lower(${prefix}))`)
-      .orderBy(key);
+      .where(sql<boolean>`${key} ~>=~ lower(${prefix})`)
+      .where(sql<boolean>`${key} ~<~ (lower(${prefix}) || ${AFTER_EVERY_NAME})`)
+      .where(sql<boolean>`starts_with(${key}, lower(${prefix}))`)
+      .orderBy(sql`${key} using ~<~`);
     if (options.after > 0) {
-      query = query.where(key, '>', sql<string>`(select lower(p.user_name) from directory_users p where p.directory_id = ${directoryId} and p.seq = ${options.after})`);
+      query = query.where(sql<boolean>`${key} ~>~ (select lower(p.user_name) from directory_users p where p.directory_id = ${directoryId} and p.seq = ${options.after})`);
     }
   }
   const rows = await query.execute();
