@@ -8,7 +8,10 @@ import { type Kysely, sql } from 'kysely';
  * - `userName sw "…"`: compared as lower(user_name) LIKE 'prefix%'. The unique index on
  *   (directory_id, lower(user_name)) served a LIKE prefix only where the database's collation
  *   is C; rebuilt with text_pattern_ops it serves one under any collation, and equality (the
- *   opclass's = is text's, so the same names are unique) as before.
+ *   opclass's = is text's, so the same names are unique) as before. It includes user_name, so
+ *   a count (totalResults) is read from the index alone: PostgreSQL scans an expression index
+ *   index-only when the columns the expression reads are in it (4 ms for 25,000 matches,
+ *   instead of 17-45 ms reading their rows).
  * - `active eq true|false`: (directory_id, active, seq) counts a directory's active users from
  *   the index and reads their pages in list order with no sort.
  * - `emails…` compared by value (`emails[type eq "work"].value co "…"`, `emails.value eq …`,
@@ -23,7 +26,7 @@ import { type Kysely, sql } from 'kysely';
  * inlined: the planner matches filter.ts's call of it to the index's expression.
  */
 export async function up(db: Kysely<any>): Promise<void> {
-  await userNameIndex(db, 'text_pattern_ops');
+  await userNameIndex(db, 'text_pattern_ops include (user_name)');
   await db.schema.createIndex('directory_users_active_idx').on('directory_users').columns(['directory_id', 'active', 'seq']).execute();
   await sql`create function directory_user_emails(resource jsonb) returns text language sql immutable parallel safe as $$
     select coalesce(string_agg(lower(e ->> 'value'), E'\\n'), '')
@@ -39,8 +42,9 @@ export async function down(db: Kysely<any>): Promise<void> {
   await userNameIndex(db, '');
 }
 
-/** The unique index on (directory_id, lower(user_name)) made again with `opclass`, under its name (in the migration's transaction: never a moment without it). */
-async function userNameIndex(db: Kysely<any>, opclass: 'text_pattern_ops' | ''): Promise<void> {
+/** The unique index on (directory_id, lower(user_name)) made again, under its name (in the migration's transaction: never a moment without it). */
+async function userNameIndex(db: Kysely<any>, how: 'text_pattern_ops include (user_name)' | ''): Promise<void> {
+  const [opclass, include] = how === '' ? ['', ''] : ['text_pattern_ops', 'include (user_name)'];
   await sql`drop index directory_users_user_name_key`.execute(db);
-  await sql`create unique index directory_users_user_name_key on directory_users (directory_id, lower(user_name) ${sql.raw(opclass)})`.execute(db);
+  await sql`create unique index directory_users_user_name_key on directory_users (directory_id, lower(user_name) ${sql.raw(opclass)}) ${sql.raw(include)}`.execute(db);
 }

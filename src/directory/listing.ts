@@ -114,6 +114,8 @@ export async function pageOf(db: DB, table: Table, directoryId: number, page: Pa
     const countedAt = performance.now();
     const { total } = await base().select((eb) => eb.fn.countAll<number | string>().as('total')).executeTakeFirstOrThrow();
     counted = { total: Number(total), countedAt, changes: generation };
+    // The page asked again (a retry, another client) carries the new total from here.
+    if (cursor !== undefined) remember(keyOf(page.startIndex), { seq: cursor.seq, ...counted });
   }
   if (page.count === 0) return { ids: [], total: counted.total };
   const after = page.startIndex === 1 ? 0 : cursor?.seq;

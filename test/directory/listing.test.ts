@@ -88,6 +88,9 @@ describe(`SCIM lists on ${BACKEND}`, () => {
     const later = vi.spyOn(performance, 'now').mockReturnValue(now + TOTAL_TTL_MS + 1);
     try {
       expect((await page(6)).total).toBe(14);
+      // That page carries its new total to whoever asks for it again.
+      await addUsers(d.id, 1);
+      expect((await page(6)).total).toBe(14);
     } finally {
       later.mockRestore();
     }
