@@ -28,13 +28,8 @@ import { BACKEND } from '../helpers/db.js';
 import { type InstancePair, startInstancePair } from '../helpers/instance-pair.js';
 import { finishJobs } from '../helpers/jobs.js';
 import { basic, clientCredentialsToken, createOrgFixture, form, type OrgFixture } from '../helpers/oauth.js';
+import { ENTERPRISE, ERROR, GROUP, LIST, PATCH_OP, USER } from '../helpers/scim.js';
 
-const USER = 'urn:ietf:params:scim:schemas:core:2.0:User';
-const ENTERPRISE = 'urn:ietf:params:scim:schemas:extension:enterprise:2.0:User';
-const GROUP = 'urn:ietf:params:scim:schemas:core:2.0:Group';
-const PATCH_OP = 'urn:ietf:params:scim:api:messages:2.0:PatchOp';
-const LIST = 'urn:ietf:params:scim:api:messages:2.0:ListResponse';
-const ERROR = 'urn:ietf:params:scim:api:messages:2.0:Error';
 
 let pair: InstancePair;
 let t: InstancePair['t'];
