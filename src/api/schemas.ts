@@ -9,8 +9,21 @@ import { z } from 'zod';
  * instead of the 87 µs of checking it with zod and JSON.stringify. Only the schema's properties
  * are written, so a column added to a row never leaks into a response.
  */
-export const serializerCompiler: FastifySerializerCompiler<z.ZodType> = ({ schema }) =>
-  fastJson(z.toJSONSchema(schema, { target: 'draft-7', io: 'output', unrepresentable: 'any' }) as Parameters<typeof fastJson>[0]);
+export const serializerCompiler: FastifySerializerCompiler<z.ZodType> = ({ schema }) => {
+  let serialize = serializers.get(schema);
+  if (serialize === undefined) {
+    serialize = fastJson(z.toJSONSchema(schema, { target: 'draft-7', io: 'output', unrepresentable: 'any' }) as Parameters<typeof fastJson>[0]);
+    serializers.set(schema, serialize);
+  }
+  return serialize;
+};
+
+/**
+ * Each schema's writer, compiled once per process: the routes' schemas are module constants, and
+ * compiling them again for every app the process builds (a test file builds several) cost about
+ * a third of buildApp(). A writer is a pure function of its schema.
+ */
+const serializers = new WeakMap<z.ZodType, (data: unknown) => string>();
 
 export const orgParams = z.object({ organization_id: z.string().describe('the organization id from the token response') });
 export const idParams = orgParams.extend({ id: z.string() });

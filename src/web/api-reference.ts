@@ -338,10 +338,9 @@ export function buildApiReference(doc: OpenApiDocument): ApiReference {
  */
 export async function apiReferencePage(app: FastifyInstance, { config }: { config: Config }): Promise<void> {
   await setUpPages(app, config);
+  // Built on the first request, not at start: it turns every route's schema into OpenAPI (a
+  // third of a second), which a server that is never asked for /docs should not spend starting.
   let reference: ApiReference | undefined;
-  app.addHook('onReady', async () => {
-    reference = buildApiReference(app.swagger() as OpenApiDocument);
-  });
   app.get(API_REFERENCE_PATH, { schema: { hide: true } }, async (_req, reply) => {
     reference ??= buildApiReference(app.swagger() as OpenApiDocument);
     return renderPage(reply, 200, 'api-reference', { title: 'API reference', wide: true, ref: reference });
