@@ -1,6 +1,9 @@
+import { createRequire } from 'node:module';
 import { pino, type DestinationStream, type Logger } from 'pino';
-import { build as prettyStream } from 'pino-pretty';
 import type { Config } from './config.js';
+
+/** pino-pretty, loaded only for pretty logs (a server writing JSON to a pipe never needs it). */
+const prettyStream = (options: import('pino-pretty').PrettyOptions) => (createRequire(import.meta.url)('pino-pretty') as typeof import('pino-pretty')).build(options);
 
 /** Fields that hold secrets wherever they appear in a logged object. */
 export const SECRET_FIELDS = [

@@ -17,15 +17,11 @@
  *   on the account, as a sign that the credential may have been copied.
  */
 import { createHmac } from 'node:crypto';
-import {
-  type AuthenticationResponseJSON,
-  generateAuthenticationOptions,
-  generateRegistrationOptions,
-  type PublicKeyCredentialCreationOptionsJSON,
-  type PublicKeyCredentialRequestOptionsJSON,
-  type RegistrationResponseJSON,
-  verifyAuthenticationResponse,
-  verifyRegistrationResponse,
+import type {
+  AuthenticationResponseJSON,
+  PublicKeyCredentialCreationOptionsJSON,
+  PublicKeyCredentialRequestOptionsJSON,
+  RegistrationResponseJSON,
 } from '@simplewebauthn/server';
 import { sql } from 'kysely';
 import { z } from 'zod';
@@ -33,8 +29,12 @@ import { recordAccountEvent } from '../audit/events.js';
 import type { DB } from '../db/connect.js';
 import { ConflictError, InvalidRequestError, NotFoundError } from '../errors.js';
 import { deriveKey, sha256Hex } from '../lib/crypto.js';
+import { lazyImport } from '../lib/lazy.js';
 import { setChallenge, takeChallenge } from './pending-sign-ins.js';
 import { changeSignInMethods, dropRecoveryCodesWithoutFactor, type FactorDeps, type FactorUser, recoveryCodesForNewFactor } from './second-factors.js';
+
+/** @simplewebauthn/server, loaded at the first ceremony (a third of a second of a start otherwise). */
+const webauthn = lazyImport(() => import('@simplewebauthn/server'));
 
 export const PASSKEYS_PER_USER = 20;
 export const PASSKEY_NAME_MAX = 100;
@@ -143,7 +143,7 @@ const NOT_RECOGNISED = 'This passkey is not registered for this account.';
 export async function registrationOptions(db: DB, deps: PasskeyDeps, user: FactorUser, sessionId: string): Promise<PublicKeyCredentialCreationOptionsJSON> {
   const existing = await db.selectFrom('passkeys').select(['credential_id', 'transports']).where('user_id', '=', user.id).execute();
   if (existing.length >= PASSKEYS_PER_USER) throw new ConflictError(`You have ${PASSKEYS_PER_USER} passkeys, the most an account can have. Remove one first.`);
-  const options = await generateRegistrationOptions({
+  const options = await (await webauthn()).generateRegistrationOptions({
     rpName: RP_NAME,
     rpID: relyingParty(deps.issuer).id,
     userID: userHandle(deps.secretKey, user.id),
@@ -170,7 +170,7 @@ export async function addPasskey(db: DB, deps: PasskeyDeps, user: FactorUser, se
   const rp = relyingParty(deps.issuer);
   let info;
   try {
-    const verification = await verifyRegistrationResponse({ response, expectedChallenge, expectedOrigin: rp.origin, expectedRPID: rp.id, requireUserPresence: true, requireUserVerification: true });
+    const verification = await (await webauthn()).verifyRegistrationResponse({ response, expectedChallenge, expectedOrigin: rp.origin, expectedRPID: rp.id, requireUserPresence: true, requireUserVerification: true });
     if (!verification.verified) throw new Error('registration not verified');
     info = verification.registrationInfo;
   } catch (err) {
@@ -237,7 +237,7 @@ export async function authenticationOptions(db: DB, deps: PasskeyDeps, slot: Cha
     userId === undefined
       ? undefined
       : (await db.selectFrom('passkeys').select(['credential_id', 'transports']).where('user_id', '=', userId).execute()).map((p) => ({ id: p.credential_id, transports: p.transports }));
-  const options = await generateAuthenticationOptions({ rpID: relyingParty(deps.issuer).id, allowCredentials, userVerification: 'required', timeout: CEREMONY_TIMEOUT_MS });
+  const options = await (await webauthn()).generateAuthenticationOptions({ rpID: relyingParty(deps.issuer).id, allowCredentials, userVerification: 'required', timeout: CEREMONY_TIMEOUT_MS });
   await slot.put(options.challenge);
   return options;
 }
@@ -271,7 +271,7 @@ export async function verifyPasskeyAssertion(db: DB, deps: PasskeyDeps, slot: Ch
   const rp = relyingParty(deps.issuer);
   let info;
   try {
-    const verification = await verifyAuthenticationResponse({
+    const verification = await (await webauthn()).verifyAuthenticationResponse({
       response,
       expectedChallenge,
       expectedOrigin: rp.origin,

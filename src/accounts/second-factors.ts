@@ -15,15 +15,18 @@
  */
 import { createHmac, randomInt } from 'node:crypto';
 import { sql } from 'kysely';
-import { generateSecret as generateTotpSecret, generateURI, verify as verifyTotp } from 'otplib';
-import QRCode from 'qrcode';
 import { recordAccountEvent } from '../audit/events.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import { ConflictError, NotFoundError } from '../errors.js';
 import { deriveKey, openText, sealText, sha256Hex } from '../lib/crypto.js';
+import { lazyImport } from '../lib/lazy.js';
 import type { MailQueue } from '../mail/outbox.js';
 import { securityNoticeMessage } from '../mail/messages.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
+
+/** otplib and qrcode, loaded when an authenticator app is first set up or checked. */
+const otplib = lazyImport(() => import('otplib'));
+const qrcode = lazyImport(() => import('qrcode'));
 
 export const TOTP_PERIOD_S = 30;
 export const TOTP_DIGITS = 6;
@@ -120,8 +123,8 @@ export interface TotpEnrolment {
 }
 
 /** The label and issuer an authenticator app shows: this server's host, and the user's email. */
-function totpUri(deps: Pick<FactorDeps, 'issuer'>, email: string, secret: string): string {
-  return generateURI({ issuer: new URL(deps.issuer).host, label: email, secret, period: TOTP_PERIOD_S, digits: TOTP_DIGITS, algorithm: 'sha1' });
+async function totpUri(deps: Pick<FactorDeps, 'issuer'>, email: string, secret: string): Promise<string> {
+  return (await otplib()).generateURI({ issuer: new URL(deps.issuer).host, label: email, secret, period: TOTP_PERIOD_S, digits: TOTP_DIGITS, algorithm: 'sha1' });
 }
 
 /**
@@ -137,7 +140,7 @@ export async function startTotpEnrolment(db: DB, deps: FactorDeps, user: FactorU
   if (existing && existing.started_session_hash === session && Date.now() - existing.created_at.getTime() < ENROLMENT_TTL_MS) {
     return enrolmentFor(deps, user, openText(deps.secretKey, SEAL_PURPOSE, existing.secret_sealed));
   }
-  const secret = generateTotpSecret({ length: 20 });
+  const secret = (await otplib()).generateSecret({ length: 20 });
   const sealed = sealText(deps.secretKey, SEAL_PURPOSE, secret);
   const values = { secret_sealed: sealed, created_at: new Date(), started_session_hash: session, last_step: null };
   await db
@@ -162,14 +165,14 @@ export async function pendingTotpEnrolment(db: DB, deps: FactorDeps, user: Facto
 }
 
 async function enrolmentFor(deps: Pick<FactorDeps, 'issuer'>, user: FactorUser, secret: string): Promise<TotpEnrolment> {
-  const uri = totpUri(deps, user.email, secret);
-  return { secret, uri, qrSvg: await QRCode.toString(uri, { type: 'svg', errorCorrectionLevel: 'M', margin: 2 }) };
+  const uri = await totpUri(deps, user.email, secret);
+  return { secret, uri, qrSvg: await (await qrcode()).default.toString(uri, { type: 'svg', errorCorrectionLevel: 'M', margin: 2 }) };
 }
 
 /** The RFC 6238 step a 6-digit code matches now (± one step), or undefined. ASCII digits only. */
 async function matchingStep(secret: string, code: string): Promise<number | undefined> {
   if (!/^[0-9]{6}$/.test(code)) return undefined;
-  const result = await verifyTotp({ secret, token: code, epochTolerance: TOTP_TOLERANCE_S, period: TOTP_PERIOD_S, digits: TOTP_DIGITS, algorithm: 'sha1' });
+  const result = await (await otplib()).verify({ secret, token: code, epochTolerance: TOTP_TOLERANCE_S, period: TOTP_PERIOD_S, digits: TOTP_DIGITS, algorithm: 'sha1' });
   return result.valid && 'timeStep' in result ? result.timeStep : undefined;
 }
 

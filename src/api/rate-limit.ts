@@ -6,7 +6,6 @@
  */
 import rateLimit from '@fastify/rate-limit';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import { Redis } from 'ioredis';
 import type { Config } from '../config.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
 import { authOf } from './auth.js';
@@ -39,8 +38,9 @@ export async function registerRateLimit(app: FastifyInstance, config: Pick<Confi
   // built (which holds the event loop for seconds on a busy host) let the 500 ms connect timeout
   // fire before the connection's answer was read, and the instance then served its first requests
   // unlimited while it reconnected.
+  // ioredis is loaded only when REDIS_URL is set (a tenth of a second of every start otherwise).
   const redis = config.redisUrl
-    ? new Redis(config.redisUrl, { connectTimeout: 500, maxRetriesPerRequest: 1, enableOfflineQueue: false, lazyConnect: true })
+    ? new (await import('ioredis')).Redis(config.redisUrl, { connectTimeout: 500, maxRetriesPerRequest: 1, enableOfflineQueue: false, lazyConnect: true })
     : undefined;
   redis?.on('error', (err) => app.log.warn({ err }, 'Redis for rate limits is unavailable; requests are not limited meanwhile'));
   if (redis) {

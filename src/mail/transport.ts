@@ -6,8 +6,8 @@
  * server that does not, unless the URL says so). Timeouts are short: a message that cannot go
  * now is retried by the outbox, so a hung server must not hold a sending slot for minutes.
  */
-import nodemailer from 'nodemailer';
 import type { Logger } from 'pino';
+import { lazyImport } from '../lib/lazy.js';
 import type { MailMessage } from './messages.js';
 
 export interface MailTransport {
@@ -18,21 +18,27 @@ export interface MailTransport {
 }
 
 export function smtpTransport(url: string): MailTransport {
-  const transporter = nodemailer.createTransport(url, {
-    connectionTimeout: 10_000,
-    greetingTimeout: 10_000,
-    socketTimeout: 30_000,
-    // The messages carry sign-in links: never leave them in nodemailer's own logs.
-    logger: false,
-    debug: false,
-  } as never);
+  // nodemailer is loaded with the first message (a tenth of a second of every start otherwise).
+  let created: ReturnType<typeof import('nodemailer').createTransport> | undefined;
+  const transporter = lazyImport(async () => {
+    const { default: nodemailer } = await import('nodemailer');
+    created = nodemailer.createTransport(url, {
+      connectionTimeout: 10_000,
+      greetingTimeout: 10_000,
+      socketTimeout: 30_000,
+      // The messages carry sign-in links: never leave them in nodemailer's own logs.
+      logger: false,
+      debug: false,
+    } as never);
+    return created;
+  });
   return {
     kind: 'smtp',
     async send(from, message) {
       // An address object, never a string nodemailer would parse as a list of recipients.
-      await transporter.sendMail({ from, to: { name: '', address: message.to }, subject: message.subject, text: message.text, html: message.html });
+      await (await transporter()).sendMail({ from, to: { name: '', address: message.to }, subject: message.subject, text: message.text, html: message.html });
     },
-    close: () => transporter.close(),
+    close: () => created?.close(),
   };
 }
 

@@ -16,7 +16,8 @@
  * The lifetime is capped at MAX_ASSERTION_AGE_MS after IssueInstant, so an IdP that issues
  * day-long assertions does not make the replay store hold them for days.
  */
-import { SAML, ValidateInResponseTo } from '@node-saml/node-saml';
+import type { SAML } from '@node-saml/node-saml';
+import { lazyImport } from '../lib/lazy.js';
 import { type ConnectionRow, connectionUrls } from './connections.js';
 import type { UpstreamIdentity } from './identities.js';
 import { parseUntrustedXml } from './xml.js';
@@ -87,11 +88,15 @@ const time = (value: string | null): number | undefined => {
   return Number.isNaN(ms) ? undefined : ms;
 };
 
+/** node-saml (and xml-crypto under it), loaded with the first SAML request rather than at every start. */
+const nodeSaml = lazyImport(() => import('@node-saml/node-saml'));
+
 export class SamlServiceProvider {
   constructor(private readonly issuer: string) {}
 
-  private saml(row: ConnectionRow, requestId?: string, forceAuthn = false): SAML {
+  private async saml(row: ConnectionRow, requestId?: string, forceAuthn = false): Promise<SAML> {
     const urls = connectionUrls(this.issuer, row.id);
+    const { SAML, ValidateInResponseTo } = await nodeSaml();
     return new SAML({
       issuer: urls.entity_id,
       callbackUrl: urls.acs_url,
@@ -115,16 +120,16 @@ export class SamlServiceProvider {
   }
 
   /** The SP metadata an IdP admin imports: entity ID, ACS URL (HTTP-POST), signed assertions wanted. */
-  metadata(row: ConnectionRow): string {
-    return this.saml(row).generateServiceProviderMetadata(null, null);
+  async metadata(row: ConnectionRow): Promise<string> {
+    return (await this.saml(row)).generateServiceProviderMetadata(null, null);
   }
 
   /**
    * The IdP's SSO URL with a deflated, base64 AuthnRequest whose ID is `requestId` (HTTP-Redirect
    * binding); `forceAuthn`: the IdP must authenticate the person again (SAML Core §3.4.1).
    */
-  authorizationUrl(row: ConnectionRow, requestId: string, relayState: string, forceAuthn = false): Promise<string> {
-    return this.saml(row, requestId, forceAuthn).getAuthorizeUrlAsync(relayState, undefined, {});
+  async authorizationUrl(row: ConnectionRow, requestId: string, relayState: string, forceAuthn = false): Promise<string> {
+    return (await this.saml(row, requestId, forceAuthn)).getAuthorizeUrlAsync(relayState, undefined, {});
   }
 
   /** Verifies a posted SAMLResponse (see the top of the file); a SamlResponseError says why not. */
@@ -132,7 +137,7 @@ export class SamlServiceProvider {
     if (samlResponse.length > (MAX_SAML_RESPONSE_BYTES * 4) / 3 + 4 || !/^[A-Za-z0-9+/=\s]+$/.test(samlResponse)) throw new SamlResponseError('not a base64 SAMLResponse of a sane size');
     let profile;
     try {
-      ({ profile } = await this.saml(row).validatePostResponseAsync({ SAMLResponse: samlResponse }));
+      ({ profile } = await (await this.saml(row)).validatePostResponseAsync({ SAMLResponse: samlResponse }));
     } catch (err) {
       throw new SamlResponseError(`node-saml: ${err instanceof Error ? err.message : String(err)}`, { cause: err });
     }

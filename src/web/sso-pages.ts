@@ -194,7 +194,7 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
   app.get('/sso/:id/saml/metadata', async (req, reply) => {
     const row = await findConnectionRow(db, connectionIdOf(req));
     if (!row || row.protocol !== 'saml') return reply.code(404).type('text/plain; charset=utf-8').send('not found');
-    return reply.type('application/samlmetadata+xml; charset=utf-8').header('cache-control', 'no-cache').send(saml.metadata(row));
+    return reply.type('application/samlmetadata+xml; charset=utf-8').header('cache-control', 'no-cache').send(await saml.metadata(row));
   });
 
   app.post('/sso/:id/saml/acs', { bodyLimit: MAX_SAML_RESPONSE_BYTES * 2 }, async (req, reply) => {
