@@ -19,6 +19,8 @@ declare module 'vitest' {
     templateDatabase: string;
     /** PGlite: a tar of a migrated data directory, loaded by each test file's database. */
     templateArchive: string;
+    /** PGlite: a tar of a new data directory (initdb, no migration), for the empty databases on disk. */
+    emptyArchive: string;
   }
 }
 
@@ -31,10 +33,15 @@ export default async function setup(project: TestProject) {
     const folder = mkdtempSync(path.join(tmpdir(), 'orgauth-template-'));
     const handle = await connectDatabase({ kind: 'pglite', dataDir: null });
     try {
+      const dump = async (name: string) => {
+        const archive = path.join(folder, name);
+        writeFileSync(archive, Buffer.from(await (await handle.dumpDataDir!()).arrayBuffer()));
+        return archive;
+      };
+      // initdb takes several seconds on the embedded database: done once here for both.
+      project.provide('emptyArchive', await dump('empty.tar'));
       await migrateToLatest(handle.db);
-      const archive = path.join(folder, 'migrated.tar');
-      writeFileSync(archive, Buffer.from(await (await handle.dumpDataDir!()).arrayBuffer()));
-      project.provide('templateArchive', archive);
+      project.provide('templateArchive', await dump('migrated.tar'));
     } finally {
       await handle.close();
     }

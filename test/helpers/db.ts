@@ -85,22 +85,30 @@ async function createDatabase(options: { onDisk?: boolean; migrated: boolean }):
     return { target: { kind: 'pglite', dataDir: null }, env: { ...hashing }, drop: async () => {} };
   }
   const dataDir = mkdtempSync(path.join(tmpdir(), 'orgauth-test-'));
+  const target: DatabaseTarget = { kind: 'pglite', dataDir: path.join(dataDir, 'pgdata') };
+  if (!options.migrated) {
+    // The run's new data directory written here (initdb, no migration), as the server or the CLI
+    // would find a DATA_DIR it had just made: opening an empty folder would run initdb again (5 s).
+    await (await connectDatabase(target, { pgliteArchive: (emptyArchive ??= archiveOf('emptyArchive')) })).close();
+  }
   return {
-    target: { kind: 'pglite', dataDir: path.join(dataDir, 'pgdata') },
+    target,
     env: { DATA_DIR: dataDir, SECRET_KEY: secret, ...hashing },
     drop: async () => rmSync(dataDir, { recursive: true, force: true }),
   };
 }
 
-/** The migrated PGlite template, read once per worker. */
+/** The PGlite archives (test/global-setup.ts), each read once per worker. */
 let templateArchive: Blob | undefined;
+let emptyArchive: Blob | undefined;
+const archiveOf = (name: 'templateArchive' | 'emptyArchive') => new Blob([readFileSync(inject(name))]);
 
 /** A migrated database with an open handle; `close()` closes the handle and drops the database. */
 export async function createTestDatabase(options: { onDisk?: boolean } = {}): Promise<
   TestDatabase & { handle: DatabaseHandle; close(): Promise<void> }
 > {
   const database = await createDatabase({ ...options, migrated: true });
-  const pgliteArchive = database.target.kind === 'pglite' ? (templateArchive ??= new Blob([readFileSync(inject('templateArchive'))])) : undefined;
+  const pgliteArchive = database.target.kind === 'pglite' ? (templateArchive ??= archiveOf('templateArchive')) : undefined;
   const handle = await connectDatabase(database.target, { pgliteArchive });
   return {
     ...database,
