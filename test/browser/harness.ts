@@ -37,6 +37,27 @@ export interface BrowserWorld {
 }
 
 /**
+ * One Chromium per test worker, shared by the browser files it runs one after another (files
+ * share their worker: isolate false in vitest.config.ts); each file works in contexts of its own
+ * (its own cookies and storage) and closes them. Playwright ends the browser with the worker.
+ */
+let launched: Promise<Browser> | undefined;
+
+function workerBrowser(): Promise<Browser> {
+  const current = launched;
+  if (current) return current.then((browser) => (browser.isConnected() ? browser : relaunch()));
+  return relaunch();
+}
+
+function relaunch(): Promise<Browser> {
+  launched = chromium.launch({
+    executablePath: CHROMIUM,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'],
+  });
+  return launched;
+}
+
+/**
  * `env`: more configuration for the app (SMTP_URL, say), on top of the harness's own.
  * `hostname`: the issuer's host; passkeys need `localhost` (an IP address is no WebAuthn RP ID).
  */
@@ -48,10 +69,7 @@ export async function startWorld(env: Record<string, string> = {}, options: { ho
   await ensureSigningKey(db.handle.db, { alg: config.signingAlg, secretKey: config.secretKey });
   const app = await buildApp(config, { db: db.handle.db, logger: createLogger(config), listen: db.handle.listen });
   await app.listen({ host: '127.0.0.1', port });
-  const browser = await chromium.launch({
-    executablePath: CHROMIUM,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update', '--disable-sync', '--no-first-run'],
-  });
+  const browser = await workerBrowser();
   mkdirSync(SCREENSHOTS, { recursive: true });
   return {
     app,
@@ -59,7 +77,8 @@ export async function startWorld(env: Record<string, string> = {}, options: { ho
     browser,
     db,
     close: async () => {
-      await browser.close();
+      // The browser stays for the worker's next file; what this file opened in it does not.
+      await Promise.all(browser.contexts().map((context) => context.close()));
       await app.close();
       await db.close();
     },
