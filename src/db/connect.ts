@@ -354,30 +354,49 @@ async function connectPglite(dataDir: string | null, archive: Blob | undefined):
     release = acquireLock(`${dataDir}.lock`);
   }
   try {
-    const client = await PGlite.create(dataDir ?? 'memory://', {
-      parsers: { [INT8_OID]: parseInt8, [DATE_OID]: keepDate, [TIMESTAMPTZ_OID]: parseTimestamptz },
-      // Contact search's trigram index (migration 0007); PostgreSQL ships them as contrib.
-      extensions: { pg_trgm, btree_gin },
-      ...(archive !== undefined && (dataDir === null || !existsSync(path.join(dataDir, 'PG_VERSION'))) ? { loadDataDir: archive } : {}),
-    });
-    const db = new Kysely<Database>({ dialect: new PGliteDialect(client) });
-    let closed: Promise<void> | undefined;
-    return {
-      db,
-      kind: 'pglite',
-      listen: async (channel, onMessage) => {
-        const unlisten = await client.listen(channel, onMessage);
-        return async () => {
-          if (!client.closed) await unlisten();
-        };
-      },
-      dumpDataDir: () => client.dumpDataDir('none'),
-      close: () => (closed ??= db.destroy().finally(release)),
-    };
+    return pgliteHandle(await openPglite(dataDir, archive), release);
   } catch (err) {
     release();
     throw err;
   }
+}
+
+/**
+ * An embedded database: in memory (`dataDir` null) or in a folder, started from `archive` (made
+ * by `dumpDataDir`) when it holds no database yet. No lock: connectDatabase takes the folder's.
+ */
+export function openPglite(dataDir: string | null, archive?: Blob): Promise<PGlite> {
+  return PGlite.create(dataDir ?? 'memory://', {
+    parsers: { [INT8_OID]: parseInt8, [DATE_OID]: keepDate, [TIMESTAMPTZ_OID]: parseTimestamptz },
+    // Contact search's trigram index (migration 0007); PostgreSQL ships them as contrib.
+    extensions: { pg_trgm, btree_gin },
+    ...(archive !== undefined && (dataDir === null || !existsSync(path.join(dataDir, 'PG_VERSION'))) ? { loadDataDir: archive } : {}),
+  });
+}
+
+/** What a handle uses of an embedded database: queries (the Kysely dialect), LISTEN, the dump and closing. */
+export type PgliteClient = Pick<PGlite, 'query' | 'listen' | 'dumpDataDir' | 'close' | 'closed'>;
+
+/**
+ * The handle over an open embedded database; closing it closes the database (the dialect does),
+ * then calls `release` (the folder's lock), which may finish asynchronously.
+ */
+export function pgliteHandle(client: PgliteClient, release: () => void | Promise<void> = () => {}): DatabaseHandle {
+  // The dialect only queries and closes (kysely-pglite-dialect's driver).
+  const db = new Kysely<Database>({ dialect: new PGliteDialect(client as PGlite) });
+  let closed: Promise<void> | undefined;
+  return {
+    db,
+    kind: 'pglite',
+    listen: async (channel, onMessage) => {
+      const unlisten = await client.listen(channel, onMessage);
+      return async () => {
+        if (!client.closed) await unlisten();
+      };
+    },
+    dumpDataDir: () => client.dumpDataDir('none'),
+    close: () => (closed ??= db.destroy().finally(release)),
+  };
 }
 
 /**

@@ -11,6 +11,7 @@ import pg from 'pg';
 import { inject } from 'vitest';
 import type { DatabaseTarget } from '../../src/config.js';
 import { connectDatabase, type DatabaseHandle } from '../../src/db/connect.js';
+import { leaseMemoryDatabase } from './memory-databases.js';
 
 export const TEST_DATABASE_URL = process.env.TEST_DATABASE_URL;
 export const BACKEND: DatabaseTarget['kind'] = TEST_DATABASE_URL ? 'postgres' : 'pglite';
@@ -108,8 +109,12 @@ export async function createTestDatabase(options: { onDisk?: boolean } = {}): Pr
   TestDatabase & { handle: DatabaseHandle; close(): Promise<void> }
 > {
   const database = await createDatabase({ ...options, migrated: true });
-  const pgliteArchive = database.target.kind === 'pglite' ? (templateArchive ??= archiveOf('templateArchive')) : undefined;
-  const handle = await connectDatabase(database.target, { pgliteArchive });
+  const template = () => (templateArchive ??= archiveOf('templateArchive'));
+  // In memory: a database the worker kept from an earlier file, emptied (test/helpers/memory-databases.ts).
+  const handle =
+    database.target.kind === 'pglite' && database.target.dataDir === null
+      ? await leaseMemoryDatabase(template)
+      : await connectDatabase(database.target, { pgliteArchive: database.target.kind === 'pglite' ? template() : undefined });
   return {
     ...database,
     handle,
