@@ -4,7 +4,7 @@
  * scroll sideways at 375 px (accessibility.ts audits; the other pages are in
  * accessibility.browser.test.ts). The pages that answer a form (a secret shown once, a
  * confirmation, recovery codes) are audited as the form's answer shows them. Screenshots of each
- * page at each width land in test-results/screenshots (git-ignored), named a11y-dashboard-*.
+ * page at each width (SCREENSHOTS=1) land in test-results/screenshots (git-ignored), named a11y-dashboard-*.
  *
  * One world for the file, the owner signed in once.
  */

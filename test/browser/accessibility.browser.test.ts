@@ -4,7 +4,7 @@
  * consent, devices, invitations, sign-out, errors, the API reference at /docs), at 1280 px and at
  * 375 px, has no axe-core violation of impact serious or critical and does not scroll sideways at
  * 375 px (accessibility.ts audits; the dashboard's pages are in accessibility-dashboard.browser.test.ts).
- * Screenshots of each page at each width land in test-results/screenshots (git-ignored), named a11y-*.
+ * With SCREENSHOTS=1, screenshots of each page at each width land in test-results/screenshots (git-ignored), named a11y-*.
  *
  * And the consent flow works with the keyboard alone: Tab to the organization choice, the arrow
  * keys to choose one, Tab to Allow, Enter; the focused controls show where the focus is.

@@ -1,6 +1,6 @@
 /**
  * The dashboard's five scenarios in Debian's Chromium, as a user would go through them.
- * Screenshots of each page land in test-results/screenshots (git-ignored).
+ * With SCREENSHOTS=1, screenshots of each page land in test-results/screenshots (git-ignored).
  */
 import type { Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';

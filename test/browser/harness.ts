@@ -70,7 +70,7 @@ export async function startWorld(env: Record<string, string> = {}, options: { ho
   const app = await buildApp(config, { db: db.handle.db, logger: createLogger(config), listen: db.handle.listen });
   await app.listen({ host: '127.0.0.1', port });
   const browser = await workerBrowser();
-  mkdirSync(SCREENSHOTS, { recursive: true });
+  if (TAKE_SCREENSHOTS) mkdirSync(SCREENSHOTS, { recursive: true });
   return {
     app,
     baseUrl,
@@ -121,10 +121,15 @@ export async function enterPassword(page: Page, email: string | undefined, passw
 const FULL_PAGE_MAX_HEIGHT = 10_000;
 
 /**
- * The whole page as it is now, to be looked at (not compared); of a longer page (the API
- * reference: some 60,000 px at 1280 px, twice that at 375 px), what the window shows.
+ * With SCREENSHOTS=1, the whole page as it is now, to be looked at (nothing compares them); of a
+ * longer page (the API reference: some 60,000 px at 1280 px, twice that at 375 px), what the
+ * window shows. Off by default: each costs Chromium a layout at full height and a PNG (about
+ * 30 s of a run's browser time), and nobody looks at a run's screenshots unless asked to.
  */
+export const TAKE_SCREENSHOTS = process.env.SCREENSHOTS === '1';
+
 export async function screenshot(page: Page, name: string): Promise<void> {
+  if (!TAKE_SCREENSHOTS) return;
   const height = await page.evaluate(() => document.documentElement.scrollHeight);
   await page.screenshot({ path: path.join(SCREENSHOTS, `${name}.png`), fullPage: height <= FULL_PAGE_MAX_HEIGHT });
 }

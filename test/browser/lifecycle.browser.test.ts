@@ -1,7 +1,7 @@
 /**
  * The account lifecycle in Debian's Chromium, with the email in between read from a real SMTP
  * server: a forgotten password reset from its emailed link, and an invitation to an address
- * with no account, signed up from its link. Screenshots land in test-results/screenshots.
+ * with no account, signed up from its link. With SCREENSHOTS=1, screenshots land in test-results/screenshots.
  */
 import type { Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';

@@ -2,7 +2,7 @@
  * Organization roles (issue 15) in Debian's Chromium: what a role lets a member grant an
  * application at consent, and the dashboard's Roles page. The client's redirect URI is a real
  * HTTP server on a loopback port: the browser really lands there, and the test reads the code
- * from the request it received. Screenshots land in test-results/screenshots.
+ * from the request it received. With SCREENSHOTS=1, screenshots land in test-results/screenshots.
  */
 import { createHash, randomBytes } from 'node:crypto';
 import type { Page } from 'playwright-core';
