@@ -1,4 +1,5 @@
 import { defineConfig } from 'vitest/config';
+import FileDurations from './test/durations-reporter.js';
 import LongestFirst from './test/sequencer.js';
 
 export default defineConfig({
@@ -15,8 +16,11 @@ export default defineConfig({
     // servers, and test/setup.ts puts back timers, mocks and stubbed env after each file.
     isolate: false,
     sequence: { sequencer: LongestFirst },
-    // TEST_REPORT=<file>: also a JSON report (per-file durations for scripts/test-durations.mjs).
-    ...(process.env.TEST_REPORT ? { reporters: ['default', 'json'], outputFile: { json: process.env.TEST_REPORT } } : {}),
+    // TEST_REPORT=<file>.json: also a JSON report, and each file's whole time (hooks included) in
+    // <file>.files.json, for scripts/test-durations.mjs.
+    ...(process.env.TEST_REPORT
+      ? { reporters: ['default', 'json', new FileDurations(process.env.TEST_REPORT.replace(/\.json$/, '') + '.files.json')], outputFile: { json: process.env.TEST_REPORT } }
+      : {}),
     testTimeout: 30_000,
     hookTimeout: 60_000,
   },
