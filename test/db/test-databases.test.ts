@@ -47,10 +47,10 @@ describe(`each file's database on ${BACKEND}`, () => {
     await sql`create table left_behind (id int)`.execute(first.handle.db);
     await first.close();
 
-    const opened = memoryDatabasesOpened();
+    // On PGlite the worker hands out the database kept last first: were the changed one kept,
+    // this would be it.
     const second = await createTestDatabase();
     try {
-      if (BACKEND === 'pglite') expect(memoryDatabasesOpened()).toBe(opened + 1);
       const columns = await sql<{ n: number }>`select count(*)::int as n from information_schema.columns where table_name = 'organizations' and column_name = 'left_behind'`.execute(second.handle.db);
       expect(columns.rows[0]!.n).toBe(0);
       await expect(sql`select * from left_behind`.execute(second.handle.db)).rejects.toThrow(/left_behind/);

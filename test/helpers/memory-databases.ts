@@ -171,6 +171,7 @@ class Lease implements PgliteClient {
 
 /** A migrated in-memory database: a kept one, emptied, or a new one from `archive`. */
 export async function leaseMemoryDatabase(archive: () => Blob): Promise<DatabaseHandle> {
+  // The one kept last (test/db/test-databases.test.ts relies on it).
   let client = idle.pop();
   if (client === undefined) {
     client = await openPglite(null, archive());
