@@ -2,8 +2,8 @@
  * The embedded test databases in memory, kept by their worker from one file to the next.
  *
  * Opening one from the migrated template (`openPglite` with the run's archive) costs about 0.9 s
- * of CPU: PGlite starts a PostgreSQL backend in WebAssembly. Emptying one again costs about a
- * tenth of that. So when a file closes its database, the handle it had is closed for good (its
+ * of CPU (1.3–2.3 s in a busy run): PGlite starts a PostgreSQL backend in WebAssembly. Emptying
+ * one again costs about 0.2 s. So when a file closes its database, the handle it had is closed for good (its
  * queries fail as on a closed PGlite, its LISTENs are gone) and the database goes back to what
  * the template holds before the worker's next file gets it:
  *
@@ -14,8 +14,8 @@
  * - it is kept only if nothing else differs from the template: the schema (tables, columns,
  *   constraints, indexes, triggers, functions, views, extensions, schemas), roles and their
  *   settings, the planner's statistics, and the rows of the tables the template fills (the
- *   migrations' own). A file that changed any of these leaves its database to be closed, and
- *   the next file opens a new one.
+ *   migrations' own). A file that changed any of these leaves its database to be closed; the
+ *   next file gets another kept one or a new one.
  *
  * Databases on disk (for a server or CLI process) and empty ones are not kept: test/helpers/db.ts
  * makes those as before.
