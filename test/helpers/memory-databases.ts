@@ -74,28 +74,33 @@ let opened = 0;
 export const memoryDatabasesOpened = () => opened;
 
 const one = async <T>(client: PGlite, sql: string): Promise<T> => ((await client.query<{ v: T }>(sql)).rows[0] as { v: T }).v;
-const quoteTable = (schema: string, table: string) => `"${schema.replace(/"/g, '""')}"."${table.replace(/"/g, '""')}"`;
 
 async function rowsOf(client: PGlite, tables: string[]): Promise<string> {
   if (tables.length === 0) return '';
   return one(client, `select concat_ws(E'\\n', ${tables.map((t) => `(select md5(coalesce(string_agg(r::text, ',' order by r::text), '')) from ${t} r)`).join(', ')}) as v`);
 }
 
+/** Which of `tables` (quoted names) hold a row, in one query. */
+async function holdingRows(client: PGlite, tables: string[]): Promise<boolean[]> {
+  if (tables.length === 0) return [];
+  const row = (await client.query<Record<string, boolean>>(`select ${tables.map((name, i) => `exists (select from ${name}) as t${i}`).join(', ')}`)).rows[0]!;
+  return tables.map((_, i) => row[`t${i}`]!);
+}
+
 async function readTemplate(client: PGlite): Promise<Template> {
-  const tables = (
-    await client.query<{ schema: string; name: string; filled: boolean }>(`
-      select n.nspname as schema, c.relname as name, false as filled
-        from pg_class c join pg_namespace n on n.oid = c.relnamespace
-       where c.relkind in ('r', 'p') and n.nspname not in ('pg_catalog', 'information_schema') and n.nspname not like 'pg_toast%'
-       order by 1, 2`)
-  ).rows;
-  for (const table of tables) table.filled = await one<boolean>(client, `select exists (select from ${quoteTable(table.schema, table.name)}) as v`);
-  const filled = tables.filter((t) => t.filled).map((t) => quoteTable(t.schema, t.name));
+  const { rows } = await client.query<{ name: string }>(`
+    select format('%I.%I', n.nspname, c.relname) as name
+      from pg_class c join pg_namespace n on n.oid = c.relnamespace
+     where c.relkind in ('r', 'p') and n.nspname not in ('pg_catalog', 'information_schema') and n.nspname not like 'pg_toast%'
+     order by 1`);
+  const tables = rows.map((r) => r.name);
+  const holding = await holdingRows(client, tables);
+  const filled = tables.filter((_, i) => holding[i]);
   return {
-    state: await one(client, STATE_SQL),
-    emptied: tables.filter((t) => !t.filled).map((t) => quoteTable(t.schema, t.name)),
+    emptied: tables.filter((_, i) => !holding[i]),
     filled,
     filledRows: await rowsOf(client, filled),
+    state: await one(client, STATE_SQL),
     sequences: await sequencesOf(client),
   };
 }
@@ -111,9 +116,8 @@ async function sequencesOf(client: PGlite): Promise<Map<string, string>> {
 async function reset(client: PGlite, t: Template): Promise<boolean> {
   if (client.isInTransaction()) await client.exec('rollback');
   await client.exec('discard all');
-  // One query says which of them the file wrote to.
-  const written = t.emptied.length === 0 ? {} : (await client.query<Record<string, boolean>>(`select ${t.emptied.map((name, i) => `exists (select from ${name}) as t${i}`).join(', ')}`)).rows[0]!;
-  const toEmpty = t.emptied.filter((_, i) => written[`t${i}`]);
+  const written = await holdingRows(client, t.emptied);
+  const toEmpty = t.emptied.filter((_, i) => written[i]);
   if (toEmpty.length > 0) await client.exec(`truncate ${toEmpty.join(', ')} restart identity cascade`);
   // Sequences no truncated table owns: where the template left them.
   for (const [name, value] of await sequencesOf(client)) {
