@@ -32,4 +32,4 @@ EXPOSE 3000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
   CMD ["node", "-e", "fetch('http://127.0.0.1:'+(process.env.PORT||3000)+'/readyz').then(r=>process.exit(r.ok?0:1),()=>process.exit(1))"]
 # Migrations run at start; SIGTERM closes gracefully (server.ts handles it from its first line).
-CMD ["node", "dist/src/server.js"]
+CMD ["node", "dist/bundle/server.js"]

@@ -2,9 +2,9 @@
 // The `orgauth` command. The TypeScript is compiled to dist/ by `npm install` (prepare) and `npm start`.
 let runCli;
 try {
-  ({ runCli } = await import('../dist/src/cli/index.js'));
+  ({ runCli } = await import('../dist/bundle/cli.js'));
 } catch (err) {
-  if (err?.code !== 'ERR_MODULE_NOT_FOUND' || !String(err.message).includes('dist/src/cli/index.js')) throw err;
+  if (err?.code !== 'ERR_MODULE_NOT_FOUND' || !String(err.message).includes('dist/bundle/cli.js')) throw err;
   process.stderr.write('orgauth: not built yet; run `npm run build` (npm install does it) and try again\n');
   process.exit(1);
 }

@@ -294,7 +294,7 @@ describe(`long commands on ${BACKEND}: progress on a terminal only`, { timeout: 
     afterAll(() => rmSync(out, { recursive: true, force: true }));
 
     beforeAll(() => {
-      if (!existsSync(path.join(ROOT, 'dist/src/cli/index.js'))) throw new Error('dist/ is missing: run the tests with `npm test`, which builds first');
+      if (!existsSync(path.join(ROOT, 'dist/bundle/cli.js'))) throw new Error('dist/ is missing: run the tests with `npm test`, which builds first');
     });
 
     const shellWord = (word: string) => `'${word.replace(/'/g, `'\\''`)}'`;

@@ -1,5 +1,5 @@
 /**
- * R-6 and issue 7 "Several instances": two real server processes (the built dist/src/server.js)
+ * R-6 and issue 7 "Several instances": two real server processes (the built dist/bundle/server.js)
  * on ONE PostgreSQL database, as behind a load balancer. Whatever is done through one of them (or
  * through the `orgauth` CLI, a third process writing the same database) must be honoured by the
  * other within one second: tokens it issued, revocations, client secret rotations, disabled

@@ -104,5 +104,5 @@ export async function run(script: string, args: string[], env: Record<string, st
   return { code, ...p.output };
 }
 
-export const SERVER = 'dist/src/server.js';
+export const SERVER = 'dist/bundle/server.js';
 export const CLI = 'bin/orgauth.js';
