@@ -360,7 +360,7 @@ function send(
   headers: Record<string, string>,
   bytes: Uint8Array | undefined,
   signal: AbortSignal,
-  ca: readonly string[] | undefined,
+  secureContext: tls.SecureContext | undefined,
 ): Promise<http.IncomingMessage> {
   return new Promise((resolve, reject) => {
     const client = target.url.protocol === 'https:' ? https : http;
@@ -374,8 +374,7 @@ function send(
       lookup: pinTo(addresses),
       agent: false,
       signal,
-      // `ca` replaces node's trust store, so the bundled roots come along.
-      ...(ca !== undefined && target.url.protocol === 'https:' ? { ca: [...ca] } : {}),
+      ...(secureContext !== undefined && target.url.protocol === 'https:' ? { secureContext } : {}),
     });
     request.once('response', resolve);
     // `on`, not `once`: a socket error after the response must not become an uncaught 'error'.
@@ -461,7 +460,10 @@ async function buildResponse(message: http.IncomingMessage, method: string, maxB
 export function createOutboundFetch(policy: OutboundPolicy, options: OutboundOptions = {}): OutboundFetch {
   const allowed = parseNetworks(policy.allowedNetworks);
   const resolve = options.lookup ?? defaultResolve;
-  const ca = policy.caFile ? [...tls.rootCertificates, ...readCaBundle(policy.caFile)] : undefined;
+  // Built once, not at each connection: a context parses every root certificate (some 30 ms of
+  // CPU a request when `ca` was passed to each one). `ca` replaces node's trust store, so the
+  // bundled roots come along.
+  const secureContext = policy.caFile ? tls.createSecureContext({ ca: [...tls.rootCertificates, ...readCaBundle(policy.caFile)] }) : undefined;
 
   return async (input, init = {}) => {
     const target = checkUrl(input, policy);
@@ -482,7 +484,7 @@ export function createOutboundFetch(policy: OutboundPolicy, options: OutboundOpt
       const method = NORMALIZED_METHODS.has(upper) ? upper : (init.method ?? 'GET');
       const { bytes, contentType } = await encodeBody(init.body);
       const headers = buildRequestHeaders(init, contentType);
-      const message = await send(target, addresses, method, headers, bytes, signal, ca);
+      const message = await send(target, addresses, method, headers, bytes, signal, secureContext);
       if (init.redirect === 'error' && REDIRECT_STATUSES.has(message.statusCode ?? 0)) {
         message.destroy();
         throw new OutboundRefusedError(`redirect to ${message.headers.location ?? '(no location)'} refused`);
