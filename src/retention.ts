@@ -129,7 +129,7 @@ export async function deleteExpired(
     statement: sql`
       delete from applications where id = any(array(
         select id from applications
-        where registration <> 'developer' and first_used_at is null
+        where registration <> 'developer' and registration <> 'resource' and first_used_at is null
           and created_at < now() - make_interval(secs => ${options.unusedClientTtl ?? DEFAULT_UNUSED_CLIENT_TTL})
           and not exists (select 1 from grants where grants.application_id = applications.id)
         limit ${BATCH}

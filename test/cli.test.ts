@@ -450,13 +450,31 @@ describe(`orgauth CLI on ${BACKEND}`, { timeout: 120_000 }, () => {
   it('resource create, list, show, update and delete manage the resources tokens may be for (RFC 8707)', async () => {
     const created = await json('resource', 'create', '--uri', 'https://MCP.example.com:443/mcp/', '--name', 'Contacts MCP', '--scopes', 'contacts.read tools.call');
     // Stored, and printed, in canonical form: what the tokens' aud will be.
+    // With its own credentials (issue 44): the secret shown here only.
     expect(created).toEqual({
       id: expect.any(Number), uri: 'https://mcp.example.com/mcp', name: 'Contacts MCP', scopes: ['contacts.read', 'tools.call'], access_token_ttl: 3600,
+      exchange_from: [], client_id: expect.stringMatching(/^[0-9a-f]{32}$/), client_secret: expect.any(String), token_endpoint_auth_method: 'client_secret_basic',
       created_at: expect.any(String), updated_at: expect.any(String),
     });
+    expect(JSON.stringify(await json('resource', 'list'))).not.toContain(created.client_secret);
     expect(((await json('resource', 'list')).data as { uri: string }[]).map((r) => r.uri)).toEqual(['https://mcp.example.com/mcp']);
     expect(await json('resource', 'show', '--uri', 'https://mcp.example.com/mcp/')).toMatchObject({ id: created.id, name: 'Contacts MCP' });
     expect(await json('resource', 'update', '--uri', String(created.id), '--scopes', 'tools.call', '--access-token-ttl', '600')).toMatchObject({ scopes: ['tools.call'], access_token_ttl: 600 });
+    // A new secret: the same client id, another secret.
+    const rotated = await json('resource', 'rotate-secret', '--uri', 'https://mcp.example.com/mcp');
+    expect(rotated).toMatchObject({ client_id: created.client_id, client_secret: expect.any(String) });
+    expect(rotated.client_secret).not.toBe(created.client_secret);
+    // Who may exchange tokens for it (RFC 8693): registered resources (any spelling) and client ids, repeatable; deny removes.
+    const files = await json('resource', 'create', '--uri', 'https://files.example.com', '--name', 'Files', '--scopes', 'files.read');
+    const allowed = await json('resource', 'update', '--uri', 'https://mcp.example.com/mcp', '--allow-exchange-from', 'HTTPS://files.example.com/', '--allow-exchange-from', String(files.client_id));
+    expect(allowed.exchange_from).toEqual(['https://files.example.com', files.client_id]);
+    expect((await json('resource', 'update', '--uri', 'https://mcp.example.com/mcp', '--deny-exchange-from', 'https://files.example.com')).exchange_from).toEqual([files.client_id]);
+    expect((await jsonError('resource', 'update', '--uri', 'https://mcp.example.com/mcp', '--allow-exchange-from', 'https://unknown.example.com')).error_description).toMatch(/neither a registered resource nor a client id/);
+    expect((await jsonError('resource', 'update', '--uri', 'https://mcp.example.com/mcp', '--allow-exchange-from', String(created.client_id))).error_description).toMatch(/for itself/);
+    // Deleted, it is no longer allowed anywhere: a resource registered again at its URI starts with nothing.
+    await json('resource', 'update', '--uri', 'https://mcp.example.com/mcp', '--allow-exchange-from', 'https://files.example.com');
+    expect(await json('resource', 'delete', '--uri', 'https://files.example.com')).toMatchObject({ uri: 'https://files.example.com' });
+    expect((await json('resource', 'show', '--uri', 'https://mcp.example.com/mcp')).exchange_from).toEqual([]);
     expect((await jsonError('resource', 'create', '--uri', 'https://mcp.example.com/mcp', '--name', 'Again', '--scopes', 'x')).error).toBe('conflict');
     expect((await jsonError('resource', 'create', '--uri', 'https://mcp.example.com/other', '--name', 'Admin', '--scopes', 'members.write')).error_description).toMatch(/administers orgauth/);
     expect((await jsonError('resource', 'create', '--uri', 'http://mcp.example.com/x', '--name', 'Plain', '--scopes', 'x')).error_description).toMatch(/https/);

@@ -56,7 +56,7 @@ export const applicationSchema = z
   .meta({ id: 'Application' });
 
 /** The fields of an application that leave the server (API and CLI): never its secret or the secret's hash. */
-export function applicationOut(a: Application): z.infer<typeof applicationSchema> {
+export function applicationOut(a: Application & { type: 'public' | 'private' }): z.infer<typeof applicationSchema> {
   return {
     client_id: a.client_id,
     type: a.type,

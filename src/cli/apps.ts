@@ -173,7 +173,7 @@ export const appCommands: Record<string, Command> = {
 };
 
 /** A JWK Set from a file (the public keys for private_key_jwt); its content is checked by the domain. */
-function readJwksFile(file: string): unknown {
+export function readJwksFile(file: string): unknown {
   let text: string;
   try {
     text = readFileSync(file, 'utf8');

@@ -8,6 +8,7 @@ import { decodeCursor } from '../api/pagination.js';
 import { findApplicationByClientId } from '../oauth/models/applications.js';
 import { deleteRegisteredClient } from '../oauth/models/registrations.js';
 import { NotFoundError } from '../errors.js';
+import { SELF_REGISTRATIONS } from '../db/schema.js';
 import { listed, optionalString, PAGE_OPTIONS, PAGE_USAGE, required, type Command } from './shared.js';
 
 export const clientCommands: Record<string, Command> = {
@@ -22,7 +23,9 @@ export const clientCommands: Record<string, Command> = {
           db
             .selectFrom('applications')
             .selectAll()
-            .where('registration', '<>', 'developer')
+            .where('registration', 'in', SELF_REGISTRATIONS)
+            // Self-registered clients are public (applications_registered_public_check).
+            .$narrowType<{ type: 'public' | 'private' }>()
             .where('id', '>', decodeCursor(optionalString(v, 'cursor')))
             .orderBy('id')
             .limit(limit)
@@ -52,7 +55,7 @@ export const clientCommands: Record<string, Command> = {
     run: async ({ db }, v) => {
       const clientId = required(v, 'client-id');
       const application = await findApplicationByClientId(db, clientId);
-      if (!application || application.registration === 'developer') throw new NotFoundError(`no self-registered client with client_id ${clientId}`);
+      if (!application || !(SELF_REGISTRATIONS as readonly string[]).includes(application.registration)) throw new NotFoundError(`no self-registered client with client_id ${clientId}`);
       await deleteRegisteredClient(db, application);
       return { json: { client_id: application.client_id, deleted: true }, text: `deleted client ${application.client_id} "${application.name}"` };
     },

@@ -16,7 +16,8 @@ type Json<T> = ColumnType<T, string, string>;
 /** The roles every organization has (src/accounts/roles.ts); 'custom' in a row means role_id names one of the organization's own. */
 export type BuiltinRole = 'owner' | 'admin' | 'member' | 'viewer';
 export type RoleKind = BuiltinRole | 'custom';
-export type ApplicationType = 'public' | 'private';
+/** 'resource': a registered resource's own credentials (migration 0029), no organization's application. */
+export type ApplicationType = 'public' | 'private' | 'resource';
 export type TaskStatus = 'open' | 'done';
 
 export interface UsersTable {
@@ -240,7 +241,9 @@ export interface RolesTable {
 }
 
 /** Who registered an application: a developer (it belongs to their organization), RFC 7591 dynamic registration, or a client ID metadata document. */
-export type ApplicationRegistration = 'developer' | 'dynamic' | 'metadata_document';
+export type ApplicationRegistration = 'developer' | 'dynamic' | 'metadata_document' | 'resource';
+/** The clients that registered themselves (no organization's, no resource's): the operator's `orgauth client`, the reaper of unused ones. */
+export const SELF_REGISTRATIONS = ['dynamic', 'metadata_document'] as const satisfies readonly ApplicationRegistration[];
 export type TokenEndpointAuthMethod = 'client_secret_basic' | 'client_secret_post' | 'none' | 'private_key_jwt';
 /** The algorithms an application may ask its ID tokens to be signed with (OpenID Connect Registration id_token_signed_response_alg). */
 export const ID_TOKEN_ALGS = ['RS256', 'ES256'] as const;
@@ -250,7 +253,8 @@ export interface PublicJwks {
   keys: JWK[];
 }
 export const DEVICE_CODE_GRANT = 'urn:ietf:params:oauth:grant-type:device_code';
-export type GrantType = 'authorization_code' | 'refresh_token' | 'client_credentials' | typeof DEVICE_CODE_GRANT;
+export const TOKEN_EXCHANGE_GRANT = 'urn:ietf:params:oauth:grant-type:token-exchange';
+export type GrantType = 'authorization_code' | 'refresh_token' | 'client_credentials' | typeof DEVICE_CODE_GRANT | typeof TOKEN_EXCHANGE_GRANT;
 
 export interface ApplicationsTable {
   id: Generated<number>;
@@ -291,6 +295,8 @@ export interface ApplicationsTable {
   id_token_signed_response_alg: ColumnType<IdTokenAlg, IdTokenAlg | undefined, IdTokenAlg>;
   /** The FAPI 2.0 Security Profile (src/oauth/helpers/fapi.ts): PAR, PKCE, DPoP, private_key_jwt and short codes, together. */
   fapi2: ColumnType<boolean, boolean | undefined, boolean>;
+  /** Type 'resource': the resource these are the credentials of. */
+  resource_id: ColumnType<number | null, number | null | undefined, number | null>;
 }
 
 /**
@@ -312,6 +318,8 @@ export interface ResourcesTable {
   name: string;
   scopes: ColumnType<string[], string[] | undefined, string[]>;
   access_token_ttl: ColumnType<number, number | undefined, number>;
+  /** Who may exchange a token for one to this resource (RFC 8693): resource URIs (canonical) and client ids. */
+  exchange_from: ColumnType<string[], string[] | undefined, string[]>;
   created_at: Generated<Date>;
   updated_at: ColumnType<Date, Date | undefined, Date>;
 }
@@ -816,11 +824,12 @@ export type Organization = Selectable<OrganizationsTable>;
 export type Membership = Selectable<MembershipsTable>;
 export type Application = Selectable<ApplicationsTable>;
 /** An application a developer registered: it belongs to their organization (management API, dashboard, CLI). */
-export type DeveloperApplication = Application & { organization_id: number };
+export type DeveloperApplication = Application & { organization_id: number; type: 'public' | 'private' };
 
 /** Whether an application belongs to an organization (anything but a self-registered client). */
 export function isDeveloperApplication(application: Application): application is DeveloperApplication {
-  return application.organization_id !== null;
+  // A resource's credentials (type 'resource') belong to no organization either (migration 0029).
+  return application.organization_id !== null && application.type !== 'resource';
 }
 export type NewApplication = Insertable<ApplicationsTable>;
 export type ApplicationUpdate = Updateable<ApplicationsTable>;

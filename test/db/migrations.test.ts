@@ -16,7 +16,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
     'id', 'organization_id', 'client_id', 'client_secret_hash', 'type', 'name', 'redirect_uris', 'scopes',
     'require_pkce', 'disabled', 'secret_rotated_at', 'created_at', 'updated_at', 'post_logout_redirect_uris',
     'registration', 'token_endpoint_auth_method', 'grant_types', 'registration_token_hash', 'registered_ip', 'first_used_at', 'metadata_fetched_at', 'deleted_at',
-    'jwks', 'jwks_uri', 'dpop_bound_access_tokens', 'require_pushed_authorization_requests', 'id_token_signed_response_alg', 'fapi2',
+    'jwks', 'jwks_uri', 'dpop_bound_access_tokens', 'require_pushed_authorization_requests', 'id_token_signed_response_alg', 'fapi2', 'resource_id',
   ],
   grants: ['id', 'organization_id', 'application_id', 'user_id', 'scopes', 'created_at', 'last_used_at', 'revoked_at', 'revoked_reason', 'narrowed_from_grant_id',
     'identity_scopes', 'auth_time', 'sid', 'amr', 'resource_id', 'dpop_jkt', 'sso_connection_id'],
@@ -68,7 +68,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   sso_sign_ins: ['id', 'handle_hash', 'connection_id', 'browser_hash', 'return_to', 'oidc_nonce', 'oidc_code_verifier_sealed', 'saml_request_id', 'result', 'created_at', 'expires_at', 'consumed_at'],
   saml_assertion_ids: ['id', 'connection_id', 'assertion_id', 'expires_at'],
   removed_members: ['organization_id', 'user_id', 'removed_at', 'restored_at'],
-  resources: ['id', 'uri', 'name', 'scopes', 'access_token_ttl', 'created_at', 'updated_at'],
+  resources: ['id', 'uri', 'name', 'scopes', 'access_token_ttl', 'created_at', 'updated_at', 'exchange_from'],
   client_registrations: ['id', 'ip', 'created_at'],
   pushed_authorization_requests: ['id', 'request_uri_hash', 'application_id', 'params', 'dpop_jkt', 'expires_at', 'first_used_at', 'consumed_at', 'created_at'],
   seen_jtis: ['key', 'expires_at'],
@@ -141,6 +141,7 @@ const MIGRATIONS = [
   '20261209_0026_directory_resources',
   '20261210_0027_setup_links',
   '20261211_0028_directory_user_filter_indexes',
+  '20261212_0029_resource_servers',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {

@@ -3,7 +3,9 @@
  * in (email first, then the password), lands on the consent page, chooses an organization and
  * approves. What a browser does, without one.
  */
+import { createHash, randomBytes } from 'node:crypto';
 import { expect } from 'vitest';
+import { basic, form } from './oauth.js';
 import { csrfIn, hiddenIn, UserAgent } from './instances.js';
 
 export interface Signer {
@@ -34,4 +36,44 @@ export async function approveConsent(browser: UserAgent, issuer: string, consent
   const res = await browser.postForm({ url: issuer }, '/oauth/authorize', { ...hiddenIn(consentHtml), organization_id: String(organizationId), decision: 'approve' });
   expect(res.status).toBe(303);
   return new URL(res.headers.get('location')!);
+}
+
+/**
+ * A user's tokens by the real flow: an authorization request (PKCE, prompt=consent), sign-in,
+ * consent for `organizationId`, the code redeemed with the application's secret (Basic) — for
+ * `resource` when one is named (RFC 8707).
+ */
+export async function userTokens(
+  world: { issuer: string },
+  application: { client_id: string; client_secret: string; redirect_uri: string },
+  who: { email: string; password: string; organizationId: number },
+  request: { scope: string; resource?: string | undefined },
+): Promise<{ access_token: string; refresh_token: string }> {
+  const verifier = randomBytes(32).toString('base64url');
+  const url = new URL('/oauth/authorize', world.issuer);
+  const params = {
+    client_id: application.client_id,
+    redirect_uri: application.redirect_uri,
+    response_type: 'code',
+    scope: request.scope,
+    state: randomBytes(8).toString('hex'),
+    code_challenge: createHash('sha256').update(verifier).digest('base64url'),
+    code_challenge_method: 'S256',
+    prompt: 'consent',
+    ...(request.resource ? { resource: request.resource } : {}),
+  };
+  for (const [k, v] of Object.entries(params)) url.searchParams.set(k, v);
+  const { browser, page } = await signInFor(url, { issuer: world.issuer, email: who.email, password: who.password });
+  const consent = await page.text();
+  expect(page.status, consent).toBe(200);
+  const code = (await approveConsent(browser, world.issuer, consent, who.organizationId)).searchParams.get('code');
+  if (!code) throw new Error('no code');
+  const res = await fetch(`${world.issuer}/oauth/token`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(application.client_id, application.client_secret) },
+    body: form({ grant_type: 'authorization_code', code, redirect_uri: application.redirect_uri, code_verifier: verifier, ...(request.resource ? { resource: request.resource } : {}) }),
+  });
+  const body = (await res.json()) as { access_token: string; refresh_token: string };
+  expect(res.status, JSON.stringify(body)).toBe(200);
+  return body;
 }

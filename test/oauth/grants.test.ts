@@ -324,7 +324,7 @@ describe(`revocation (MD-1) and introspection (MD-2) on ${BACKEND}`, () => {
     const issued = await tokens();
     expect(await introspect(issued.access_token)).toEqual({
       active: true, token_type: 'Bearer', scope: 'contacts.read tasks.read', client_id: org.publicApp.client_id, sub: String(org.ownerId),
-      organization_id: org.organizationId, iat: expect.any(Number), exp: expect.any(Number), iss: expect.any(String), aud: expect.any(String), jti: expect.any(String),
+      organization_id: org.organizationId, organization_name: org.organizationName, iat: expect.any(Number), exp: expect.any(Number), iss: expect.any(String), aud: expect.any(String), jti: expect.any(String),
     });
     const otherView = await post('/oauth/introspect', { token: issued.access_token }, { authorization: basic(other.publicApp.client_id, other.publicApp.client_secret) });
     expect(otherView.json()).toEqual({ active: false });

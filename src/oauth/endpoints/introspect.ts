@@ -1,48 +1,61 @@
 /**
- * POST /oauth/introspect (RFC 7662), client-authenticated. A client sees only its own tokens:
- * anything else is inactive to it.
+ * POST /oauth/introspect (RFC 7662), client-authenticated. Who learns about a token:
+ *
+ * - the client it was issued to (its access and refresh tokens);
+ * - the resource it is for (issue 44): a registered resource authenticated with its own
+ *   credentials (models/resource-clients.ts) learns about the access tokens whose `aud` is its
+ *   URI, as ZITADEL and Keycloak 26.7 rule. A resource is told nothing of another's tokens.
+ *
+ * Anything else is `{"active": false}`, the same answer whatever the reason (unknown, another's,
+ * expired, revoked, its grant revoked, its user removed from the organization, its application
+ * disabled): no oracle. An active answer is asked of the database, not the in-memory lists:
+ * introspection is authoritative, and answers 503 (never active) when the database is away (MD-1,
+ * MD-2).
+ *
+ * With `Accept: application/token-introspection+jwt` the answer is a JWT signed with the
+ * server's key (RFC 9701): `token_introspection` holds the answer, `aud` the caller.
  */
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { sql } from 'kysely';
+import type { Application } from '../../db/schema.js';
 import { InvalidClientError } from '../errors.js';
 import { REMOVAL_MARGIN_S } from '../models/grants.js';
-import { clientAndToken } from '../helpers/client-token.js';
+import { signJws } from '../models/key-store.js';
+import { isResourceClient } from '../models/resource-clients.js';
+import { findClientToken } from '../helpers/client-token.js';
 import { requiresDpop } from '../helpers/fapi.js';
-import { type OAuthEndpointOptions, registerFormEndpoint } from '../helpers/form-endpoint.js';
+import { authenticatedForm, type OAuthEndpointOptions, registerFormEndpoint } from '../helpers/form-endpoint.js';
+import { requireParam } from '../helpers/params.js';
+import type { AccessTokenClaims } from '../models/access-tokens.js';
+
+/** RFC 9701 §4: the media type of a signed introspection answer, and its JWT's typ. */
+export const INTROSPECTION_JWT = 'application/token-introspection+jwt';
+const INACTIVE = { active: false } as const;
+
+type Answer = Record<string, unknown> & { active: boolean };
 
 export async function introspectionEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
-  await registerFormEndpoint(app, '/oauth/introspect', async (req) => {
-    const { application, method, found } = await clientAndToken(req, options);
-    // RFC 7662 §2.1: introspection is for authenticated callers (resource servers, confidential
-    // clients); a public client's client_id alone is no authentication (metadata: not offered).
-    if (method === 'none') throw new InvalidClientError({ cause: new Error('introspection needs client authentication') });
-    if (!found) return { active: false };
-    if (found.kind === 'refresh_token') {
-      const t = found.token;
-      if (t.revoked_at !== null || t.grant_revoked_at !== null || t.ended_by_removal || t.rotated_at !== null || t.expired) return { active: false };
-      return {
-        active: true,
-        token_type: 'refresh_token',
-        scope: [...t.identity_scopes, ...t.scopes].join(' '),
-        client_id: application.client_id,
-        sub: String(t.user_id),
-        organization_id: t.organization_id,
-        iat: Math.floor(t.created_at.getTime() / 1000),
-        exp: Math.floor(t.expires_at.getTime() / 1000),
-        iss: options.config.issuer,
-        // RFC 9449 §6.2: the key its grant's tokens are bound to.
-        ...(t.dpop_jkt !== null ? { cnf: { jkt: t.dpop_jkt } } : {}),
-      };
-    }
-    const c = found.claims;
+  const { db, config } = options;
+  /** The audience a caller may ask about besides its own tokens: a resource's URI. */
+  async function audienceOf(caller: Application): Promise<string | undefined> {
+    if (!isResourceClient(caller)) return undefined;
+    return (await options.resources.byId(caller.resource_id))?.uri;
+  }
+
+  /** An access token, active or not, as the API would take it now. */
+  async function accessTokenAnswer(caller: Application, c: AccessTokenClaims): Promise<Answer> {
+    // Its application as it is now: disabled or deleted, its tokens are refused at once (as the API does).
+    const issuer = c.client_id === caller.client_id ? caller : await options.applications.find(c.client_id);
+    if (!issuer || issuer.disabled || issuer.deleted_at !== null) return INACTIVE;
     // A bearer token of an application that now requires DPoP: the API refuses it (access-tokens.ts), so it is not active.
-    if (c.cnf === undefined && requiresDpop(application)) return { active: false };
-    // Asked of the database, not the in-memory list: introspection is authoritative, and answers
-    // 503 (never active) when the database is away (MD-1, MD-2).
-    const grant = await options.db
+    if (c.cnf === undefined && requiresDpop(issuer)) return INACTIVE;
+    if (c.exp <= Math.floor(Date.now() / 1000)) return INACTIVE;
+    const grant = await db
       .selectFrom('grants')
+      .innerJoin('organizations', 'organizations.id', 'grants.organization_id')
       .select([
-        'revoked_at',
+        'grants.revoked_at',
+        'organizations.name as organization_name',
         (eb) => eb.exists(eb.selectFrom('revoked_access_tokens').select('jti').where('jti', '=', c.jti)).as('token_revoked'),
         // Issued up to its user's removal from the organization (iat in whole seconds, and
         // REMOVAL_MARGIN_S more, as the API compares it), whose grants a job may still be revoking.
@@ -58,10 +71,10 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
             )
             .as('ended_by_removal'),
       ])
-      .where('id', '=', c.grant_id)
-      .where('organization_id', '=', c.organization_id)
+      .where('grants.id', '=', c.grant_id)
+      .where('grants.organization_id', '=', c.organization_id)
       .executeTakeFirst();
-    if (!grant || grant.revoked_at !== null || grant.token_revoked || grant.ended_by_removal || c.exp <= Math.floor(Date.now() / 1000)) return { active: false };
+    if (!grant || grant.revoked_at !== null || grant.token_revoked || grant.ended_by_removal) return INACTIVE;
     return {
       active: true,
       // RFC 9449 §6.2: a DPoP-bound token says so, and names its key.
@@ -70,6 +83,7 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
       client_id: c.client_id,
       sub: c.sub,
       organization_id: c.organization_id,
+      organization_name: grant.organization_name,
       iat: c.iat,
       exp: c.exp,
       iss: c.iss,
@@ -77,5 +91,59 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
       jti: c.jti,
       ...(c.cnf ? { cnf: c.cnf } : {}),
     };
+  }
+
+  async function answer(req: FastifyRequest): Promise<{ caller: Application; answer: Answer }> {
+    const { body, client } = await authenticatedForm(req, options);
+    const caller = client.application;
+    // RFC 7662 §2.1: introspection is for authenticated callers (resource servers, confidential
+    // clients); a public client's client_id alone is no authentication (metadata: not offered).
+    if (client.method === 'none') throw new InvalidClientError({ cause: new Error('introspection needs client authentication') });
+    const found = await findClientToken(options, caller, requireParam(body, 'token'), { audience: await audienceOf(caller) });
+    if (!found) return { caller, answer: INACTIVE };
+    if (found.kind === 'access_token') return { caller, answer: await accessTokenAnswer(caller, found.claims) };
+    const t = found.token;
+    if (t.revoked_at !== null || t.grant_revoked_at !== null || t.ended_by_removal || t.rotated_at !== null || t.expired) return { caller, answer: INACTIVE };
+    return {
+      caller,
+      answer: {
+        active: true,
+        token_type: 'refresh_token',
+        scope: [...t.identity_scopes, ...t.scopes].join(' '),
+        client_id: caller.client_id,
+        sub: String(t.user_id),
+        organization_id: t.organization_id,
+        iat: Math.floor(t.created_at.getTime() / 1000),
+        exp: Math.floor(t.expires_at.getTime() / 1000),
+        iss: config.issuer,
+        // RFC 9449 §6.2: the key its grant's tokens are bound to.
+        ...(t.dpop_jkt !== null ? { cnf: { jkt: t.dpop_jkt } } : {}),
+      },
+    };
+  }
+
+  /** RFC 9701 §5: the answer as a JWT for the caller, when its Accept asks for one. */
+  async function send(req: FastifyRequest, reply: FastifyReply, caller: Application, result: Answer): Promise<unknown> {
+    if (!wantsJwt(req.headers.accept)) return result;
+    const key = await options.keys.signingKey();
+    const header = Buffer.from(JSON.stringify({ alg: key.alg, kid: key.kid, typ: 'token-introspection+jwt' })).toString('base64url');
+    const jwt = await signJws(key, header, { iss: config.issuer, aud: caller.client_id, iat: Math.floor(Date.now() / 1000), token_introspection: result });
+    return reply.type(INTROSPECTION_JWT).send(jwt);
+  }
+
+  await registerFormEndpoint(app, '/oauth/introspect', async (req, reply) => {
+    const { caller, answer: result } = await answer(req);
+    return send(req, reply, caller, result);
+  });
+}
+
+/** Whether an Accept header prefers the JWT answer: it names the type with a q above 0 (RFC 9110 §12.5.1). */
+export function wantsJwt(accept: string | undefined): boolean {
+  if (accept === undefined) return false;
+  return accept.split(',').some((range) => {
+    const [type, ...params] = range.split(';').map((p) => p.trim().toLowerCase());
+    if (type !== INTROSPECTION_JWT) return false;
+    const q = params.find((p) => p.startsWith('q='));
+    return q === undefined || Number(q.slice(2)) > 0;
   });
 }

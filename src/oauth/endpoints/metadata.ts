@@ -51,6 +51,8 @@ export function authorizationServerMetadata(config: Pick<Config, 'issuer' | 'sig
     revocation_endpoint_auth_signing_alg_values_supported: [...CLIENT_ASSERTION_ALGS],
     introspection_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post', 'private_key_jwt'],
     introspection_endpoint_auth_signing_alg_values_supported: [...CLIENT_ASSERTION_ALGS],
+    // RFC 9701 §7: answers as JWTs (Accept: application/token-introspection+jwt), signed with the server's key, never encrypted.
+    introspection_signing_alg_values_supported: [config.signingAlg],
     // RFC 9126: pushed authorization requests, required per application (and by FAPI 2.0), not of everyone.
     pushed_authorization_request_endpoint: url('/oauth/par'),
     require_pushed_authorization_requests: false,

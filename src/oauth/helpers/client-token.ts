@@ -1,6 +1,7 @@
 /**
  * The token a client presents at the revocation and introspection endpoints, found among that
- * client's own tokens only: anything else (another client's, unknown, malformed) is "unknown".
+ * client's own tokens only (and, for introspection by a resource, the access tokens for it):
+ * anything else (another client's, unknown, malformed) is "unknown".
  */
 import type { FastifyRequest } from 'fastify';
 import type { Application } from '../../db/schema.js';
@@ -14,13 +15,17 @@ export type Found =
   | { kind: 'access_token'; claims: AccessTokenClaims }
   | { kind: 'refresh_token'; token: NonNullable<Awaited<ReturnType<typeof findRefreshToken>>> };
 
-/** The token, if it is one of ours and was issued to `client`. Signature-checked, expiry not yet. */
-async function findClientToken(options: OAuthEndpointOptions, client: Application, token: string): Promise<Found | undefined> {
+/**
+ * The token, if it is one of ours and was issued to `client`, or (`audience`) an access token for
+ * that resource. Signature-checked, expiry not yet.
+ */
+export async function findClientToken(options: OAuthEndpointOptions, client: Application, token: string, scope: { audience?: string | undefined } = {}): Promise<Found | undefined> {
   if (token.length > 4096) return undefined;
   if (token.split('.').length === 3) {
     try {
       const claims = await verifyAccessToken(options.keys, options.config, token, 'any');
-      return claims.client_id === client.client_id ? { kind: 'access_token', claims } : undefined;
+      const forAudience = scope.audience !== undefined && (claims.aud === scope.audience || (Array.isArray(claims.aud) && claims.aud.includes(scope.audience)));
+      return claims.client_id === client.client_id || forAudience ? { kind: 'access_token', claims } : undefined;
     } catch (err) {
       if (err instanceof InvalidTokenError) return undefined;
       throw err;

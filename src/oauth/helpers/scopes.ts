@@ -78,7 +78,8 @@ export function isKnownScope(value: string): value is Scope {
 }
 
 const MANAGEMENT = new Set<string>(MANAGEMENT_SCOPES);
-const HOLDABLE = { public: new Set<string>(DATA_SCOPES), private: new Set<string>(KNOWN_SCOPES) };
+/** A resource's credentials (type 'resource') hold no scope: they introspect and exchange tokens. */
+const HOLDABLE: Record<ApplicationType, ReadonlySet<string>> = { public: new Set<string>(DATA_SCOPES), private: new Set<string>(KNOWN_SCOPES), resource: new Set<string>() };
 
 export function isManagementScope(value: string): boolean {
   return MANAGEMENT.has(value);
@@ -86,7 +87,7 @@ export function isManagementScope(value: string): boolean {
 
 /** What an application of this type may hold: public ones the data scopes only (AD-1). */
 export function scopesForType(type: ApplicationType): readonly Scope[] {
-  return type === 'private' ? KNOWN_SCOPES : DATA_SCOPES;
+  return type === 'private' ? KNOWN_SCOPES : type === 'public' ? DATA_SCOPES : [];
 }
 
 /** Whether an application of this type may hold `scope`. */

@@ -492,7 +492,8 @@ function liveGrants(db: DB, organizationId: number) {
       'grants.last_used_at',
       'applications.client_id as application_client_id',
       'applications.name as application_name',
-      'applications.type as application_type',
+      // A resource's credentials hold no grant (migration 0029): an organization's grants are its applications'.
+      sql<'public' | 'private'>`applications.type`.as('application_type'),
       'grants.user_id',
       'users.email as user_email',
     ])

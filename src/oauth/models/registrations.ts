@@ -33,7 +33,7 @@ import { sql } from 'kysely';
 import { z } from 'zod';
 import type { ClientRegistrationConfig } from '../../config.js';
 import { type DB, inTransaction } from '../../db/connect.js';
-import { type Application, DEVICE_CODE_GRANT, type GrantType, ID_TOKEN_ALGS, type IdTokenAlg, type TokenEndpointAuthMethod } from '../../db/schema.js';
+import { type Application, DEVICE_CODE_GRANT, SELF_REGISTRATIONS, type GrantType, ID_TOKEN_ALGS, type IdTokenAlg, type TokenEndpointAuthMethod } from '../../db/schema.js';
 import { addressGroup } from '../../lib/client-address.js';
 import { generateSecret, secretMatches, sha256Hex } from '../../lib/crypto.js';
 import { isWellFormed } from '../../lib/validate.js';
@@ -318,10 +318,10 @@ export async function findRegisteredClient(db: DB, clientId: string, registratio
  */
 export async function deleteRegisteredClient(db: DB, application: Pick<Application, 'id' | 'client_id'>, options: ChangeOptions = {}): Promise<boolean> {
   // Any self-registered client (RFC 7592 reaches dynamic ones only; the operator's CLI either kind), never a developer's application.
-  await db.updateTable('applications').set({ disabled: true }).where('id', '=', application.id).where('registration', '<>', 'developer').execute();
+  await db.updateTable('applications').set({ disabled: true }).where('id', '=', application.id).where('registration', 'in', SELF_REGISTRATIONS).execute();
   options.applications?.forget(application.client_id);
   await revokeGrants(db, { applicationId: application.id }, 'revoked_by_client', options.actor, options.revocations);
-  const deleted = await db.deleteFrom('applications').where('id', '=', application.id).where('registration', '<>', 'developer').returning('id').executeTakeFirst();
+  const deleted = await db.deleteFrom('applications').where('id', '=', application.id).where('registration', 'in', SELF_REGISTRATIONS).returning('id').executeTakeFirst();
   options.applications?.forget(application.client_id);
   return deleted !== undefined;
 }

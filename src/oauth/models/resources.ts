@@ -15,9 +15,9 @@
 import { sql } from 'kysely';
 import { z } from 'zod';
 import type { Config } from '../../config.js';
-import type { DB } from '../../db/connect.js';
+import { type DB, inTransaction } from '../../db/connect.js';
 import { isCheckViolation, isUniqueViolation } from '../../db/errors.js';
-import type { Application } from '../../db/schema.js';
+import type { Application, TokenEndpointAuthMethod } from '../../db/schema.js';
 import { ConflictError, InvalidRequestError, NotFoundError } from '../../errors.js';
 import { isWellFormed, parseInput } from '../../lib/validate.js';
 import { InvalidScopeError, InvalidTargetError } from '../errors.js';
@@ -32,6 +32,8 @@ export const LEGACY_API_PATH = '/api';
 export const MAX_RESOURCES = 1000;
 export const MAX_RESOURCE_SCOPES = 100;
 export const DEFAULT_RESOURCE_TOKEN_TTL = 3600;
+/** How many resources and clients one resource may allow to exchange tokens for it (migration 0029). */
+export const MAX_EXCHANGE_SOURCES = 100;
 const RELOAD_MS = 1000;
 /** A URI not held is looked for again, at most this often: a resource just registered works at once, and a flood of unknown URIs costs one read per interval. */
 const MISS_RELOAD_MS = 100;
@@ -45,12 +47,14 @@ export interface TokenResource {
   scopes: readonly string[];
   /** Seconds. */
   accessTokenTtl: number;
+  /** Who may exchange a token for one to this resource (RFC 8693): resource URIs and client ids. Nobody for orgauth's API. */
+  exchangeFrom: readonly string[];
 }
 
 export const apiResourceUri = (config: Pick<Config, 'issuer'>): string => `${config.issuer}${API_RESOURCE_PATH}`;
 
 export function apiResource(config: Pick<Config, 'issuer' | 'accessTokenTtl'>): TokenResource {
-  return { id: null, uri: apiResourceUri(config), name: 'orgauth API', scopes: KNOWN_SCOPES, accessTokenTtl: config.accessTokenTtl };
+  return { id: null, uri: apiResourceUri(config), name: 'orgauth API', scopes: KNOWN_SCOPES, accessTokenTtl: config.accessTokenTtl, exchangeFrom: [] };
 }
 
 /** Whether a scope is one a resource declared (not a name of orgauth's vocabulary). */
@@ -98,8 +102,19 @@ export interface ResourceRow {
   name: string;
   scopes: string[];
   access_token_ttl: number;
+  /** Who may exchange a token for one to this resource (RFC 8693): resource URIs and client ids. */
+  exchange_from: string[];
   created_at: Date;
   updated_at: Date;
+  /** The resource's own client (introspection, token exchange); null until it has credentials. */
+  client_id: string | null;
+  token_endpoint_auth_method: TokenEndpointAuthMethod | null;
+}
+
+/** A resource's credentials, as they are shown once: the secret only when it authenticates with one. */
+export interface ResourceCredentials {
+  client_id: string;
+  client_secret?: string;
 }
 
 export interface ResourceInput {
@@ -121,13 +136,23 @@ function refuseOwnApi(config: Pick<Config, 'issuer'>, uri: string): void {
   }
 }
 
+/** Resources with their client's id and authentication method (null: no credentials yet). */
+function resourceRows(db: DB) {
+  return db
+    .selectFrom('resources')
+    .leftJoin('applications', 'applications.resource_id', 'resources.id')
+    .selectAll('resources')
+    .select(['applications.client_id', 'applications.token_endpoint_auth_method']);
+}
+
 export async function createResource(db: DB, config: Pick<Config, 'issuer'>, input: ResourceInput): Promise<ResourceRow> {
   const valid = parseInput(resourceSchema, { uri: input.uri, name: input.name, scopes: words(input.scopes), access_token_ttl: input.accessTokenTtl ?? DEFAULT_RESOURCE_TOKEN_TTL });
   refuseOwnApi(config, valid.uri);
   const count = await db.selectFrom('resources').select((eb) => eb.fn.countAll<number>().as('n')).executeTakeFirstOrThrow();
   if (Number(count.n) >= MAX_RESOURCES) throw new ConflictError(`an instance holds at most ${MAX_RESOURCES} resources`);
   try {
-    return await db.insertInto('resources').values(valid).returningAll().executeTakeFirstOrThrow();
+    const row = await db.insertInto('resources').values(valid).returningAll().executeTakeFirstOrThrow();
+    return { ...row, client_id: null, token_endpoint_auth_method: null };
   } catch (err) {
     if (isUniqueViolation(err)) throw new ConflictError(`a resource with uri ${valid.uri} exists`);
     if (isCheckViolation(err)) throw new InvalidRequestError('the resource is not valid');
@@ -136,29 +161,53 @@ export async function createResource(db: DB, config: Pick<Config, 'issuer'>, inp
 }
 
 export async function listResources(db: DB): Promise<ResourceRow[]> {
-  return db.selectFrom('resources').selectAll().orderBy('id').limit(MAX_RESOURCES).execute();
+  return resourceRows(db).orderBy('resources.id').limit(MAX_RESOURCES).execute();
 }
 
 /** A resource by its URI (any spelling of it) or its id. */
 export async function getResource(db: DB, uriOrId: string): Promise<ResourceRow> {
-  let query = db.selectFrom('resources').selectAll();
-  if (/^[1-9][0-9]{0,8}$/.test(uriOrId)) query = query.where('id', '=', Number(uriOrId));
+  let query = resourceRows(db);
+  if (/^[1-9][0-9]{0,8}$/.test(uriOrId)) query = query.where('resources.id', '=', Number(uriOrId));
   else {
     const parsed = parseResourceUri(uriOrId);
     if ('problem' in parsed) throw new NotFoundError(`no resource ${uriOrId.slice(0, 200)}`);
-    query = query.where('uri', '=', parsed.uri);
+    query = query.where('resources.uri', '=', parsed.uri);
   }
   const row = await query.executeTakeFirst();
   if (!row) throw new NotFoundError(`no resource ${uriOrId.slice(0, 200)}`);
   return row;
 }
 
+export interface ResourceChanges extends Partial<Omit<ResourceInput, 'uri'>> {
+  /** Who may now exchange tokens for this resource: resource URIs (any spelling) or client ids. */
+  allowExchangeFrom?: readonly string[] | undefined;
+  /** Who no longer may. */
+  denyExchangeFrom?: readonly string[] | undefined;
+}
+
 /**
- * Changes a resource's name, scopes or token lifetime (its URI is its identity: a new URI is a
- * new resource). Tokens already issued keep what they hold until they expire; a refresh gets at
- * most the scopes the resource still lists.
+ * Who may exchange for a resource, as stored: a registered resource's URI in canonical form, or
+ * the client id of a client of ours. Anything else is refused: a typo would otherwise allow
+ * nobody, silently. Not the resource itself, nor its own client.
  */
-export async function updateResource(db: DB, uriOrId: string, changes: Partial<Omit<ResourceInput, 'uri'>>): Promise<ResourceRow> {
+async function exchangeSource(db: DB, self: ResourceRow, value: string): Promise<string> {
+  const problem = (message: string): never => {
+    throw new InvalidRequestError(`exchange_from: ${message}`, { details: [{ path: 'exchange_from', message }] });
+  };
+  const parsed = parseResourceUri(value);
+  const resource = 'uri' in parsed ? await db.selectFrom('resources').select(['id', 'uri']).where('uri', '=', parsed.uri).executeTakeFirst() : undefined;
+  if (resource) return resource.id === self.id ? problem('a resource does not exchange tokens for itself') : resource.uri;
+  const client = value.length <= 2000 ? await db.selectFrom('applications').select('resource_id').where('client_id', '=', value).executeTakeFirst() : undefined;
+  if (!client) return problem(`${value.slice(0, 200)} is neither a registered resource nor a client id`);
+  return client.resource_id === self.id ? problem('a resource does not exchange tokens for itself') : value;
+}
+
+/**
+ * Changes a resource's name, scopes, token lifetime or who may exchange tokens for it (its URI is
+ * its identity: a new URI is a new resource). Tokens already issued keep what they hold until
+ * they expire; a refresh gets at most the scopes the resource still lists.
+ */
+export async function updateResource(db: DB, uriOrId: string, changes: ResourceChanges): Promise<ResourceRow> {
   const current = await getResource(db, uriOrId);
   const valid = parseInput(resourceSchema, {
     uri: current.uri,
@@ -166,18 +215,39 @@ export async function updateResource(db: DB, uriOrId: string, changes: Partial<O
     scopes: changes.scopes === undefined ? current.scopes : words(changes.scopes),
     access_token_ttl: changes.accessTokenTtl ?? current.access_token_ttl,
   });
-  return db
+  const allow = await Promise.all((changes.allowExchangeFrom ?? []).map((v) => exchangeSource(db, current, v)));
+  // Denied as given or as stored: a URI in another spelling, or one no longer registered.
+  const deny = new Set(changes.denyExchangeFrom ?? []);
+  for (const value of deny) {
+    const parsed = parseResourceUri(value);
+    if ('uri' in parsed) deny.add(parsed.uri);
+  }
+  const exchangeFrom = [...new Set([...current.exchange_from, ...allow])].filter((v) => !deny.has(v));
+  if (exchangeFrom.length > MAX_EXCHANGE_SOURCES) throw new ConflictError(`a resource allows exchanges from at most ${MAX_EXCHANGE_SOURCES} resources and clients`);
+  await db
     .updateTable('resources')
-    .set({ name: valid.name, scopes: valid.scopes, access_token_ttl: valid.access_token_ttl, updated_at: sql`now()` })
+    .set({ name: valid.name, scopes: valid.scopes, access_token_ttl: valid.access_token_ttl, exchange_from: exchangeFrom, updated_at: sql`now()` })
     .where('id', '=', current.id)
-    .returningAll()
-    .executeTakeFirstOrThrow();
+    .execute();
+  return getResource(db, String(current.id));
 }
 
-/** Deletes a resource: its grants (and their refresh tokens) go with it, so nothing is refreshed for it again. */
+/**
+ * Deletes a resource: its grants (and their refresh tokens) and its credentials go with it, so
+ * nothing is refreshed for it again, and so does every other resource's permission to exchange
+ * for it: a resource registered again at the URI starts with none.
+ */
 export async function deleteResource(db: DB, uriOrId: string): Promise<ResourceRow> {
   const current = await getResource(db, uriOrId);
-  await db.deleteFrom('resources').where('id', '=', current.id).execute();
+  const names = [current.uri, ...(current.client_id !== null ? [current.client_id] : [])];
+  await inTransaction(db, async (trx) => {
+    await trx.deleteFrom('resources').where('id', '=', current.id).execute();
+    await trx
+      .updateTable('resources')
+      .set({ exchange_from: sql<string[]>`array(select e from unnest(exchange_from) e where e <> all(${sql.val(names)}::text[]))`, updated_at: sql`now()` })
+      .where(sql<boolean>`exchange_from && ${sql.val(names)}::text[]`)
+      .execute();
+  });
   return current;
 }
 
@@ -188,7 +258,7 @@ export async function declaredScopeNames(db: DB): Promise<Set<string>> {
 }
 
 function toTokenResource(row: ResourceRow): TokenResource {
-  return { id: row.id, uri: row.uri, name: row.name, scopes: row.scopes, accessTokenTtl: row.access_token_ttl };
+  return { id: row.id, uri: row.uri, name: row.name, scopes: row.scopes, accessTokenTtl: row.access_token_ttl, exchangeFrom: row.exchange_from };
 }
 
 /** The resources as the token path needs them: by canonical URI and by id, read again after RELOAD_MS. */

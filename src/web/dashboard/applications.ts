@@ -11,7 +11,7 @@ import { recordAuditEvent } from '../../audit/events.js';
 import type { Config } from '../../config.js';
 import type { DB } from '../../db/connect.js';
 import type { MailOutbox } from '../../mail/outbox.js';
-import type { Application, ApplicationType } from '../../db/schema.js';
+import type { Application, ApplicationType, DeveloperApplication } from '../../db/schema.js';
 import { ConflictError, ForbiddenError, InvalidRequestError, NotFoundError } from '../../errors.js';
 import type { ApplicationCache } from '../../oauth/models/application-cache.js';
 import {
@@ -167,7 +167,7 @@ export async function applicationRoutes(app: FastifyInstance, deps: DashboardDep
     message?: string;
   }
 
-  function renderApplication(reply: FastifyReply, ctx: DashboardContext, application: Application, status = 200, view: ApplicationView = {}) {
+  function renderApplication(reply: FastifyReply, ctx: DashboardContext, application: DeveloperApplication, status = 200, view: ApplicationView = {}) {
     return renderPage(reply, status, 'dashboard/application', {
       title: application.name,
       ctx,
