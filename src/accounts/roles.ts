@@ -165,6 +165,21 @@ export function membershipPermissionsSql(role: Expression<string>, customPermiss
 }
 
 /**
+ * Which scopes a member's role lets them hold now (orgauth's within its permissions, a resource's
+ * declared ones for DECLARED_SCOPE_HOLDERS), as a test; undefined when they are no longer a member.
+ */
+export async function memberScopeTest(db: DB, organizationId: number, userId: number): Promise<((scope: string) => boolean) | undefined> {
+  const member = await db
+    .selectFrom('memberships as m')
+    .select([membershipPermissionsSql(sql`m.role`, sql<string[] | null>`(select rr.permissions from roles rr where rr.id = m.role_id)`).as('permissions'), 'm.role'])
+    .where('m.organization_id', '=', organizationId)
+    .where('m.user_id', '=', userId)
+    .executeTakeFirst();
+  if (!member) return undefined;
+  return (s) => (isDeclaredScope(s) && DECLARED_SCOPE_HOLDERS.has(member.role)) || member.permissions.includes(s);
+}
+
+/**
  * Whether someone acting with `actingAs` may give `role` to a member (or take it away): an owner
  * only by an owner; any other role only by someone who holds every permission in it. An admin
  * manages admins, members, viewers and any custom role; a custom role that may manage members

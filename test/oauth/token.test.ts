@@ -237,7 +237,7 @@ describe('metadata (MD-3) and JWKS', () => {
       registration_endpoint: `${config.issuer}/oauth/register`,
       device_authorization_endpoint: `${config.issuer}/oauth/device_authorization`,
       client_id_metadata_document_supported: true,
-      grant_types_supported: ['authorization_code', 'refresh_token', 'client_credentials', 'urn:ietf:params:oauth:grant-type:device_code'],
+      grant_types_supported: ['authorization_code', 'refresh_token', 'client_credentials', 'urn:ietf:params:oauth:grant-type:device_code', 'urn:ietf:params:oauth:grant-type:token-exchange'],
       jwks_uri: `${config.issuer}/.well-known/jwks.json`,
       scopes_supported: [
         'openid', 'profile', 'email',

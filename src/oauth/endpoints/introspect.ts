@@ -16,14 +16,12 @@
  * server's key (RFC 9701): `token_introspection` holds the answer, `aud` the caller.
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import { sql } from 'kysely';
 import type { Application } from '../../db/schema.js';
 import { InvalidClientError } from '../errors.js';
-import { REMOVAL_MARGIN_S } from '../models/grants.js';
 import { signJws } from '../models/key-store.js';
 import { isResourceClient } from '../models/resource-clients.js';
+import { accessTokenStatus } from '../models/token-status.js';
 import { findClientToken } from '../helpers/client-token.js';
-import { requiresDpop } from '../helpers/fapi.js';
 import { authenticatedForm, type OAuthEndpointOptions, registerFormEndpoint } from '../helpers/form-endpoint.js';
 import { requireParam } from '../helpers/params.js';
 import type { AccessTokenClaims } from '../models/access-tokens.js';
@@ -43,38 +41,9 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
   }
 
   /** An access token, active or not, as the API would take it now. */
-  async function accessTokenAnswer(caller: Application, c: AccessTokenClaims): Promise<Answer> {
-    // Its application as it is now: disabled or deleted, its tokens are refused at once (as the API does).
-    const issuer = c.client_id === caller.client_id ? caller : await options.applications.find(c.client_id);
-    if (!issuer || issuer.disabled || issuer.deleted_at !== null) return INACTIVE;
-    // A bearer token of an application that now requires DPoP: the API refuses it (access-tokens.ts), so it is not active.
-    if (c.cnf === undefined && requiresDpop(issuer)) return INACTIVE;
-    if (c.exp <= Math.floor(Date.now() / 1000)) return INACTIVE;
-    const grant = await db
-      .selectFrom('grants')
-      .innerJoin('organizations', 'organizations.id', 'grants.organization_id')
-      .select([
-        'grants.revoked_at',
-        'organizations.name as organization_name',
-        (eb) => eb.exists(eb.selectFrom('revoked_access_tokens').select('jti').where('jti', '=', c.jti)).as('token_revoked'),
-        // Issued up to its user's removal from the organization (iat in whole seconds, and
-        // REMOVAL_MARGIN_S more, as the API compares it), whose grants a job may still be revoking.
-        (eb) =>
-          eb
-            .exists(
-              eb
-                .selectFrom('removed_members as rm')
-                .select('rm.user_id')
-                .whereRef('rm.organization_id', '=', 'grants.organization_id')
-                .whereRef('rm.user_id', '=', 'grants.user_id')
-                .where(sql<boolean>`rm.removed_at >= to_timestamp(${c.iat - REMOVAL_MARGIN_S})`),
-            )
-            .as('ended_by_removal'),
-      ])
-      .where('grants.id', '=', c.grant_id)
-      .where('grants.organization_id', '=', c.organization_id)
-      .executeTakeFirst();
-    if (!grant || grant.revoked_at !== null || grant.token_revoked || grant.ended_by_removal) return INACTIVE;
+  async function accessTokenAnswer(c: AccessTokenClaims): Promise<Answer> {
+    const status = await accessTokenStatus(db, options.applications.find, c);
+    if (!status.live) return INACTIVE;
     return {
       active: true,
       // RFC 9449 §6.2: a DPoP-bound token says so, and names its key.
@@ -83,13 +52,15 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
       client_id: c.client_id,
       sub: c.sub,
       organization_id: c.organization_id,
-      organization_name: grant.organization_name,
+      organization_name: status.organizationName,
       iat: c.iat,
       exp: c.exp,
       iss: c.iss,
       aud: c.aud,
       jti: c.jti,
       ...(c.cnf ? { cnf: c.cnf } : {}),
+      // RFC 8693 §4.1: who acts for the subject (a token exchanged with an actor).
+      ...(c.act ? { act: c.act } : {}),
     };
   }
 
@@ -101,7 +72,7 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
     if (client.method === 'none') throw new InvalidClientError({ cause: new Error('introspection needs client authentication') });
     const found = await findClientToken(options, caller, requireParam(body, 'token'), { audience: await audienceOf(caller) });
     if (!found) return { caller, answer: INACTIVE };
-    if (found.kind === 'access_token') return { caller, answer: await accessTokenAnswer(caller, found.claims) };
+    if (found.kind === 'access_token') return { caller, answer: await accessTokenAnswer(found.claims) };
     const t = found.token;
     if (t.revoked_at !== null || t.grant_revoked_at !== null || t.ended_by_removal || t.rotated_at !== null || t.expired) return { caller, answer: INACTIVE };
     return {

@@ -9,7 +9,7 @@ import type { Config } from '../../config.js';
 import type { KeyStore } from '../models/key-store.js';
 import { DATA_SCOPES, SCOPES_SUPPORTED } from '../helpers/scopes.js';
 import { API_RESOURCE_PATH, apiResource, apiResourceUri } from '../models/resources.js';
-import { DEVICE_CODE_GRANT } from '../../db/schema.js';
+import { DEVICE_CODE_GRANT, TOKEN_EXCHANGE_GRANT } from '../../db/schema.js';
 import { CLAIMS_SUPPORTED } from '../models/id-tokens.js';
 import { ID_TOKEN_ALGS } from '../../db/schema.js';
 import { CLIENT_ASSERTION_ALGS } from '../helpers/client-assertion.js';
@@ -42,7 +42,7 @@ export function authorizationServerMetadata(config: Pick<Config, 'issuer' | 'sig
     request_uri_parameter_supported: false,
     claims_parameter_supported: false,
     prompt_values_supported: ['none', 'login', 'consent', 'select_account'],
-    grant_types_supported: ['authorization_code', 'refresh_token', 'client_credentials', DEVICE_CODE_GRANT],
+    grant_types_supported: ['authorization_code', 'refresh_token', 'client_credentials', DEVICE_CODE_GRANT, TOKEN_EXCHANGE_GRANT],
     // none: public clients that registered themselves (PKCE required of them). private_key_jwt:
     // RFC 7523 assertions signed with a key the application registered (jwks or jwks_uri).
     token_endpoint_auth_methods_supported: ['client_secret_basic', 'client_secret_post', 'private_key_jwt', 'none'],

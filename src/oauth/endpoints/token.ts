@@ -10,6 +10,7 @@ import { authorizationCode } from '../grants/authorization-code.js';
 import { clientCredentials } from '../grants/client-credentials.js';
 import { deviceCode } from '../grants/device-code.js';
 import { refreshToken } from '../grants/refresh-token.js';
+import { tokenExchange } from '../grants/token-exchange.js';
 import type { GrantHandler } from '../grants/types.js';
 import { authenticatedForm, type OAuthEndpointOptions, registerFormEndpoint } from '../helpers/form-endpoint.js';
 import { requireParam } from '../helpers/params.js';
@@ -18,7 +19,7 @@ import { endpointDpopJkt } from '../models/dpop-proofs.js';
 import { AppError } from '../../errors.js';
 import { tokenMetric } from '../../activity.js';
 
-const GRANTS: ReadonlyMap<string, GrantHandler> = new Map([authorizationCode, refreshToken, clientCredentials, deviceCode].map((g) => [g.grantType, g]));
+const GRANTS: ReadonlyMap<string, GrantHandler> = new Map([authorizationCode, refreshToken, clientCredentials, deviceCode, tokenExchange].map((g) => [g.grantType, g]));
 
 export async function tokenEndpoint(app: FastifyInstance, options: OAuthEndpointOptions): Promise<void> {
   const { db, keys, revocations, config, clientGrants, metrics, resources } = options;
@@ -28,9 +29,10 @@ export async function tokenEndpoint(app: FastifyInstance, options: OAuthEndpoint
     const { body, client } = await authenticatedForm(req, options);
     const grant = GRANTS.get(requireParam(body, 'grant_type'));
     if (!grant) throw new UnsupportedGrantTypeError();
-    // RFC 7591 §2: a public client uses the grant types it registered (a private one: client_credentials, checked by the grant).
+    // RFC 7591 §2: a public client uses the grant types it registered (a private one: client_credentials, checked by the grant);
+    // token exchange is not registered but allowed by its target resource.
     const { application } = client;
-    if (application.type === 'public' && !(application.grant_types as readonly string[]).includes(grant.grantType)) {
+    if (application.type === 'public' && grant.registered !== false && !(application.grant_types as readonly string[]).includes(grant.grantType)) {
       throw new UnauthorizedClientError(`this client did not register the ${grant.grantType} grant type`);
     }
     if (dpopJkt === null && requiresDpop(application)) {
@@ -38,7 +40,7 @@ export async function tokenEndpoint(app: FastifyInstance, options: OAuthEndpoint
         headers: options.dpop.requireNonce ? { 'dpop-nonce': options.dpop.nonce() } : {},
       });
     }
-    const issued = await grant.handle({ db, keys, revocations, config, clientGrants, metrics, resources }, client, body, { dpopJkt });
+    const issued = await grant.handle({ db, keys, revocations, config, clientGrants, metrics, resources, findApplication: options.applications.find }, client, body, { dpopJkt });
     // A fresh nonce with every answer, so a client's next proof has one (RFC 9449 §8.2).
     if (options.dpop.requireNonce) reply.header('dpop-nonce', options.dpop.nonce());
     metrics.tokensIssued.inc({ grant_type: grant.grantType });

@@ -4,17 +4,16 @@ import type { Application } from '../../db/schema.js';
 import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { UnauthorizedClientError, InvalidGrantError, InvalidScopeError, InvalidTargetError } from '../errors.js';
 import { ssoAllows, ssoAllowsSql } from '../../sso/required.js';
-import { isDeclaredScope, type TokenResource } from '../models/resources.js';
+import type { TokenResource } from '../models/resources.js';
 import { findRefreshToken } from '../models/refresh-tokens.js';
 import { type Params, requireParam } from '../helpers/params.js';
 import { type GrantIdentity, userTokenResponse, type TokenContext } from './token-response.js';
 import { isIdentityScope } from '../helpers/scopes.js';
 import type { GrantHandler } from './types.js';
-import { DECLARED_SCOPE_HOLDERS, memberHoldsScopesSql, membershipPermissionsSql, narrowMemberGrants } from '../../accounts/roles.js';
+import { memberHoldsScopesSql, memberScopeTest, narrowMemberGrants } from '../../accounts/roles.js';
 
 /** The permissions of membership `m` now; the grant's narrowing locks what it changes, so no lock here. */
 const CUSTOM_PERMISSIONS = sql<string[] | null>`(select rr.permissions from roles rr where rr.id = m.role_id)`;
-const MEMBER_PERMISSIONS = membershipPermissionsSql(sql`m.role`, CUSTOM_PERMISSIONS);
 
 interface Rotated extends GrantIdentity {
   grant_id: number;
@@ -164,15 +163,9 @@ async function refusal(
   if (asked !== null && !(asked.scopes.every((s) => token.scopes.includes(s)) && asked.identity.every((s) => token.identity_scopes.includes(s)))) {
     return new InvalidScopeError('scope may only narrow the scope of the refresh token');
   }
-  const member = await ctx.db
-    .selectFrom('memberships as m')
-    .select([MEMBER_PERMISSIONS.as('permissions'), 'm.role'])
-    .where('m.organization_id', '=', token.organization_id)
-    .where('m.user_id', '=', token.user_id)
-    .executeTakeFirst();
+  const holds = await memberScopeTest(ctx.db, token.organization_id, token.user_id);
   // No longer a member: the removal is revoking the grant.
-  if (!member) return new InvalidGrantError('the refresh token was revoked');
-  const holds = (s: string) => (isDeclaredScope(s) && DECLARED_SCOPE_HOLDERS.has(member.role)) || member.permissions.includes(s);
+  if (!holds) return new InvalidGrantError('the refresh token was revoked');
   return token.scopes.every(holds) ? 'retry' : { narrow: { organizationId: token.organization_id, userId: token.user_id } };
 }
 

@@ -11,6 +11,7 @@ import type { ClientGrants } from '../models/client-grants.js';
 import type { KeyStore, SigningKeyMaterial } from '../models/key-store.js';
 import type { RevocationList } from '../models/revocation-list.js';
 import type { Metrics } from '../../metrics.js';
+import type { FindApplication } from '../models/application-cache.js';
 
 /** The token endpoint's success body (RFC 6749 §5.1 plus the organization, as the contract shows). */
 export interface TokenResponse {
@@ -24,6 +25,8 @@ export interface TokenResponse {
   organization_name: string;
   /** OpenID Connect Core §3.1.3.3: with `openid` granted, on the authorization_code and refresh_token grants only. */
   id_token?: string;
+  /** RFC 8693 §2.2.1: token exchange says what it issued. */
+  issued_token_type?: string;
 }
 
 /**
@@ -50,6 +53,8 @@ export interface SigningContext {
 }
 
 export interface TokenContext extends SigningContext {
+  /** The application cache's lookup (token exchange checks the tokens it is given). */
+  findApplication: FindApplication;
   revocations: RevocationList;
   metrics: Metrics;
   resources: ResourceRegistry;

@@ -11,5 +11,7 @@ export interface TokenRequest {
 /** One grant type of the token endpoint: endpoints/token.ts does what they share, then calls `handle`. */
 export interface GrantHandler {
   grantType: string;
+  /** false: a client need not have registered the grant type (RFC 7591 grant_types); the grant decides who may use it. */
+  registered?: boolean;
   handle(ctx: TokenContext, client: AuthenticatedClient, params: Params, request: TokenRequest): Promise<TokenResponse>;
 }

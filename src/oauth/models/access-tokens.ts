@@ -34,6 +34,26 @@ export interface AccessTokenInput {
   roleId?: number | null | undefined;
   /** RFC 9449 §6: the thumbprint of the DPoP key the token is bound to (its `cnf.jkt`). */
   dpopJkt?: string | null | undefined;
+  /** RFC 8693 §4.1: who acts for the subject (token exchange with an actor), the current actor outermost. */
+  act?: ActClaim | undefined;
+}
+
+/** RFC 8693 §4.1 `act`: the acting party (a client id), and the one it acted for before, nested. */
+export interface ActClaim {
+  sub: string;
+  act?: ActClaim;
+}
+
+/** How deep an `act` chain may nest: each exchange with an actor adds one. */
+export const MAX_ACT_DEPTH = 5;
+
+const actorSchema: z.ZodType<ActClaim> = z.lazy(() => z.object({ sub: z.string().min(1).max(2000), act: actorSchema.optional() }).strict());
+
+/** The depth of an `act` chain (0: none). */
+export function actDepth(act: ActClaim | undefined): number {
+  let depth = 0;
+  for (let a = act; a !== undefined; a = a.act) depth++;
+  return depth;
 }
 
 const claimsSchema = z.object({
@@ -48,6 +68,7 @@ const claimsSchema = z.object({
   role_id: z.number().int().positive().optional(),
   /** RFC 9449 §6.1 (RFC 7800): bound to a DPoP key; the API then wants a proof by it with every use. */
   cnf: z.object({ jkt: z.string().min(1) }).optional(),
+  act: actorSchema.optional(),
   jti: z.string().min(1),
   iat: z.number().int(),
   exp: z.number().int(),
@@ -92,6 +113,7 @@ export async function signAccessToken(
     grant_id: input.grantId,
     ...(input.roleId != null ? { role_id: input.roleId } : {}),
     ...(input.dpopJkt ? { cnf: { jkt: input.dpopJkt } } : {}),
+    ...(input.act ? { act: input.act } : {}),
     jti: randomUUID(),
     iat,
     exp: iat + input.resource.accessTokenTtl,
