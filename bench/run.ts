@@ -43,7 +43,8 @@ import type { DeveloperApplication } from '../src/db/schema.js';
 import { dpopThumbprint } from '../src/oauth/helpers/dpop.js';
 import { CLIENT_ASSERTION_TYPE } from '../src/oauth/helpers/client-assertion.js';
 import { signAccessToken } from '../src/oauth/models/access-tokens.js';
-import { apiResource, apiResourceUri } from '../src/oauth/models/resources.js';
+import { apiResource, apiResourceUri, updateResource } from '../src/oauth/models/resources.js';
+import { registerResource } from '../src/oauth/models/resource-clients.js';
 import { encodeCursor } from '../src/api/pagination.js';
 import { KeyStore } from '../src/oauth/models/key-store.js';
 import { ensureSigningKey } from '../src/oauth/models/signing-keys.js';
@@ -250,6 +251,8 @@ interface Fixture {
   dpop: { key: KeyObject; jwk: JsonWebKey; token: string };
   /** A private application authenticating with private_key_jwt: its client_id, signing key and kid. */
   keyClient: { clientId: string; key: KeyObject; kid: string };
+  /** Token exchange (RFC 8693): resource A's Basic credentials, a user's token for A, and B, which allows A. */
+  exchange: { basic: string; subjectToken: string; target: string };
 }
 
 /** A compact ES256 JWS over `header` and `payload` with node:crypto (the load generator shares the machine: cheap signatures). */
@@ -300,6 +303,24 @@ async function seedRun(db: DB, port: number): Promise<Fixture> {
   const keyedRow = (await db.selectFrom('applications').selectAll().where('client_id', '=', keyed.client_id).executeTakeFirstOrThrow()) as DeveloperApplication;
   await updateApplication(db, keyedRow, { tokenEndpointAuthMethod: 'private_key_jwt', jwks: { keys: [{ ...clientKeys.publicKey.export({ format: 'jwk' }), kid, alg: 'ES256', use: 'sig' }] } });
   const bigToken = (await issueClientToken(ctx, bigRow, ['contacts.read'])).access_token;
+  // Token exchange: resource A (with its credentials) exchanges the bench user's token for A for one to B, which allows A.
+  const exchangeA = await registerResource(db, ctx.config, { uri: 'https://a.bench.example', name: 'Bench A', scopes: 'orders.read' });
+  await registerResource(db, ctx.config, { uri: 'https://b.bench.example', name: 'Bench B', scopes: 'orders.read' });
+  await updateResource(db, 'https://b.bench.example', { allowExchangeFrom: ['https://a.bench.example'] });
+  // The user's grant to the public application for A, as the other pre-issued grants are made.
+  const subjectGrant = await db
+    .insertInto('grants')
+    .values({ organization_id: smallOrg, application_id: pubApp.id, user_id: user.id, scopes: ['orders.read'], resource_id: exchangeA.resource.id })
+    .returning('id')
+    .executeTakeFirstOrThrow();
+  const { token: subjectToken } = await signAccessToken(await keys.signingKey(), ctx.config, {
+    subject: String(user.id),
+    clientId: pub.client_id,
+    scopes: ['orders.read'],
+    organizationId: smallOrg,
+    grantId: subjectGrant.id,
+    resource: { uri: 'https://a.bench.example', accessTokenTtl: 3600 },
+  });
 
   // Page 40,000 of 25 in the big organization starts after its 999,975th contact.
   const { rows: deep } = await sql<{ id: number }>`select id from contacts where organization_id = ${bigOrg} order by id offset 999974 limit 1`.execute(db);
@@ -345,6 +366,7 @@ async function seedRun(db: DB, port: number): Promise<Fixture> {
     codes,
     dpop: { key: dpopKeys.privateKey, jwk: dpopJwk, token: dpopToken },
     keyClient: { clientId: keyed.client_id, key: clientKeys.privateKey, kid },
+    exchange: { basic: basic(exchangeA.credentials.client_id, exchangeA.credentials.client_secret), subjectToken, target: 'https://b.bench.example' },
   };
 }
 
@@ -1177,6 +1199,19 @@ async function main(): Promise<void> {
         clientCredentials('client_credentials with client_secret_basic', PORT, fx),
         'throughput',
         0.4,
+      ),
+    );
+    // Token exchange (RFC 8693): a resource exchanging the user's token it received for one to the
+    // next resource (its credentials, the subject token's checks in the database, the user's role,
+    // an audit event, a write) against client_credentials: 0.18 in a --quick round on 2026-12-07, a
+    // guard against regressions at 0.15 until full runs say more.
+    add(
+      await runScenario(
+        tokenLoad('POST /oauth/token token exchange (on behalf of)', PORT, fx.exchange.basic, () =>
+          `grant_type=${encodeURIComponent('urn:ietf:params:oauth:grant-type:token-exchange')}&subject_token=${fx.exchange.subjectToken}&subject_token_type=${encodeURIComponent('urn:ietf:params:oauth:token-type:access_token')}&resource=${encodeURIComponent(fx.exchange.target)}`),
+        clientCredentials('POST /oauth/token client_credentials', PORT, fx),
+        'throughput',
+        0.15,
       ),
     );
     // The whole of it against the best: client_credentials with private_key_jwt and a DPoP proof,
