@@ -28,7 +28,8 @@ export async function up(db: Kysely<any>): Promise<void> {
     add constraint applications_registration_check check (registration in ('developer', 'dynamic', 'metadata_document', 'resource')),
     add constraint applications_resource_check check (
       (registration = 'resource') = (type = 'resource') and (type = 'resource') = (resource_id is not null)
-      and (type <> 'resource' or (cardinality(scopes) = 0 and grant_types = ${sql.lit(`{${EXCHANGE}}`)}::text[] and token_endpoint_auth_method <> 'none'))),
+      and (type <> 'resource' or (cardinality(scopes) = 0 and grant_types = ${sql.lit(`{${EXCHANGE}}`)}::text[] and token_endpoint_auth_method <> 'none'))
+      and (type = 'resource' or not (${sql.lit(EXCHANGE)} = any(grant_types)))),
     drop constraint applications_registered_public_check,
     add constraint applications_registered_public_check check (registration in ('developer', 'resource') or type = 'public'),
     drop constraint applications_scopes_check,

@@ -16,6 +16,8 @@ import { revokeGrants } from '../../src/oauth/models/grants.js';
 import { registerResource, rotateResourceSecret, setResourceKeys } from '../../src/oauth/models/resource-clients.js';
 import { INTROSPECTION_JWT, wantsJwt } from '../../src/oauth/endpoints/introspect.js';
 import { userTokens as consentedTokens } from '../helpers/consent.js';
+import { sql } from 'kysely';
+import { deleteExpired } from '../../src/retention.js';
 import { atTime } from '../helpers/clock.js';
 import { BACKEND } from '../helpers/db.js';
 import { basic, form } from '../helpers/oauth.js';
@@ -179,6 +181,13 @@ describe(`a resource's credentials on ${BACKEND}`, () => {
     expect(await introspect({ client_id: a.client_id, client_secret: 'not the secret' }, tokens.access_token)).toMatchObject({ status: 401, body: { error: 'invalid_client' } });
   });
 
+  it('are not a self-registered client: the reaper of unused clients leaves them, however old and unused', async () => {
+    const db = world.t.handle.db;
+    await db.updateTable('applications').set({ created_at: sql`now() - interval '30 days'` }).where('client_id', '=', b.client_id).execute();
+    await deleteExpired(db, { unusedClientTtl: 60 });
+    expect(await db.selectFrom('applications').select(['type', 'first_used_at']).where('client_id', '=', b.client_id).executeTakeFirst()).toEqual({ type: 'resource', first_used_at: null });
+  });
+
   it('a rotated secret works at once and the old one no longer does; private_key_jwt with registered keys replaces the secret', async () => {
     const db = world.t.handle.db;
     const tokens = await userTokens(await member(), 'contacts.read', SERVICE_C);
@@ -238,5 +247,8 @@ describe(`JWT introspection answers (RFC 9701) on ${BACKEND}`, () => {
     expect(wantsJwt('application/json;q=0.5, Application/Token-Introspection+JWT')).toBe(true);
     expect(wantsJwt('application/token-introspection+jwt;q=0')).toBe(false);
     expect(wantsJwt('application/token-introspection+jwt; q=0.1')).toBe(true);
+    // JSON preferred over it: JSON.
+    expect(wantsJwt('application/json, application/token-introspection+jwt;q=0.5')).toBe(false);
+    expect(wantsJwt('*/*;q=0.1, application/token-introspection+jwt')).toBe(true);
   });
 });

@@ -27,12 +27,16 @@ const REDIRECT = 'https://agent.example.com/callback';
 const EXCHANGE = 'urn:ietf:params:oauth:grant-type:token-exchange';
 const ACCESS_TOKEN = 'urn:ietf:params:oauth:token-type:access_token';
 const [A, B, C, D] = ['https://a.example.com', 'https://b.example.com', 'https://c.example.com', 'https://d.example.com'];
+/** A resource whose tokens live 60 s: shorter than B's 300. */
+const SHORT = 'https://short.example.com';
 
 type Credentials = { client_id: string; client_secret: string };
 let world: OidcWorld;
 let agent: Credentials;
 let other: Credentials;
-const rs: Record<'a' | 'b' | 'c' | 'd', Credentials> = {} as never;
+const rs: Record<'a' | 'b' | 'c' | 'd' | 'short', Credentials> = {} as never;
+/** A private integration of the organization, whose own tokens (client_credentials) are exchanged too. */
+let integration: Credentials;
 let n = 0;
 
 async function member(): Promise<{ email: string }> {
@@ -62,8 +66,10 @@ beforeAll(async () => {
   rs.b = (await registerResource(db, world.config, { uri: B, name: 'B', scopes: 'orders.read contacts.read', accessTokenTtl: 300 })).credentials;
   rs.c = (await registerResource(db, world.config, { uri: C, name: 'C', scopes: 'orders.read' })).credentials;
   rs.d = (await registerResource(db, world.config, { uri: D, name: 'D', scopes: 'orders.read' })).credentials;
-  // B takes tokens exchanged by A (by its URI) and by the agent; C by the agent; D by nobody.
-  await updateResource(db, B, { allowExchangeFrom: [A, agent.client_id] });
+  rs.short = (await registerResource(db, world.config, { uri: SHORT, name: 'Short', scopes: 'orders.read', accessTokenTtl: 60 })).credentials;
+  integration = await createApplication(db, { organizationId: world.org.organizationId, type: 'private', name: 'Integration', scopes: 'orders.read contacts.read' });
+  // B takes tokens exchanged by A (by its URI), by the agent, by Short and by the integration; C by the agent; D by nobody.
+  await updateResource(db, B, { allowExchangeFrom: [A, agent.client_id, SHORT, integration.client_id] });
   await updateResource(db, C, { allowExchangeFrom: [agent.client_id] });
 });
 
@@ -141,6 +147,28 @@ describe(`token exchange (RFC 8693) on ${BACKEND}`, () => {
     // An actor token of another client is refused.
     const others = await tokensOf(other, user, 'contacts.read');
     expect(await exchange(agent, { subject_token: forA.access_token, resource: C, actor_token: others.access_token, actor_token_type: ACCESS_TOKEN })).toMatchObject({ status: 400, body: { error: 'invalid_request' } });
+  });
+
+  it('never outlives its subject token; revoking an exchanged token revokes it alone; an application’s own token is exchanged too', async () => {
+    const forShort = await tokensOf(agent, await member(), 'orders.read', SHORT);
+    const subject = decodeJwt(forShort.access_token);
+    const res = await exchange(rs.short, { subject_token: forShort.access_token, resource: B });
+    expect(res.status, JSON.stringify(res.body)).toBe(200);
+    const exchanged = decodeJwt(String(res.body.access_token));
+    expect(exchanged.exp).toBeLessThanOrEqual(subject.exp!);
+    expect(res.body.expires_in).toBeLessThanOrEqual(60);
+
+    // The resource revokes the token it got: that token ends, the user's grant (another client's) does not.
+    expect((await post('/oauth/revoke', { token: String(res.body.access_token) }, rs.short)).status).toBe(200);
+    expect(await introspect(rs.b, String(res.body.access_token))).toEqual({ active: false });
+    expect((await introspect(rs.short, forShort.access_token)).active).toBe(true);
+
+    // A private integration's own token (client_credentials, no user) for A, exchanged by the integration for B.
+    const own = await post('/oauth/token', { grant_type: 'client_credentials', organization_id: String(world.org.organizationId), resource: A, scope: 'orders.read' }, integration);
+    expect(own.status, JSON.stringify(own.body)).toBe(200);
+    const fromApp = await exchange(integration, { subject_token: String(own.body.access_token), resource: B });
+    expect(fromApp).toMatchObject({ status: 200, body: { scope: 'orders.read' } });
+    expect(decodeJwt(String(fromApp.body.access_token)).sub).toBe(integration.client_id);
   });
 
   it('openid-client’s genericGrantRequest performs the exchange, with and without an actor', async () => {

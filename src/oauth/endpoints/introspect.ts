@@ -95,6 +95,8 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
 
   /** RFC 9701 §5: the answer as a JWT for the caller, when its Accept asks for one. */
   async function send(req: FastifyRequest, reply: FastifyReply, caller: Application, result: Answer): Promise<unknown> {
+    // The answer's form depends on Accept: caches, if any came between, must key on it.
+    reply.header('vary', 'accept');
     if (!wantsJwt(req.headers.accept)) return result;
     const key = await options.keys.signingKey();
     const header = Buffer.from(JSON.stringify({ alg: key.alg, kid: key.kid, typ: 'token-introspection+jwt' })).toString('base64url');
@@ -108,13 +110,21 @@ export async function introspectionEndpoint(app: FastifyInstance, options: OAuth
   });
 }
 
-/** Whether an Accept header prefers the JWT answer: it names the type with a q above 0 (RFC 9110 §12.5.1). */
+/**
+ * Whether an Accept header prefers the JWT answer (RFC 9110 §12.5.1): it names the type with a q
+ * above 0, and no higher q than it gives JSON (application/json, application/*, or *\/*).
+ */
 export function wantsJwt(accept: string | undefined): boolean {
   if (accept === undefined) return false;
-  return accept.split(',').some((range) => {
+  let jwt = 0;
+  let json = 0;
+  for (const range of accept.split(',')) {
     const [type, ...params] = range.split(';').map((p) => p.trim().toLowerCase());
-    if (type !== INTROSPECTION_JWT) return false;
-    const q = params.find((p) => p.startsWith('q='));
-    return q === undefined || Number(q.slice(2)) > 0;
-  });
+    const qParam = params.find((p) => p.startsWith('q='));
+    const q = qParam === undefined ? 1 : Number(qParam.slice(2));
+    if (!Number.isFinite(q)) continue;
+    if (type === INTROSPECTION_JWT) jwt = Math.max(jwt, q);
+    else if (type === 'application/json' || type === 'application/*' || type === '*/*') json = Math.max(json, q);
+  }
+  return jwt > 0 && jwt >= json;
 }

@@ -1,6 +1,7 @@
 /**
  * POST /oauth/revoke (RFC 7009), client-authenticated. A client revokes only its own tokens:
- * anything else is "unknown" to it, and answered 200 all the same.
+ * anything else is "unknown" to it, and answered 200 all the same. A resource's own tokens are
+ * those it got by token exchange.
  */
 import type { FastifyInstance } from 'fastify';
 import { isApplicationToken } from '../models/access-tokens.js';
@@ -15,7 +16,11 @@ export async function revocationEndpoint(app: FastifyInstance, options: OAuthEnd
     // client-grants.ts): one of those is revoked alone. Unknown, invalid or another client's
     // tokens: 200 all the same.
     const actor = { actorClientId: application.client_id };
-    if (found?.kind === 'access_token' && isApplicationToken(found.claims)) {
+    // A token exchanged for another resource (RFC 8693) keeps the grant it descends from, which is
+    // another client's (a resource exchanged it) or was made before the exchange (an actor acted):
+    // revoking it revokes that token alone, never the grant.
+    const exchanged = found?.kind === 'access_token' && (application.type === 'resource' || found.claims.act !== undefined);
+    if (found?.kind === 'access_token' && (isApplicationToken(found.claims) || exchanged)) {
       await options.revocations.revokeToken(found.claims, 'revoked_by_client', actor);
     } else if (found) {
       const grantId = found.kind === 'access_token' ? found.claims.grant_id : found.token.grant_id;

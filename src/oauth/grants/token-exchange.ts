@@ -25,7 +25,7 @@ import { InvalidScopeError, InvalidTargetError, UnauthorizedClientError } from '
 import { isIdentityScope } from '../helpers/scopes.js';
 import type { Params } from '../helpers/params.js';
 import { requireParam } from '../helpers/params.js';
-import { type AccessTokenClaims, type ActClaim, actDepth, InvalidTokenError, isApplicationToken, MAX_ACT_DEPTH, signAccessToken, verifyAccessToken } from '../models/access-tokens.js';
+import { type AccessTokenClaims, type ActClaim, actDepth, InvalidTokenError, MAX_ACT_DEPTH, signAccessToken, verifyAccessToken } from '../models/access-tokens.js';
 import { isResourceClient } from '../models/resource-clients.js';
 import type { TokenResource } from '../models/resources.js';
 import { accessTokenStatus } from '../models/token-status.js';
@@ -35,8 +35,8 @@ import type { GrantHandler } from './types.js';
 /** RFC 8693 §3: the only token type orgauth takes and issues here. */
 export const ACCESS_TOKEN_TYPE_URN = 'urn:ietf:params:oauth:token-type:access_token';
 
-/** A live access token of ours and its organization's name, or invalid_request naming which parameter (RFC 8693 §2.2.2). */
-async function liveToken(ctx: TokenContext, params: Params, name: 'subject_token' | 'actor_token'): Promise<{ claims: AccessTokenClaims; organizationName: string }> {
+/** An access token this server signed (not yet known to be live), or invalid_request naming which parameter (RFC 8693 §2.2.2). */
+async function signedToken(ctx: TokenContext, params: Params, name: 'subject_token' | 'actor_token'): Promise<AccessTokenClaims> {
   const token = requireParam(params, name);
   const type = requireParam(params, `${name}_type`);
   if (type !== ACCESS_TOKEN_TYPE_URN) throw new InvalidRequestError(`${name}_type must be ${ACCESS_TOKEN_TYPE_URN}`);
@@ -48,17 +48,22 @@ async function liveToken(ctx: TokenContext, params: Params, name: 'subject_token
     if (err instanceof InvalidTokenError) throw new InvalidRequestError(`${name} is not a valid access token of this server`);
     throw err;
   }
+  return claims;
+}
+
+/** The token is live now (asked only once the caller may use it: no oracle for anyone else's tokens). */
+async function liveStatus(ctx: TokenContext, claims: AccessTokenClaims, name: 'subject_token' | 'actor_token') {
   const status = await accessTokenStatus(ctx.db, ctx.findApplication, claims);
   if (!status.live) throw new InvalidRequestError(`${name} is not active`);
-  return { claims, organizationName: status.organizationName };
+  return status;
 }
 
 /** The target: `resource` (RFC 8707) or `audience` naming a registered resource; both must name the same. */
 async function target(ctx: TokenContext, params: Params): Promise<TokenResource> {
   if (params.resource === undefined && params.audience === undefined) throw new InvalidRequestError('name the target with resource (or audience)');
   const byResource = params.resource === undefined ? undefined : await ctx.resources.resolve(params.resource);
-  const byAudience = params.audience === undefined ? undefined : await ctx.resources.resolve(params.audience).catch(() => {
-    throw new InvalidTargetError('audience is not a resource registered at this authorization server');
+  const byAudience = params.audience === undefined ? undefined : await ctx.resources.resolve(params.audience).catch((err: unknown) => {
+    throw err instanceof InvalidTargetError ? new InvalidTargetError('audience is not a resource registered at this authorization server') : err;
   });
   if (byResource && byAudience && byResource.uri !== byAudience.uri) throw new InvalidTargetError('resource and audience name different resources');
   const found = (byResource ?? byAudience)!;
@@ -76,7 +81,7 @@ export const tokenExchange: GrantHandler = {
       throw new InvalidRequestError(`requested_token_type must be ${ACCESS_TOKEN_TYPE_URN}`);
     }
     if ((params.actor_token === undefined) !== (params.actor_token_type === undefined)) throw new InvalidRequestError('actor_token and actor_token_type go together');
-    const { claims: subject, organizationName } = await liveToken(ctx, params, 'subject_token');
+    const subject = await signedToken(ctx, params, 'subject_token');
     const callerResource = isResourceClient(caller) ? await ctx.resources.byId(caller.resource_id) : undefined;
 
     // Who may exchange this token: its audience or its own client — and, when it is delegated,
@@ -90,18 +95,21 @@ export const tokenExchange: GrantHandler = {
     if (audiences.includes(resource.uri)) throw new InvalidTargetError('the subject token is already for this resource');
     const allowed = resource.exchangeFrom.includes(caller.client_id) || (callerResource !== undefined && resource.exchangeFrom.includes(callerResource.uri));
     if (!allowed) throw new UnauthorizedClientError(`${resource.uri} does not accept tokens exchanged by this client`);
+    const { organizationName, userId } = await liveStatus(ctx, subject, 'subject_token');
 
     let act: ActClaim | undefined = subject.act;
     if (params.actor_token !== undefined) {
-      const { claims: actor } = await liveToken(ctx, params, 'actor_token');
+      const actor = await signedToken(ctx, params, 'actor_token');
       if (actor.client_id !== caller.client_id) throw new InvalidRequestError('actor_token must be an access token of the client making the request');
+      await liveStatus(ctx, actor, 'actor_token');
       act = { sub: caller.client_id, ...(subject.act ? { act: subject.act } : {}) };
       if (actDepth(act) > MAX_ACT_DEPTH) throw new InvalidRequestError(`a delegation chain holds at most ${MAX_ACT_DEPTH} actors`);
     }
 
     // Scopes: within the subject token's, the target's, and the user's role as it is now.
     const held = subject.scope.split(' ').filter((s) => s !== '' && !isIdentityScope(s));
-    const holds = isApplicationToken(subject) ? () => true : await memberScopeTest(ctx.db, subject.organization_id, Number(subject.sub));
+    // The grant's user, not the token's sub: an application's own token (no user) has none, whoever it was exchanged by.
+    const holds = userId === null ? () => true : await memberScopeTest(ctx.db, subject.organization_id, userId);
     if (!holds) throw new InvalidRequestError('subject_token is not active');
     const grantable = held.filter((s) => resource.scopes.includes(s) && holds(s));
     let scopes: string[];
@@ -114,9 +122,6 @@ export const tokenExchange: GrantHandler = {
     }
     if (scopes.length === 0) throw new InvalidScopeError(`the subject token holds none of the scopes of ${resource.uri}`);
 
-    const now = Math.floor(Date.now() / 1000);
-    const lifetime = Math.min(resource.accessTokenTtl, subject.exp - now);
-    if (lifetime <= 0) throw new InvalidRequestError('subject_token is not active');
     const signingKey = await ctx.keys.signingKey();
     const { token, claims } = await signAccessToken(signingKey, ctx.config, {
       subject: subject.sub,
@@ -124,11 +129,14 @@ export const tokenExchange: GrantHandler = {
       scopes,
       organizationId: subject.organization_id,
       grantId: subject.grant_id,
-      resource: { uri: resource.uri, accessTokenTtl: lifetime },
+      resource,
       roleId: subject.role_id,
       dpopJkt,
       act,
+      // Never past the subject token, whenever this is signed.
+      notAfter: subject.exp,
     });
+    if (claims.exp <= claims.iat) throw new InvalidRequestError('subject_token is not active');
     await recordAuditEvent(ctx.db, {
       organizationId: subject.organization_id,
       action: 'token.exchanged',
@@ -148,7 +156,7 @@ export const tokenExchange: GrantHandler = {
       access_token: token,
       issued_token_type: ACCESS_TOKEN_TYPE_URN,
       token_type: dpopJkt ? 'DPoP' : 'Bearer',
-      expires_in: lifetime,
+      expires_in: claims.exp - claims.iat,
       scope: scopes.join(' '),
       organization_id: subject.organization_id,
       organization_name: organizationName,

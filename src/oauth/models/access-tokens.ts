@@ -36,6 +36,8 @@ export interface AccessTokenInput {
   dpopJkt?: string | null | undefined;
   /** RFC 8693 §4.1: who acts for the subject (token exchange with an actor), the current actor outermost. */
   act?: ActClaim | undefined;
+  /** Seconds since the epoch the token may not outlive (token exchange: its subject token's exp). */
+  notAfter?: number | undefined;
 }
 
 /** RFC 8693 §4.1 `act`: the acting party (a client id), and the one it acted for before, nested. */
@@ -116,7 +118,7 @@ export async function signAccessToken(
     ...(input.act ? { act: input.act } : {}),
     jti: randomUUID(),
     iat,
-    exp: iat + input.resource.accessTokenTtl,
+    exp: Math.min(iat + input.resource.accessTokenTtl, input.notAfter ?? Number.POSITIVE_INFINITY),
   };
   const token = await signJws(signingKey, signingKey.header, claims);
   return { token, claims };

@@ -10,7 +10,7 @@ import { sql } from 'kysely';
 import type { Config } from '../../config.js';
 import { type DB, inTransaction } from '../../db/connect.js';
 import { type Application, type GrantType, TOKEN_EXCHANGE_GRANT } from '../../db/schema.js';
-import { ConflictError, InvalidRequestError } from '../../errors.js';
+import { ConflictError, InvalidRequestError, NotFoundError } from '../../errors.js';
 import { clientKeysProblem, publicJwksSchema } from '../helpers/client-assertion.js';
 import { newClientId, newClientSecret } from './applications.js';
 import { createResource, getResource, type ResourceCredentials, type ResourceInput, type ResourceRow } from './resources.js';
@@ -58,7 +58,8 @@ export async function rotateResourceSecret(db: DB, uriOrId: string): Promise<Res
   return inTransaction(db, async (trx) => {
     const resource = await getResource(trx, uriOrId);
     // Two rotations at once of a resource without credentials: one inserts, the other waits and updates.
-    await trx.selectFrom('resources').select('id').where('id', '=', resource.id).forUpdate().execute();
+    const locked = await trx.selectFrom('resources').select('id').where('id', '=', resource.id).forUpdate().executeTakeFirst();
+    if (!locked) throw new NotFoundError(`no resource ${uriOrId.slice(0, 200)}`);
     const updated = await trx
       .updateTable('applications')
       .set({ client_secret_hash: hash, token_endpoint_auth_method: 'client_secret_basic', jwks: null, jwks_uri: null, secret_rotated_at: sql`now()`, updated_at: sql`now()` })

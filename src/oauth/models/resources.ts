@@ -208,7 +208,16 @@ async function exchangeSource(db: DB, self: ResourceRow, value: string): Promise
  * they expire; a refresh gets at most the scopes the resource still lists.
  */
 export async function updateResource(db: DB, uriOrId: string, changes: ResourceChanges): Promise<ResourceRow> {
-  const current = await getResource(db, uriOrId);
+  // Read, changed and written under the row's lock: two changes of who may exchange (or one and a
+  // deletion elsewhere) cannot undo each other.
+  return inTransaction(db, async (trx) => {
+    const { id } = await getResource(trx, uriOrId);
+    await trx.selectFrom('resources').select('id').where('id', '=', id).forUpdate().execute();
+    return changeResource(trx, await getResource(trx, String(id)), changes);
+  });
+}
+
+async function changeResource(db: DB, current: ResourceRow, changes: ResourceChanges): Promise<ResourceRow> {
   const valid = parseInput(resourceSchema, {
     uri: current.uri,
     name: changes.name ?? current.name,
@@ -242,6 +251,7 @@ export async function deleteResource(db: DB, uriOrId: string): Promise<ResourceR
   const names = [current.uri, ...(current.client_id !== null ? [current.client_id] : [])];
   await inTransaction(db, async (trx) => {
     await trx.deleteFrom('resources').where('id', '=', current.id).execute();
+    // Locks the rows it changes; an update running beside it writes after, from what this left.
     await trx
       .updateTable('resources')
       .set({ exchange_from: sql<string[]>`array(select e from unnest(exchange_from) e where e <> all(${sql.val(names)}::text[]))`, updated_at: sql`now()` })
