@@ -12,12 +12,14 @@ import * as client from 'openid-client';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { addMember } from '../../src/accounts/organizations.js';
 import { createUser } from '../../src/accounts/users.js';
+import { connectDatabase } from '../../src/db/connect.js';
 import { createApplication } from '../../src/oauth/models/applications.js';
 import { revokeGrants } from '../../src/oauth/models/grants.js';
 import { registerResource } from '../../src/oauth/models/resource-clients.js';
 import { updateResource } from '../../src/oauth/models/resources.js';
 import { userTokens as consentedTokens } from '../helpers/consent.js';
 import { atTime } from '../helpers/clock.js';
+import { buildTestApp } from '../helpers/app.js';
 import { BACKEND } from '../helpers/db.js';
 import { basic, form } from '../helpers/oauth.js';
 import { type OidcWorld, startOidcWorld } from '../helpers/oidc-world.js';
@@ -112,6 +114,35 @@ describe(`token exchange (RFC 8693) on ${BACKEND}`, () => {
     const events = await world.t.handle.db.selectFrom('audit_events').select(['action', 'details']).where('organization_id', '=', world.org.organizationId).where('action', '=', 'token.exchanged').execute();
     expect(events.length).toBeGreaterThanOrEqual(2);
     expect(events[0]!.details).toMatchObject({ client_id: rs.a.client_id, subject_client_id: agent.client_id, resource: B, scope: 'orders.read' });
+  });
+
+  it('revoking the user’s grant through one instance: the exchanged token is inactive on another at once, and refused as a subject token there', async () => {
+    // A second instance of the same issuer on the same database (on PostgreSQL with its own pool and LISTEN).
+    const handle = world.t.target.kind === 'postgres' ? await connectDatabase(world.t.target) : undefined;
+    const other = handle ?? world.t.handle;
+    const second = await buildTestApp(other.db, { env: { ISSUER: world.issuer }, listen: other.listen });
+    try {
+      const forA = await tokensOf(agent, await member(), 'orders.read', A);
+      const res = await exchange(rs.a, { subject_token: forA.access_token, resource: B });
+      expect(res.status).toBe(200);
+      const onSecond = async (token: string) =>
+        (await second.inject({ method: 'POST', url: '/oauth/introspect', headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(rs.b.client_id, rs.b.client_secret) }, payload: form({ token }) })).json();
+      expect(await onSecond(String(res.body.access_token))).toMatchObject({ active: true });
+      // The client revokes its refresh token through the first instance: the grant ends (RFC 7009).
+      expect((await post('/oauth/revoke', { token: forA.refresh_token }, { client_id: agent.client_id, client_secret: agent.client_secret })).status).toBe(200);
+      expect(await onSecond(String(res.body.access_token))).toEqual({ active: false });
+      const again = await second.inject({
+        method: 'POST',
+        url: '/oauth/token',
+        headers: { 'content-type': 'application/x-www-form-urlencoded', authorization: basic(rs.a.client_id, rs.a.client_secret) },
+        payload: form({ grant_type: EXCHANGE, subject_token_type: ACCESS_TOKEN, subject_token: forA.access_token, resource: B }),
+      });
+      expect(again.statusCode).toBe(400);
+      expect(again.json()).toMatchObject({ error: 'invalid_request' });
+    } finally {
+      await second.close();
+      await handle?.close();
+    }
   });
 
   it('deny by default: a target that does not allow the caller is unauthorized_client; a token not for the caller nor issued to it is invalid_request', async () => {
