@@ -7,7 +7,7 @@
  * openid-client's genericGrantRequest.
  */
 import { randomBytes } from 'node:crypto';
-import { decodeJwt } from 'jose';
+import { calculateJwkThumbprint, decodeJwt, exportJWK, type JWK } from 'jose';
 import * as client from 'openid-client';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { addMember } from '../../src/accounts/organizations.js';
@@ -215,6 +215,22 @@ describe(`token exchange (RFC 8693) on ${BACKEND}`, () => {
     expect(decodeJwt(acting.access_token).act).toEqual({ sub: agent.client_id });
     const metadata = (await (await fetch(`${world.issuer}/.well-known/oauth-authorization-server`)).json()) as { grant_types_supported: string[] };
     expect(metadata.grant_types_supported).toContain(EXCHANGE);
+  });
+
+  it('DPoP-bound when the request carries a proof (openid-client’s DPoP handle): token_type DPoP, cnf.jkt the proof key’s, shown at introspection', async () => {
+    const forA = await tokensOf(agent, await member(), 'orders.read', A);
+    const asA = await client.discovery(new URL(world.issuer), rs.a.client_id, rs.a.client_secret, undefined, { execute: [client.allowInsecureRequests] });
+    const keyPair = await client.randomDPoPKeyPair('ES256');
+    const DPoP = client.getDPoPHandle(asA, keyPair);
+    const bound = await client.genericGrantRequest(asA, EXCHANGE, { subject_token: forA.access_token, subject_token_type: ACCESS_TOKEN, resource: B }, { DPoP });
+    expect(bound).toMatchObject({ issued_token_type: ACCESS_TOKEN, token_type: 'dpop', scope: 'orders.read' });
+    const jkt = await calculateJwkThumbprint((await exportJWK(keyPair.publicKey)) as JWK);
+    expect(decodeJwt(bound.access_token).cnf).toEqual({ jkt });
+    expect(await introspect(rs.b, bound.access_token)).toMatchObject({ active: true, token_type: 'DPoP', cnf: { jkt }, aud: B });
+    // Without a proof the same exchange is a bearer token, with no cnf.
+    const plain = await exchange(rs.a, { subject_token: forA.access_token, resource: B });
+    expect(plain).toMatchObject({ status: 200, body: { token_type: 'Bearer' } });
+    expect(decodeJwt(String(plain.body.access_token)).cnf).toBeUndefined();
   });
 
   it('bad input answers RFC 8693’s and RFC 8707’s errors, never a 5xx', async () => {
