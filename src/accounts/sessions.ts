@@ -105,6 +105,8 @@ export interface NewSession {
   currentOrganizationId?: number | null;
   /** The SSO connection the user signed in through: the session ends when it is disabled. */
   ssoConnectionId?: number | null;
+  /** The social connection the user signed in through: the session ends when it is deleted. */
+  socialConnectionId?: number | null;
 }
 
 export async function createSession(db: DB, userId: number, options: NewSession = {}): Promise<string> {
@@ -124,6 +126,7 @@ export async function createSession(db: DB, userId: number, options: NewSession 
       amr: [...amr],
       current_organization_id: options.currentOrganizationId ?? null,
       sso_connection_id: options.ssoConnectionId ?? null,
+      social_connection_id: options.socialConnectionId ?? null,
     })
     .execute();
   // Housekeeping: this user's expired sessions are of no use to anyone.

@@ -36,6 +36,7 @@ import { roleCommands } from './roles.js';
 import { seedDemoCommands } from './seed-demo.js';
 import { setupLinkCommands } from './setup-links.js';
 import { ssoCommands } from './sso.js';
+import { socialCommands } from './social.js';
 import { count, NO_PROGRESS, type Progress, progressLine, type ProgressLine, UsageError, type Command, type CommandContext, type Options, type Values } from './shared.js';
 import { tokenCommands } from './tokens.js';
 import { userCommands } from './users.js';
@@ -56,6 +57,7 @@ const COMMANDS: Record<string, Command> = {
   ...tokenCommands,
   ...grantCommands,
   ...ssoCommands,
+  ...socialCommands,
   ...domainCommands,
   ...webhookCommands,
   ...directoryCommands,

@@ -471,6 +471,8 @@ export interface SessionsTable {
   amr: ColumnType<string[], string[] | undefined, string[]>;
   /** The SSO connection the session was signed in through (ended with it). */
   sso_connection_id: ColumnType<number | null, number | null | undefined, number | null>;
+  /** The social connection the session was signed in through (ended when it is deleted). */
+  social_connection_id: ColumnType<number | null, number | null | undefined, number | null>;
 }
 
 /** A user's authenticator app (RFC 6238). Only a confirmed one is a second factor. */
@@ -640,7 +642,9 @@ export interface SsoIdentitiesTable {
 export interface SsoSignInsTable {
   id: Generated<number>;
   handle_hash: string;
-  connection_id: number;
+  /** The SSO connection, or (social_connection_id) the social one: exactly one. */
+  connection_id: ColumnType<number | null, number | null | undefined, number | null>;
+  social_connection_id: ColumnType<number | null, number | null | undefined, number | null>;
   browser_hash: string | null;
   return_to: string;
   oidc_nonce: ColumnType<string | null, string | null | undefined, string | null>;
@@ -650,6 +654,41 @@ export interface SsoSignInsTable {
   created_at: Generated<Date>;
   expires_at: Timestamp;
   consumed_at: NullableTimestamp;
+}
+
+export type SocialProvider = 'google' | 'microsoft' | 'github' | 'oidc';
+export type SocialConnectionState = 'enabled' | 'disabled';
+
+/** A social sign-in the operator set up for the whole instance (src/social/connections.ts; migration 0030). */
+export interface SocialConnectionsTable {
+  id: Generated<number>;
+  provider: SocialProvider;
+  /** What the sign-in page's button names ("Continue with Google"). */
+  name: string;
+  state: ColumnType<SocialConnectionState, SocialConnectionState | undefined, SocialConnectionState>;
+  client_id: string;
+  client_secret_sealed: string;
+  /** google, microsoft, oidc: where the provider is discovered (microsoft: without the tenant). */
+  issuer: string | null;
+  /** microsoft: common, organizations, consumers or one tenant id. */
+  tenant: string | null;
+  /** github: github.com or a GitHub Enterprise Server. */
+  base_url: string | null;
+  /** When not empty, only addresses in these domains sign in. */
+  allowed_domains: ColumnType<string[], string[] | undefined, string[]>;
+  created_at: Generated<Date>;
+  updated_at: Generated<Date>;
+}
+
+/** A user's identity at a social connection, by the provider's subject (src/social/identities.ts). */
+export interface SocialIdentitiesTable {
+  id: Generated<number>;
+  connection_id: number;
+  user_id: number;
+  subject: string;
+  email: string | null;
+  created_at: Generated<Date>;
+  last_used_at: Generated<Date>;
 }
 
 /** Who an organization removed: just-in-time provisioning never adds them back. */
@@ -799,6 +838,8 @@ export interface Database {
   sso_domains: SsoDomainsTable;
   sso_identities: SsoIdentitiesTable;
   sso_sign_ins: SsoSignInsTable;
+  social_connections: SocialConnectionsTable;
+  social_identities: SocialIdentitiesTable;
   saml_assertion_ids: SamlAssertionIdsTable;
   removed_members: RemovedMembersTable;
   jobs: JobsTable;

@@ -174,9 +174,9 @@ export function readIdpMetadata(xml: string): { idp_entity_id: string; idp_sso_u
   return { idp_entity_id: entityId, idp_sso_url: ssoUrl, idp_certificates: certificates.slice(0, MAX_SAML_CERTIFICATES) };
 }
 
-const text = (max: number) => z.string().trim().min(1, 'must not be empty').max(max, `must be at most ${max} characters`).refine(isWellFormed, 'must be valid text');
+export const text = (max: number) => z.string().trim().min(1, 'must not be empty').max(max, `must be at most ${max} characters`).refine(isWellFormed, 'must be valid text');
 
-function urlField(allowHttp: boolean) {
+export function urlField(allowHttp: boolean) {
   return text(2048).refine((v) => {
     if (!URL.canParse(v)) return false;
     const url = new URL(v);

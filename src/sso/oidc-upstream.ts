@@ -15,6 +15,59 @@ import { openText } from '../lib/crypto.js';
 import { CLIENT_SECRET_PURPOSE, type ConnectionRow, connectionUrls, DEFAULT_OIDC_SCOPES } from './connections.js';
 import type { UpstreamIdentity } from './identities.js';
 
+/**
+ * orgauth as one relying party at one provider: an organization's SSO connection (ssoRelyingParty)
+ * or a social connection (src/social/providers.ts).
+ */
+export interface OidcRelyingParty {
+  /** The connection's id, in the identity it yields; with `kind`, the discovery cache's key. */
+  connectionId: number;
+  kind: 'sso' | 'social';
+  /** Where the provider is discovered. */
+  discoveryUrl: string;
+  clientId: string;
+  /** The client secret, sealed (lib/crypto.ts) under `secretPurpose`. */
+  clientSecretSealed: string;
+  secretPurpose: string;
+  scopes: string;
+  redirectUri: string;
+  /** When the connection last changed: a change drops what discovery found. */
+  updatedAt: Date;
+  /**
+   * A multi-tenant Microsoft endpoint (common, organizations): its discovery document's issuer is
+   * the template `https://login.microsoftonline.com/{tenantid}/v2.0`, and each ID token's iss is
+   * that template with the token's own `tid`. Checked here as openid-client does for
+   * login.microsoftonline.com itself (which it recognises by origin only).
+   */
+  tenantTemplate?: boolean;
+}
+
+/** An SSO connection's relying party. */
+export function ssoRelyingParty(issuer: string, row: ConnectionRow): OidcRelyingParty {
+  return {
+    connectionId: row.id,
+    kind: 'sso',
+    discoveryUrl: row.oidc_issuer ?? '',
+    clientId: row.oidc_client_id ?? '',
+    clientSecretSealed: row.oidc_client_secret_sealed ?? '',
+    secretPurpose: CLIENT_SECRET_PURPOSE,
+    scopes: row.oidc_scopes ?? DEFAULT_OIDC_SCOPES,
+    redirectUri: connectionUrls(issuer, row.id).redirect_uri,
+    updatedAt: row.updated_at,
+  };
+}
+
+/** What the provider said besides the identity: the ID token's claims (Microsoft's tid and xms_edov are read from them). */
+export interface UpstreamResult {
+  identity: UpstreamIdentity;
+  claims: client.IDToken;
+}
+
+/** The tenant placeholder of Microsoft's multi-tenant discovery documents. */
+const TENANT_PLACEHOLDER = '{tenantid}';
+/** What a tid may be before it goes into an issuer: a GUID. */
+const TENANT_ID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
+
 /** Discovery results are kept this long per connection: a provider's keys rotate, its endpoints rarely. */
 const DISCOVERY_TTL_MS = 10 * 60 * 1000;
 const DISCOVERY_CACHE_MAX = 1000;
@@ -22,7 +75,6 @@ const DISCOVERY_CACHE_MAX = 1000;
 const JSON_ATTRIBUTE_COMPARISON = 'OAUTH_JSON_ATTRIBUTE_COMPARISON_FAILED';
 
 export interface UpstreamOidcSettings {
-  issuer: string;
   secretKey: string;
   allowHttp: boolean;
   fetch: OutboundFetch;
@@ -49,30 +101,63 @@ export class UpstreamOidcError extends Error {
 }
 
 export class UpstreamOidc {
-  private readonly cache = new Map<number, { key: string; at: number; configuration: Promise<client.Configuration> }>();
+  private readonly cache = new Map<string, { key: string; at: number; configuration: Promise<client.Configuration> }>();
 
   constructor(private readonly settings: UpstreamOidcSettings) {}
 
   /** The provider's configuration (discovery), cached per connection and dropped when the connection changes. */
-  private configuration(row: ConnectionRow): Promise<client.Configuration> {
-    const key = `${row.oidc_issuer}|${row.oidc_client_id}|${row.updated_at.getTime()}`;
-    const cached = this.cache.get(row.id);
+  private configuration(rp: OidcRelyingParty): Promise<client.Configuration> {
+    const key = `${rp.discoveryUrl}|${rp.clientId}|${rp.updatedAt.getTime()}`;
+    const id = `${rp.kind}:${rp.connectionId}`;
+    const cached = this.cache.get(id);
     if (cached && cached.key === key && Date.now() - cached.at < DISCOVERY_TTL_MS) return cached.configuration;
-    const secret = openText(this.settings.secretKey, CLIENT_SECRET_PURPOSE, row.oidc_client_secret_sealed ?? '');
-    const issuer = new URL(row.oidc_issuer ?? '');
-    const insecure = this.settings.allowHttp && issuer.protocol === 'http:';
-    const configuration = client.discovery(issuer, row.oidc_client_id ?? '', secret, undefined, {
-      [client.customFetch]: this.settings.fetch,
-      ...(insecure ? { execute: [client.allowInsecureRequests] } : {}),
-      timeout: 5,
-    });
+    const configuration = rp.tenantTemplate ? this.tenantDiscovery(rp) : client.discovery(new URL(rp.discoveryUrl), rp.clientId, this.secret(rp), undefined, this.options(rp.discoveryUrl));
     // A failed discovery is not kept: the next sign-in tries again.
     configuration.catch(() => {
-      if (this.cache.get(row.id)?.configuration === configuration) this.cache.delete(row.id);
+      if (this.cache.get(id)?.configuration === configuration) this.cache.delete(id);
     });
     if (this.cache.size >= DISCOVERY_CACHE_MAX) this.cache.delete(this.cache.keys().next().value!);
-    this.cache.set(row.id, { key, at: Date.now(), configuration });
+    this.cache.set(id, { key, at: Date.now(), configuration });
     return configuration;
+  }
+
+  private secret(rp: OidcRelyingParty): string {
+    return openText(this.settings.secretKey, rp.secretPurpose, rp.clientSecretSealed);
+  }
+
+  private options(url: string) {
+    const insecure = this.settings.allowHttp && new URL(url).protocol === 'http:';
+    return { [client.customFetch]: this.settings.fetch, ...(insecure ? { execute: [client.allowInsecureRequests] } : {}), timeout: 5 };
+  }
+
+  /** A configuration made here (not by discovery), set up as options() sets up discovery's, with `fetch`. */
+  private configured(metadata: client.ServerMetadata, rp: OidcRelyingParty, fetch: OutboundFetch): client.Configuration {
+    const configuration = new client.Configuration(metadata, rp.clientId, this.secret(rp));
+    configuration[client.customFetch] = fetch;
+    configuration.timeout = 5;
+    if (this.settings.allowHttp && new URL(rp.discoveryUrl).protocol === 'http:') client.allowInsecureRequests(configuration);
+    return configuration;
+  }
+
+  /**
+   * A multi-tenant Microsoft endpoint's configuration: its discovery document (fetched through the
+   * outbound client), whose issuer must be the tenant template at the same origin.
+   */
+  private async tenantDiscovery(rp: OidcRelyingParty): Promise<client.Configuration> {
+    const url = `${rp.discoveryUrl}/.well-known/openid-configuration`;
+    const response = await this.settings.fetch(url, { headers: { accept: 'application/json' }, signal: AbortSignal.timeout(5000) });
+    if (response.status !== 200) throw new UpstreamOidcError(`discovery failed: ${url} answered ${response.status}`);
+    const metadata = (await response.json()) as client.ServerMetadata;
+    const expected = new URL(rp.discoveryUrl);
+    if (typeof metadata.issuer !== 'string' || !metadata.issuer.includes(TENANT_PLACEHOLDER) || !URL.canParse(metadata.issuer) || new URL(metadata.issuer).origin !== expected.origin) {
+      throw new UpstreamOidcError('discovery failed: a multi-tenant endpoint\'s issuer must be the {tenantid} template at its own origin');
+    }
+    return this.configured(metadata, rp, this.settings.fetch);
+  }
+
+  /** The S256 challenge of a PKCE verifier (RFC 7636). */
+  static codeChallenge(verifier: string): Promise<string> {
+    return client.calculatePKCECodeChallenge(verifier);
   }
 
   /** New checks for one sign-in (PKCE verifier, state, nonce). */
@@ -81,11 +166,11 @@ export class UpstreamOidc {
   }
 
   /** Where to send the browser: the provider's authorization endpoint with this sign-in's checks. */
-  async authorizationUrl(row: ConnectionRow, checks: OidcChecks, options: { loginHint?: string | undefined; again?: boolean } = {}): Promise<URL> {
-    const configuration = await this.wrap('discovery', () => this.configuration(row));
+  async authorizationUrl(rp: OidcRelyingParty, checks: OidcChecks, options: { loginHint?: string | undefined; again?: boolean } = {}): Promise<URL> {
+    const configuration = await this.wrap('discovery', () => this.configuration(rp));
     const parameters: Record<string, string> = {
-      redirect_uri: connectionUrls(this.settings.issuer, row.id).redirect_uri,
-      scope: row.oidc_scopes ?? DEFAULT_OIDC_SCOPES,
+      redirect_uri: rp.redirectUri,
+      scope: rp.scopes,
       response_type: 'code',
       code_challenge: await client.calculatePKCECodeChallenge(checks.codeVerifier),
       code_challenge_method: 'S256',
@@ -102,11 +187,16 @@ export class UpstreamOidc {
    * The callback: exchanges the code (PKCE) and checks the ID token (signature, iss, aud, exp,
    * nonce) and the response (state, RFC 9207 iss). Any failure is an UpstreamOidcError.
    */
-  async finish(row: ConnectionRow, callbackUrl: URL, checks: OidcChecks): Promise<UpstreamIdentity> {
-    const configuration = await this.wrap('discovery', () => this.configuration(row));
-    const tokens = await this.wrap('token exchange', () =>
-      client.authorizationCodeGrant(configuration, callbackUrl, { pkceCodeVerifier: checks.codeVerifier, expectedState: checks.state, expectedNonce: checks.nonce, idTokenExpected: true }),
-    );
+  async finish(rp: OidcRelyingParty, callbackUrl: URL, checks: OidcChecks): Promise<UpstreamIdentity> {
+    return (await this.finishWithClaims(rp, callbackUrl, checks)).identity;
+  }
+
+  /** finish, with the ID token's claims. */
+  async finishWithClaims(rp: OidcRelyingParty, callbackUrl: URL, checks: OidcChecks): Promise<UpstreamResult> {
+    const configuration = await this.wrap('discovery', () => this.configuration(rp));
+    const grant = (c: client.Configuration) =>
+      client.authorizationCodeGrant(c, callbackUrl, { pkceCodeVerifier: checks.codeVerifier, expectedState: checks.state, expectedNonce: checks.nonce, idTokenExpected: true });
+    const tokens = await this.wrap('token exchange', () => (rp.tenantTemplate ? this.tenantGrant(rp, configuration, grant) : grant(configuration)));
     const claims = tokens.claims();
     if (!claims) throw new UpstreamOidcError('the provider returned no ID token');
     // What the identity link stores (src/sso/identities.ts): bounded, as the columns are.
@@ -118,8 +208,8 @@ export class UpstreamOidc {
     // who signed in and how is what the ID token is for (OIDC Core §2).
     const complete = (c: client.IDToken | client.UserInfoResponse) => text(c.email) !== undefined && typeof c.email_verified === 'boolean';
     const emailSource = complete(claims) || userinfo === undefined || text(userinfo.email) === undefined ? claims : userinfo;
-    return {
-      connectionId: row.id,
+    const identity: UpstreamIdentity = {
+      connectionId: rp.connectionId,
       issuer: claims.iss,
       subjectFormat: '',
       subject: claims.sub,
@@ -128,6 +218,46 @@ export class UpstreamOidc {
       name: text(claims.name) ?? text(userinfo?.name),
       amr: Array.isArray(claims.amr) ? claims.amr.filter((v): v is string => typeof v === 'string') : [],
     };
+    return { identity, claims };
+  }
+
+  /**
+   * The code grant at a multi-tenant endpoint, whose ID tokens' iss is the template with their own
+   * tid: the token response is read once from the provider, its ID token's tid (a GUID) picked
+   * out, and the response is then checked in full by openid-client (iss, aud, exp, nonce, state,
+   * PKCE) against a configuration whose issuer is the template with that tid, replayed, without
+   * asking the provider again. The provider's word on iss and tid is checked the same way as the
+   * rest of the ID token taken straight from it (OIDC Core §3.1.3.7 step 6).
+   */
+  private async tenantGrant(
+    rp: OidcRelyingParty,
+    template: client.Configuration,
+    grant: (c: client.Configuration) => Promise<client.TokenEndpointResponse & client.TokenEndpointResponseHelpers>,
+  ) {
+    const metadata = template.serverMetadata() as client.ServerMetadata;
+    let captured: { status: number; headers: Headers; body: string } | undefined;
+    const capture: OutboundFetch = async (url, init) => {
+      const response = await this.settings.fetch(url, init);
+      if (String(url) !== metadata.token_endpoint) return response;
+      captured = { status: response.status, headers: response.headers, body: await response.text() };
+      // Stop here: the configuration's issuer is the template, which no ID token matches.
+      return new Response(JSON.stringify({ error: 'orgauth_tenant_pending' }), { status: 400, headers: { 'content-type': 'application/json' } });
+    };
+    try {
+      await grant(this.configured(metadata, rp, capture));
+    } catch (err) {
+      if (captured === undefined) throw err;
+    }
+    if (captured === undefined) throw new UpstreamOidcError('the provider\'s token endpoint was not reached');
+    const tid = tenantOf(captured.body);
+    if (tid === undefined) throw new UpstreamOidcError('the ID token has no tid that is a tenant id');
+    const replay: OutboundFetch = async (url, init) => {
+      if (String(url) !== metadata.token_endpoint || captured === undefined) return this.settings.fetch(url, init);
+      const { status, headers, body } = captured;
+      captured = undefined;
+      return new Response(body, { status, headers });
+    };
+    return grant(this.configured({ ...metadata, issuer: metadata.issuer.replace(TENANT_PLACEHOLDER, tid) } as client.ServerMetadata, rp, replay));
   }
 
   /**
@@ -200,4 +330,16 @@ function describeError(err: unknown, forAudit: boolean): string {
     parts.push(`${current.name}: ${current.message}${code}`);
   }
   return parts.join(' <- ');
+}
+
+/** The tid of the ID token in a token response's body, when it is a GUID (the signature is openid-client's to check after). */
+function tenantOf(body: string): string | undefined {
+  try {
+    const { id_token: idToken } = JSON.parse(body) as { id_token?: unknown };
+    if (typeof idToken !== 'string') return undefined;
+    const payload = JSON.parse(Buffer.from(idToken.split('.')[1] ?? '', 'base64url').toString('utf8')) as { tid?: unknown };
+    return typeof payload.tid === 'string' && TENANT_ID.test(payload.tid) ? payload.tid : undefined;
+  } catch {
+    return undefined;
+  }
 }

@@ -24,13 +24,28 @@ export function browserHash(preSession: string): string {
   return sha256Hex(`sso-browser:${preSession}`);
 }
 
-/** Remembers an OIDC sign-in under its state. */
-export async function startOidcSignIn(db: DB, secretKey: string, input: { connectionId: number; browser: string; returnTo: string; checks: OidcChecks }): Promise<void> {
+/**
+ * Whose sign-in it is: an organization's SSO connection's (sso_connections) or a social
+ * connection's (social_connections, src/social/): the ids are of different tables, and a handle
+ * of one kind is never taken for the other.
+ */
+export type SignInSource = 'sso' | 'social';
+
+function connectionColumns(source: SignInSource, connectionId: number) {
+  return source === 'sso' ? { connection_id: connectionId, social_connection_id: null } : { connection_id: null, social_connection_id: connectionId };
+}
+
+function ofSource(source: SignInSource) {
+  return source === 'sso' ? sql<boolean>`social_connection_id is null` : sql<boolean>`social_connection_id is not null`;
+}
+
+/** Remembers an OIDC sign-in under its state (GitHub's OAuth sign-ins too: its nonce is then unused). */
+export async function startOidcSignIn(db: DB, secretKey: string, input: { connectionId: number; source?: SignInSource; browser: string; returnTo: string; checks: OidcChecks }): Promise<void> {
   await db
     .insertInto('sso_sign_ins')
     .values({
       handle_hash: sha256Hex(input.checks.state),
-      connection_id: input.connectionId,
+      ...connectionColumns(input.source ?? 'sso', input.connectionId),
       browser_hash: input.browser,
       return_to: input.returnTo,
       oidc_nonce: input.checks.nonce,
@@ -41,7 +56,14 @@ export async function startOidcSignIn(db: DB, secretKey: string, input: { connec
 }
 
 /** Takes (consumes) the OIDC sign-in of `state` at `connectionId`; undefined when unknown, used or expired. */
-export async function takeOidcSignIn(db: DB, secretKey: string, connectionId: number, state: string, browser: string | undefined): Promise<{ checks: OidcChecks; returnTo: string } | undefined> {
+export async function takeOidcSignIn(
+  db: DB,
+  secretKey: string,
+  connectionId: number,
+  state: string,
+  browser: string | undefined,
+  source: SignInSource = 'sso',
+): Promise<{ checks: OidcChecks; returnTo: string } | undefined> {
   // Only by the browser that started it: another one holding a copy of the callback URL neither
   // finishes the sign-in nor uses it up for the browser it belongs to.
   if (browser === undefined) return undefined;
@@ -49,7 +71,7 @@ export async function takeOidcSignIn(db: DB, secretKey: string, connectionId: nu
     .updateTable('sso_sign_ins')
     .set({ consumed_at: sql<Date>`now()` })
     .where('handle_hash', '=', sha256Hex(state))
-    .where('connection_id', '=', connectionId)
+    .where(source === 'sso' ? 'connection_id' : 'social_connection_id', '=', connectionId)
     .where('browser_hash', '=', browser)
     .where('consumed_at', 'is', null)
     .where('oidc_nonce', 'is not', null)
@@ -132,8 +154,9 @@ export async function recordSamlResponse(
 }
 
 /** A verified identity waiting for its account step, or for the account's proof. */
-export interface ParkedSignIn {
-  identity: UpstreamIdentity;
+export interface ParkedSignIn<T = UpstreamIdentity> {
+  /** What the provider said (an SSO connection's UpstreamIdentity, or a social connection's identity). */
+  identity: T;
   /** The existing account to be proved (needs_proof), when that is what waits. */
   userId?: number;
   returnTo: string;
@@ -141,11 +164,11 @@ export interface ParkedSignIn {
   createdAt: Date;
 }
 
-function parked(row: { result: unknown; return_to: string; created_at: Date }): ParkedSignIn | undefined {
-  const result = row.result as (UpstreamIdentity & { userId?: number }) | null;
+function parked<T>(row: { result: unknown; return_to: string; created_at: Date }): ParkedSignIn<T> | undefined {
+  const result = row.result as (T & { userId?: number }) | null;
   if (result === null || typeof result !== 'object') return undefined;
   const { userId, ...identity } = result;
-  return { identity, ...(typeof userId === 'number' ? { userId } : {}), returnTo: row.return_to, createdAt: row.created_at };
+  return { identity: identity as T, ...(typeof userId === 'number' ? { userId } : {}), returnTo: row.return_to, createdAt: row.created_at };
 }
 
 /**
@@ -157,36 +180,41 @@ function parked(row: { result: unknown; return_to: string; created_at: Date }): 
 export interface ParkedFor {
   kind: 'bound' | 'unsolicited' | 'proof';
   browser?: string | undefined;
+  /** Whose: an SSO connection's (the default) or a social connection's. */
+  source?: SignInSource;
 }
 
 function parkedFor(handle: string, expect: ParkedFor) {
   const browser = expect.kind === 'unsolicited' ? sql`browser_hash is null` : sql`browser_hash = ${expect.browser ?? null}`;
   return sql<boolean>`handle_hash = ${sha256Hex(handle)} and result is not null and expires_at > now()
-    and ((result -> 'userId') is not null) = ${expect.kind === 'proof'} and ${browser}`;
+    and ((result -> 'userId') is not null) = ${expect.kind === 'proof'} and ${browser} and ${ofSource(expect.source ?? 'sso')}`;
 }
 
 /** Takes (deletes) what waits under `handle` for this browser; undefined when unknown, used, expired or another browser's. */
-export async function takeParkedSignIn(db: DB, handle: string, expect: ParkedFor): Promise<ParkedSignIn | undefined> {
+export async function takeParkedSignIn<T = UpstreamIdentity>(db: DB, handle: string, expect: ParkedFor): Promise<ParkedSignIn<T> | undefined> {
   if (handle.length === 0 || handle.length > 100) return undefined;
   const row = await db.deleteFrom('sso_sign_ins').where(parkedFor(handle, expect)).returning(['result', 'return_to', 'created_at']).executeTakeFirst();
-  return row && parked(row);
+  return row && parked<T>(row);
 }
 
 /** Reads what waits under `handle` for this browser without taking it (the page that asks to confirm a link). */
-export async function peekParkedSignIn(db: DB, handle: string, expect: ParkedFor): Promise<ParkedSignIn | undefined> {
+export async function peekParkedSignIn<T = UpstreamIdentity>(db: DB, handle: string, expect: ParkedFor): Promise<ParkedSignIn<T> | undefined> {
   if (handle.length === 0 || handle.length > 100) return undefined;
   const row = await db.selectFrom('sso_sign_ins').select(['result', 'return_to', 'created_at']).where(parkedFor(handle, expect)).executeTakeFirst();
-  return row && parked(row);
+  return row && parked<T>(row);
 }
 
 /** Parks an identity whose account must be proved first (needs_proof); returns its handle. */
-export async function parkForProof(db: DB, input: { identity: UpstreamIdentity; userId: number; browser: string; returnTo: string }): Promise<string> {
+export async function parkForProof<T extends { connectionId: number } = UpstreamIdentity>(
+  db: DB,
+  input: { identity: T; userId: number; browser: string; returnTo: string; source?: SignInSource },
+): Promise<string> {
   const handle = generateSecret(32);
   await db
     .insertInto('sso_sign_ins')
     .values({
       handle_hash: sha256Hex(handle),
-      connection_id: input.identity.connectionId,
+      ...connectionColumns(input.source ?? 'sso', input.identity.connectionId),
       browser_hash: input.browser,
       return_to: input.returnTo,
       result: JSON.stringify({ ...input.identity, userId: input.userId }),

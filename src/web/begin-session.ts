@@ -24,7 +24,7 @@ export async function replaceSession(
   config: Config,
   req: FastifyRequest,
   reply: FastifyReply,
-  input: { userId: number; amr: readonly string[]; currentOrganizationId?: number; ssoConnectionId?: number },
+  input: { userId: number; amr: readonly string[]; currentOrganizationId?: number; ssoConnectionId?: number; socialConnectionId?: number },
 ): Promise<string> {
   const previous = await currentUser(db, config, req);
   let currentOrganizationId = input.currentOrganizationId ?? null;
@@ -35,7 +35,7 @@ export async function replaceSession(
     }
     await deleteSession(db, previous.sessionId);
   }
-  const sessionId = await createSession(db, input.userId, { client: { userAgent: req.headers['user-agent'], ip: req.ip }, amr: input.amr, currentOrganizationId, ssoConnectionId: input.ssoConnectionId ?? null });
+  const sessionId = await createSession(db, input.userId, { client: { userAgent: req.headers['user-agent'], ip: req.ip }, amr: input.amr, currentOrganizationId, ssoConnectionId: input.ssoConnectionId ?? null, socialConnectionId: input.socialConnectionId ?? null });
   setSessionCookie(reply, config, sessionId);
   return sessionId;
 }
@@ -60,7 +60,7 @@ export async function beginSession(
   config: Config,
   req: FastifyRequest,
   reply: FastifyReply,
-  input: { userId: number; amr: readonly string[]; returnTo: string; json?: boolean; currentOrganizationId?: number; ssoConnectionId?: number },
+  input: { userId: number; amr: readonly string[]; returnTo: string; json?: boolean; currentOrganizationId?: number; ssoConnectionId?: number; socialConnectionId?: number },
 ) {
   await replaceSession(db, config, req, reply, input);
   await countSignIn(db, req, input.userId);

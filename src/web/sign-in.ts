@@ -13,6 +13,8 @@ import type { DB } from '../db/connect.js';
 import { startPendingSignIn } from '../accounts/pending-sign-ins.js';
 import { factorSummary, hasSecondFactor } from '../accounts/second-factors.js';
 import { SECOND_STEP_PATH, secondStepPages } from './second-step.js';
+import { socialPages } from './social-pages.js';
+import { enabledSocialConnections } from '../social/connections.js';
 import { beginSession } from './begin-session.js';
 import { passkeyPages } from './passkey-pages.js';
 import { ssoPages } from './sso-pages.js';
@@ -85,6 +87,7 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
   await secondStepPages(app, deps);
   await passkeyPages(app, deps);
   const startSso = await ssoPages(app, deps);
+  await socialPages(app, deps);
   const emailThrottle = new FailureThrottle(LOGIN_MAX_FAILURES_PER_EMAIL, LOGIN_WINDOW_MS);
   const ipThrottle = new FailureThrottle(LOGIN_MAX_FAILURES_PER_IP, LOGIN_WINDOW_MS);
 
@@ -92,7 +95,7 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
    * The sign-in page. Email first (`step: 'email'`): the address decides whether the person signs
    * in through their organization's identity provider or here; then the password step.
    */
-  function renderLogin(
+  async function renderLogin(
     req: FastifyRequest,
     reply: FastifyReply,
     status: number,
@@ -101,6 +104,7 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
     const preSession = ensurePreSession(req, reply, config);
     return renderPage(reply, status, 'login', {
       title: 'Sign in',
+      socialConnections: await enabledSocialConnections(db),
       csrfToken: csrfToken(config, { preSession }),
       step: view.step,
       // Carried to the identity provider: the application asked for a fresh sign-in.
@@ -129,7 +133,7 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
     });
   }
 
-  function renderSignup(
+  async function renderSignup(
     req: FastifyRequest,
     reply: FastifyReply,
     status: number,
@@ -138,6 +142,7 @@ export async function accountPages(app: FastifyInstance, deps: EmailPagesDeps): 
     const preSession = ensurePreSession(req, reply, config);
     return renderPage(reply, status, 'signup', {
       title: 'Create an account',
+      socialConnections: await enabledSocialConnections(db),
       csrfToken: csrfToken(config, { preSession }),
       returnTo: view.returnTo,
       email: view.email ?? '',

@@ -21,7 +21,7 @@ import { checkPreSessionCsrf, cookieSecurity, csrfToken, CSRF_FAILED, csrfTokenM
 import { generateSecret } from '../lib/crypto.js';
 import { type ConnectionRow, findConnectionRow } from '../sso/connections.js';
 import { federatedAmr, linkAfterProof, REFUSAL_MESSAGES, type Resolution, resolveUpstreamIdentity, type UpstreamIdentity } from '../sso/identities.js';
-import { UpstreamOidc, UpstreamOidcError } from '../sso/oidc-upstream.js';
+import { ssoRelyingParty, UpstreamOidc, UpstreamOidcError } from '../sso/oidc-upstream.js';
 import { MAX_SAML_RESPONSE_BYTES, SamlResponseError, SamlServiceProvider } from '../sso/saml-sp.js';
 import { FailureThrottle } from '../lib/throttle.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
@@ -55,20 +55,20 @@ export interface SsoStartOptions {
   again?: boolean;
 }
 
-function connectionIdOf(req: FastifyRequest): number {
+export function connectionIdOf(req: FastifyRequest): number {
   const raw = (req.params as { id?: string }).id ?? '';
   const id = /^[1-9][0-9]{0,9}$/.test(raw) ? Number(raw) : 0;
   // An integer column: a larger number in a query is the database's error (a 500), not "not found".
   return id <= 2 ** 31 - 1 ? id : 0;
 }
 
-function queryString(req: FastifyRequest, name: string): string | undefined {
+export function queryString(req: FastifyRequest, name: string): string | undefined {
   const value = (req.query as Record<string, unknown> | undefined)?.[name];
   return typeof value === 'string' ? value : undefined;
 }
 
 /** The hash binding a sign-in to this browser, from the cookie it sent (undefined: it sent none). */
-function currentBrowser(req: FastifyRequest, config: Config): string | undefined {
+export function currentBrowser(req: FastifyRequest, config: Config): string | undefined {
   const binding = preSessionBinding(req, config);
   return binding && 'preSession' in binding ? browserHash(binding.preSession) : undefined;
 }
@@ -84,7 +84,7 @@ function linkCookieName(config: Config): string {
 }
 
 /** The browser's link binding, made (or kept, with its lifetime renewed) for a link about to wait. */
-function ensureLinkBinding(req: FastifyRequest, reply: FastifyReply, config: Config): string {
+export function ensureLinkBinding(req: FastifyRequest, reply: FastifyReply, config: Config): string {
   const name = linkCookieName(config);
   const existing = req.cookies[name];
   const value = existing !== undefined && /^[A-Za-z0-9_-]{43}$/.test(existing) ? existing : generateSecret(32);
@@ -93,7 +93,7 @@ function ensureLinkBinding(req: FastifyRequest, reply: FastifyReply, config: Con
 }
 
 /** The hash binding a waiting link to this browser, from the cookie it sent (undefined: it sent none). */
-function currentLinkBrowser(req: FastifyRequest, config: Config): string | undefined {
+export function currentLinkBrowser(req: FastifyRequest, config: Config): string | undefined {
   const value = req.cookies[linkCookieName(config)];
   return value !== undefined && value !== '' ? browserHash(value) : undefined;
 }
@@ -103,7 +103,7 @@ function currentLinkBrowser(req: FastifyRequest, config: Config): string | undef
  * makes for it, not a session the browser happened to hold (someone else could have brought the
  * browser to the link page).
  */
-function provedSince(session: { authTime: Date }, parkedAt: Date): boolean {
+export function provedSince(session: { authTime: Date }, parkedAt: Date): boolean {
   return session.authTime.getTime() >= parkedAt.getTime() - 1000;
 }
 
@@ -113,7 +113,7 @@ function failure(reply: FastifyReply, status: number, message: string) {
 
 export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Config }): Promise<StartSso> {
   const { db, config } = deps;
-  const oidc = new UpstreamOidc({ issuer: config.issuer, secretKey: config.secretKey, allowHttp: config.outbound.allowHttp, fetch: createOutboundFetch(config.outbound) });
+  const oidc = new UpstreamOidc({ secretKey: config.secretKey, allowHttp: config.outbound.allowHttp, fetch: createOutboundFetch(config.outbound) });
   const saml = new SamlServiceProvider(config.issuer);
   const newSignIns = new FailureThrottle(NEW_SIGN_INS_PER_IP, SIGN_IN_TTL_SECONDS * 1000);
   const refusedResponses = new FailureThrottle(REFUSED_RESPONSES_PER_IP, SIGN_IN_TTL_SECONDS * 1000);
@@ -133,7 +133,7 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
       const checks = UpstreamOidc.newChecks();
       let url: URL;
       try {
-        url = await oidc.authorizationUrl(row, checks, options);
+        url = await oidc.authorizationUrl(ssoRelyingParty(config.issuer, row), checks, options);
       } catch (err) {
         if (!(err instanceof UpstreamOidcError)) throw err;
         req.log.warn({ connection_id: row.id, err: err.message }, 'upstream OpenID provider unusable');
@@ -181,7 +181,7 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
     if (!row || row.state !== 'active' || row.protocol !== 'oidc') return failure(reply, 403, REFUSAL_MESSAGES.connection_inactive);
     let identity: UpstreamIdentity;
     try {
-      identity = await oidc.finish(row, new URL(req.url, config.issuer), taken.checks);
+      identity = await oidc.finish(ssoRelyingParty(config.issuer, row), new URL(req.url, config.issuer), taken.checks);
     } catch (err) {
       if (!(err instanceof UpstreamOidcError)) throw err;
       req.log.warn({ connection_id: row.id, err: err.message }, 'upstream OpenID sign-in refused');

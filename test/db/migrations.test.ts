@@ -28,7 +28,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   refresh_tokens: ['id', 'token_hash', 'organization_id', 'grant_id', 'parent_id', 'scopes', 'expires_at', 'rotated_at', 'revoked_at', 'created_at'],
   revoked_access_tokens: ['jti', 'organization_id', 'grant_id', 'expires_at', 'revoked_at'],
   signing_keys: ['kid', 'alg', 'public_jwk', 'private_jwk_encrypted', 'created_at', 'retired_at'],
-  sessions: ['id_hash', 'user_id', 'current_organization_id', 'created_at', 'last_seen_at', 'expires_at', 'id', 'user_agent', 'ip', 'amr', 'webauthn_challenge', 'sso_connection_id'],
+  sessions: ['id_hash', 'user_id', 'current_organization_id', 'created_at', 'last_seen_at', 'expires_at', 'id', 'user_agent', 'ip', 'amr', 'webauthn_challenge', 'sso_connection_id', 'social_connection_id'],
   audit_events: ['id', 'organization_id', 'actor_user_id', 'actor_client_id', 'action', 'details', 'created_at'],
   contacts: ['id', 'organization_id', 'name', 'email', 'phone', 'company', 'notes', 'created_at', 'updated_at'],
   tasks: ['id', 'organization_id', 'title', 'description', 'status', 'due_on', 'contact_id', 'completed_at', 'created_at', 'updated_at'],
@@ -65,7 +65,9 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   ],
   sso_domains: ['id', 'organization_id', 'domain', 'state', 'verification_token', 'sso_required', 'verified_at', 'checked_at', 'created_at'],
   sso_identities: ['id', 'connection_id', 'user_id', 'issuer', 'subject_format', 'subject', 'email', 'created_at', 'last_used_at'],
-  sso_sign_ins: ['id', 'handle_hash', 'connection_id', 'browser_hash', 'return_to', 'oidc_nonce', 'oidc_code_verifier_sealed', 'saml_request_id', 'result', 'created_at', 'expires_at', 'consumed_at'],
+  sso_sign_ins: ['id', 'handle_hash', 'connection_id', 'browser_hash', 'return_to', 'oidc_nonce', 'oidc_code_verifier_sealed', 'saml_request_id', 'result', 'created_at', 'expires_at', 'consumed_at', 'social_connection_id'],
+  social_connections: ['id', 'provider', 'name', 'state', 'client_id', 'client_secret_sealed', 'issuer', 'tenant', 'base_url', 'allowed_domains', 'created_at', 'updated_at'],
+  social_identities: ['id', 'connection_id', 'user_id', 'subject', 'email', 'created_at', 'last_used_at'],
   saml_assertion_ids: ['id', 'connection_id', 'assertion_id', 'expires_at'],
   removed_members: ['organization_id', 'user_id', 'removed_at', 'restored_at'],
   resources: ['id', 'uri', 'name', 'scopes', 'access_token_ttl', 'created_at', 'updated_at', 'exchange_from'],
@@ -142,6 +144,7 @@ const MIGRATIONS = [
   '20261210_0027_setup_links',
   '20261211_0028_directory_user_filter_indexes',
   '20261212_0029_resource_servers',
+  '20261213_0030_social_sign_in',
 ];
 
 describe(`migrations on ${BACKEND}`, () => {

@@ -1,0 +1,181 @@
+/**
+ * Social sign-in (issue 45) through an OpenID provider: node-oidc-provider on loopback stands in
+ * for Google (its defaults: email and email_verified at UserInfo only). Driven from the sign-in
+ * page's "Continue with Google" form through the provider and back, with the rules that keep a
+ * provider's word from becoming a key to someone's account:
+ * - a new person signs up (an account, their own organization, the identity linked); a second
+ *   sign-in reuses the identity; the session is one factor, `fed`;
+ * - an address that belongs to an account is linked only after its password, in the same browser,
+ *   and its owner is mailed;
+ * - an unverified address makes and matches nothing; an SSO-required domain goes to its company's
+ *   sign-in; a disabled connection, another browser's state, or a replayed callback sign nobody in.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createUser } from '../../src/accounts/users.js';
+import { createSocialConnection, socialSettings, updateSocialConnection } from '../../src/social/connections.js';
+import { Browser, csrfTokenIn } from '../accounts/browser.js';
+import { BACKEND } from '../helpers/db.js';
+import { pageText, pathOf, type SsoWorld, ssoOrganization, startSsoWorld } from '../helpers/sso-world.js';
+
+let world: SsoWorld;
+let connectionId: number;
+let n = 0;
+
+const login = () => `social-${++n}-${process.pid}`;
+
+beforeAll(async () => {
+  world = await startSsoWorld();
+  const view = await createSocialConnection(world.db, socialSettings(world.config), { provider: 'google', issuer: world.upstream.issuer, client_id: 'orgauth-google', client_secret: 'google-secret-0123456789' });
+  world.upstream.registerClient({ client_id: 'orgauth-google', client_secret: 'google-secret-0123456789', redirect_uris: [view.redirect_uri] });
+  connectionId = view.id;
+});
+
+afterAll(async () => {
+  await world?.close();
+});
+
+/** "Continue with Google" on the sign-in page: its form, posted. */
+async function continueWithGoogle(browser: Browser, returnTo = '/dashboard') {
+  const page = await browser.get(`/login?${new URLSearchParams({ return_to: returnTo }).toString()}`);
+  expect(page.statusCode).toBe(200);
+  const form = new RegExp(`<form method="post" action="/social/${connectionId}/start">[\\s\\S]*?Continue with Google</button>`).exec(page.body);
+  expect(form, 'the sign-in page has a Continue with Google button').not.toBeNull();
+  return browser.post(`/social/${connectionId}/start`, { csrf_token: csrfTokenIn(form![0]), return_to: returnTo });
+}
+
+/** The whole round trip for the provider's account `account`: returns orgauth's answer to the callback. */
+async function signInWithGoogle(browser: Browser, account: string, returnTo = '/dashboard') {
+  const leaving = await continueWithGoogle(browser, returnTo);
+  expect(leaving.statusCode, leaving.body).toBe(303);
+  const authorize = new URL(String(leaving.headers.location));
+  expect(authorize.origin).toBe(world.upstream.issuer);
+  expect(authorize.searchParams.get('code_challenge_method')).toBe('S256');
+  expect(authorize.searchParams.get('nonce')).toBeTruthy();
+  return browser.get(pathOf(world, await world.upstream.signIn(authorize, account)));
+}
+
+const sessionsOf = (userId: number) => world.db.selectFrom('sessions').select(['amr', 'social_connection_id']).where('user_id', '=', userId).execute();
+const identitiesOf = (userId: number) => world.db.selectFrom('social_identities').select(['connection_id', 'subject', 'email']).where('user_id', '=', userId).execute();
+const userByEmail = (email: string) => world.db.selectFrom('users').select(['id', 'email_verified_at', 'password_hash']).where('email', '=', email).executeTakeFirst();
+
+describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
+  it('a new person signs up with "Continue with Google": an account, their own organization, the identity; a second sign-in reuses it; amr fed', async () => {
+    const account = login();
+    const email = `${account}@gmail.example`;
+    world.upstream.setAccount(account, { sub: `google-${account}`, email, email_verified: true, name: 'Grace Hopper' });
+    const browser = new Browser(world.app);
+    const back = await signInWithGoogle(browser, account, '/dashboard');
+    expect(back.statusCode, back.body).toBe(303);
+    expect(back.headers.location).toBe('/dashboard');
+    const user = await userByEmail(email);
+    expect(user?.email_verified_at).not.toBeNull();
+    expect(user?.password_hash).toBeNull();
+    expect(await identitiesOf(user!.id)).toEqual([{ connection_id: connectionId, subject: `google-${account}`, email }]);
+    const orgs = await world.db.selectFrom('memberships').innerJoin('organizations', 'organizations.id', 'memberships.organization_id').select(['organizations.name', 'memberships.role']).where('user_id', '=', user!.id).execute();
+    expect(orgs).toEqual([{ name: 'Grace Hopper’s organization', role: 'owner' }]);
+    expect(await sessionsOf(user!.id)).toEqual([{ amr: ['fed'], social_connection_id: connectionId }]);
+    expect((await browser.get('/dashboard')).statusCode).toBe(200);
+
+    // Again, from another browser: the same account, no second one.
+    const again = await signInWithGoogle(new Browser(world.app), account);
+    expect(again.statusCode, again.body).toBe(303);
+    expect((await world.db.selectFrom('users').select('id').where('email', '=', email).execute()).length).toBe(1);
+    expect((await sessionsOf(user!.id)).length).toBe(2);
+  });
+
+  it('an existing account is never linked by email alone: "prove it’s you", its password, then the link, and the owner is mailed', async () => {
+    const account = login();
+    const email = `${account}@existing.example`;
+    const owner = await createUser(world.db, { email, password: 'existing password 123', name: 'Ada' });
+    world.upstream.setAccount(account, { sub: `google-${account}`, email, email_verified: true });
+    const browser = new Browser(world.app);
+    const back = await signInWithGoogle(browser, account, '/account');
+    expect(back.statusCode, back.body).toBe(303);
+    const linkPath = String(back.headers.location);
+    expect(linkPath).toMatch(/^\/social\/link\?handle=/);
+    expect(await sessionsOf(owner.id)).toEqual([]);
+    expect(await identitiesOf(owner.id)).toEqual([]);
+
+    const ask = await browser.get(linkPath);
+    expect(ask.statusCode).toBe(200);
+    expect(pageText(ask.body)).toContain(`An account with the address ${email} exists here already`);
+    // POSTing without having proved it: refused.
+    const premature = await browser.post('/social/link', { handle: new URL(linkPath, world.issuer).searchParams.get('handle')!, csrf_token: 'x' });
+    expect(premature.statusCode).toBe(403);
+    expect(await identitiesOf(owner.id)).toEqual([]);
+
+    const signedIn = await browser.login(email, 'existing password 123', linkPath);
+    expect(signedIn.statusCode, signedIn.body).toBe(303);
+    const confirm = await browser.get(linkPath);
+    expect(pageText(confirm.body)).toContain('Connect them');
+    const linked = await browser.post('/social/link', { handle: new URL(linkPath, world.issuer).searchParams.get('handle')!, csrf_token: csrfTokenIn(confirm.body) });
+    expect(linked.statusCode, linked.body).toBe(303);
+    expect(linked.headers.location).toBe('/account');
+    expect(await identitiesOf(owner.id)).toEqual([{ connection_id: connectionId, subject: `google-${account}`, email }]);
+    const mail = await world.db.selectFrom('mail_outbox').select('subject').where('recipient', '=', email).execute();
+    expect(mail.map((m) => m.subject)).toContain('Google sign-in connected to your account');
+
+    // From now on Google signs the owner in directly.
+    const direct = await signInWithGoogle(new Browser(world.app), account);
+    expect(direct.statusCode).toBe(303);
+    expect(direct.headers.location).toBe('/dashboard');
+    expect((await sessionsOf(owner.id)).some((s) => s.social_connection_id === connectionId)).toBe(true);
+  });
+
+  it('an unverified address at the provider makes no account and matches none', async () => {
+    const account = login();
+    const email = `${account}@unverified.example`;
+    const existing = await createUser(world.db, { email: `${account}-victim@unverified.example`, password: 'victim password 123' });
+    world.upstream.setAccount(account, { sub: `google-${account}`, email, email_verified: false });
+    const res = await signInWithGoogle(new Browser(world.app), account);
+    expect(res.statusCode).toBe(403);
+    expect(pageText(res.body)).toContain('has not verified your email address');
+    expect(await userByEmail(email)).toBeUndefined();
+    // Claiming an existing account's address, unverified: the account is not touched.
+    world.upstream.setAccount(`${account}-2`, { sub: `google-${account}-2`, email: `${account}-victim@unverified.example`, email_verified: false });
+    expect((await signInWithGoogle(new Browser(world.app), `${account}-2`)).statusCode).toBe(403);
+    expect(await identitiesOf(existing.id)).toEqual([]);
+  });
+
+  it('an address of a domain whose organization requires SSO is sent to its company sign-in', async () => {
+    const account = login();
+    const domain = `sso-${n}-${process.pid}.example`;
+    await ssoOrganization(world, { domain, ssoRequired: true });
+    world.upstream.setAccount(account, { sub: `google-${account}`, email: `${account}@${domain}`, email_verified: true });
+    const res = await signInWithGoogle(new Browser(world.app), account);
+    expect(res.statusCode).toBe(303);
+    expect(String(res.headers.location)).toMatch(/^\/login\?/);
+    expect(new URL(String(res.headers.location), world.issuer).searchParams.get('login_hint')).toBe(`${account}@${domain}`);
+    expect(await userByEmail(`${account}@${domain}`)).toBeUndefined();
+  });
+
+  it('a connection disabled mid-flow, another browser’s callback and a replayed one sign nobody in; a disabled connection has no button', async () => {
+    const account = login();
+    world.upstream.setAccount(account, { sub: `google-${account}`, email: `${account}@gmail.example`, email_verified: true });
+    // Another browser brings the callback: the sign-in is bound to the one that started it.
+    const starter = new Browser(world.app);
+    const leaving = await continueWithGoogle(starter);
+    const callback = pathOf(world, await world.upstream.signIn(new URL(String(leaving.headers.location)), account));
+    const thief = await new Browser(world.app).get(callback);
+    expect(thief.statusCode).toBe(400);
+    // The starter still finishes (the thief did not use it up), once only.
+    expect((await starter.get(callback)).statusCode).toBe(303);
+    expect((await starter.get(callback)).statusCode).toBe(400);
+
+    const browser = new Browser(world.app);
+    const out = await continueWithGoogle(browser);
+    const back = pathOf(world, await world.upstream.signIn(new URL(String(out.headers.location)), account));
+    await updateSocialConnection(world.db, socialSettings(world.config), connectionId, { state: 'disabled' });
+    try {
+      const refused = await browser.get(back);
+      expect(refused.statusCode).toBe(403);
+      expect(browser.cookies.size).toBeGreaterThan(0);
+      expect((await browser.get('/dashboard')).statusCode).toBe(303);
+      const page = await browser.get('/login');
+      expect(page.body).not.toContain('Continue with Google');
+      expect((await browser.post(`/social/${connectionId}/start`, { csrf_token: csrfTokenIn(page.body), return_to: '/dashboard' })).statusCode).toBe(404);
+    } finally {
+      await updateSocialConnection(world.db, socialSettings(world.config), connectionId, { state: 'enabled' });
+    }
+  });
+});
