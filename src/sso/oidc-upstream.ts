@@ -196,7 +196,7 @@ export class UpstreamOidc {
     const configuration = await this.wrap('discovery', () => this.configuration(rp));
     const grant = (c: client.Configuration) =>
       client.authorizationCodeGrant(c, callbackUrl, { pkceCodeVerifier: checks.codeVerifier, expectedState: checks.state, expectedNonce: checks.nonce, idTokenExpected: true });
-    const tokens = await this.wrap('token exchange', () => (rp.tenantTemplate ? this.tenantGrant(rp, configuration, grant) : grant(configuration)));
+    const tokens = await this.wrap('token exchange', () => (rp.tenantTemplate ? this.tenantGrant(rp, callbackUrl, configuration, grant) : grant(configuration)));
     const claims = tokens.claims();
     if (!claims) throw new UpstreamOidcError('the provider returned no ID token');
     // What the identity link stores (src/sso/identities.ts): bounded, as the columns are.
@@ -223,18 +223,32 @@ export class UpstreamOidc {
 
   /**
    * The code grant at a multi-tenant endpoint, whose ID tokens' iss is the template with their own
-   * tid: the token response is read once from the provider, its ID token's tid (a GUID) picked
-   * out, and the response is then checked in full by openid-client (iss, aud, exp, nonce, state,
-   * PKCE) against a configuration whose issuer is the template with that tid, replayed, without
-   * asking the provider again. The provider's word on iss and tid is checked the same way as the
-   * rest of the ID token taken straight from it (OIDC Core §3.1.3.7 step 6).
+   * tid. When the authorization response names its issuer (RFC 9207; Microsoft's does not), that
+   * names the tenant, and the ID token's iss and tid must agree with it. Otherwise the token
+   * response is read once from the provider, its ID token's tid (a GUID) picked out, and the
+   * response is then checked in full by openid-client (iss, aud, exp, nonce, state, PKCE) against
+   * a configuration whose issuer is the template with that tid, replayed, without asking the
+   * provider again. The provider's word on iss and tid is checked the same way as the rest of the
+   * ID token taken straight from it (OIDC Core §3.1.3.7 step 6).
    */
   private async tenantGrant(
     rp: OidcRelyingParty,
+    callbackUrl: URL,
     template: client.Configuration,
     grant: (c: client.Configuration) => Promise<client.TokenEndpointResponse & client.TokenEndpointResponseHelpers>,
   ) {
     const metadata = template.serverMetadata() as client.ServerMetadata;
+    const forTenant = (tid: string) => ({ ...metadata, issuer: metadata.issuer.replace(TENANT_PLACEHOLDER, tid) }) as client.ServerMetadata;
+    // A provider that names itself in the response (RFC 9207) names the tenant: one pass, its
+    // issuer checked there and in the ID token, and the ID token's tid must be that tenant.
+    const named = callbackUrl.searchParams.get('iss');
+    if (named !== null) {
+      const tid = tenantIn(metadata.issuer, named);
+      if (tid === undefined) throw new UpstreamOidcError('the response\'s iss is not the issuer template with a tenant id');
+      const tokens = await grant(this.configured(forTenant(tid), rp, this.settings.fetch));
+      if (tokens.claims()?.tid !== tid) throw new UpstreamOidcError('the ID token\'s tid is not the tenant its issuer names');
+      return tokens;
+    }
     let captured: { status: number; headers: Headers; body: string } | undefined;
     const capture: OutboundFetch = async (url, init) => {
       const response = await this.settings.fetch(url, init);
@@ -257,7 +271,7 @@ export class UpstreamOidc {
       captured = undefined;
       return new Response(body, { status, headers });
     };
-    return grant(this.configured({ ...metadata, issuer: metadata.issuer.replace(TENANT_PLACEHOLDER, tid) } as client.ServerMetadata, rp, replay));
+    return grant(this.configured(forTenant(tid), rp, replay));
   }
 
   /**
@@ -342,4 +356,14 @@ function tenantOf(body: string): string | undefined {
   } catch {
     return undefined;
   }
+}
+
+/** The tenant id an issuer names, when it is `template` with a GUID in place of {tenantid}. */
+function tenantIn(template: string, issuer: string): string | undefined {
+  const at = template.indexOf(TENANT_PLACEHOLDER);
+  const before = template.slice(0, at);
+  const after = template.slice(at + TENANT_PLACEHOLDER.length);
+  if (!issuer.startsWith(before) || !issuer.endsWith(after) || issuer.length <= before.length + after.length) return undefined;
+  const tid = issuer.slice(before.length, issuer.length - after.length);
+  return TENANT_ID.test(tid) ? tid : undefined;
 }

@@ -40,6 +40,10 @@ export interface UpstreamAccount {
    * (OIDC Core §5.3.4). Never released as a claim of its own.
    */
   userinfo_sub?: string;
+  /** A Microsoft-like provider's (options.tenant): the tenant the account is of, in its ID token. */
+  tid?: string;
+  /** A Microsoft-like provider's: the email domain's owner verified the address (ID token). */
+  xms_edov?: boolean;
 }
 
 /** Client metadata as oidc-provider takes it; the three named members are the ones every test sets. */
@@ -62,6 +66,19 @@ export interface UpstreamOidcOptions {
    * UserInfo is turned off, and these variations are of a provider that does not.
    */
   userinfoEndpoint?: string | null;
+  /**
+   * Microsoft's multi-tenant endpoints (login.microsoftonline.com): the provider is the tenant
+   * `tenant` (a GUID), at issuer `http://127.0.0.1:PORT/<tenant>/v2.0`, with `tid` and `xms_edov`
+   * in the ID token; `/common/v2.0` and `/organizations/v2.0` serve its discovery document with
+   * the issuer `http://127.0.0.1:PORT/{tenantid}/v2.0`, as Microsoft's do. `multiTenantOrigin`
+   * (the result's) is then what a connection's issuer is set to.
+   */
+  tenant?: string;
+  /**
+   * With `tenant`: whether the authorization response names the issuer (RFC 9207). Microsoft's
+   * does not (and its discovery does not say it would); default false, as Microsoft.
+   */
+  issInResponse?: boolean;
 }
 
 export interface SignInOptions {
@@ -75,8 +92,10 @@ export interface SignInOptions {
 }
 
 export interface UpstreamOidc {
-  /** `http://127.0.0.1:PORT`, as discovery and the ID tokens' `iss` say it. */
+  /** `http://127.0.0.1:PORT` (with options.tenant: `…/<tenant>/v2.0`), as discovery and the ID tokens' `iss` say it. */
   issuer: string;
+  /** `http://127.0.0.1:PORT`: where the multi-tenant paths are (options.tenant). */
+  origin: string;
   /** The node-oidc-provider instance, for tweaks a test needs (its events, its models). */
   provider: OidcProvider;
   /** Adds (or replaces) a client. token_endpoint_auth_method defaults to client_secret_post, what openid-client's discovery(…, clientSecret) uses. */
@@ -281,7 +300,9 @@ export async function startUpstreamOidc(options: UpstreamOidcOptions = {}): Prom
   });
   server.listen(0, '127.0.0.1');
   await once(server, 'listening');
-  const issuer = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const origin = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const prefix = options.tenant === undefined ? '' : `/${options.tenant}/v2.0`;
+  const issuer = `${origin}${prefix}`;
 
   const configuration: Configuration = {
     adapter: factory,
@@ -295,7 +316,7 @@ export async function startUpstreamOidc(options: UpstreamOidcOptions = {}): Prom
       auth_time: null,
       iss: null,
       sid: null,
-      openid: ['sub', 'amr'],
+      openid: ['sub', 'amr', ...(options.tenant === undefined ? [] : ['tid', 'xms_edov'])],
       email: ['email', 'email_verified'],
       profile: ['name'],
     },
@@ -331,6 +352,25 @@ export async function startUpstreamOidc(options: UpstreamOidcOptions = {}): Prom
       if (ctx.path !== '/.well-known/openid-configuration' || ctx.status !== 200) return;
       const { userinfo_endpoint: _own, userinfo_signing_alg_values_supported: _algs, ...metadata } = ctx.body as Record<string, unknown>;
       ctx.body = userinfoEndpoint === null ? metadata : { ...metadata, userinfo_endpoint: userinfoEndpoint };
+    });
+  }
+
+  if (options.tenant !== undefined && options.issInResponse !== true) {
+    // As Microsoft: no iss in the authorization response, and discovery does not promise one.
+    provider.use(async (ctx, next) => {
+      await next();
+      const location = ctx.response.get('location');
+      if (location !== '' && ctx.status >= 300 && ctx.status < 400 && URL.canParse(location)) {
+        const url = new URL(location);
+        if (url.searchParams.has('iss')) {
+          url.searchParams.delete('iss');
+          ctx.set('location', url.href);
+        }
+      }
+      if (ctx.path === '/.well-known/openid-configuration' && ctx.status === 200) {
+        const { authorization_response_iss_parameter_supported: _iss, ...metadata } = ctx.body as Record<string, unknown>;
+        ctx.body = metadata;
+      }
     });
   }
 
@@ -393,7 +433,20 @@ export async function startUpstreamOidc(options: UpstreamOidcOptions = {}): Prom
   }
 
   const callback = provider.callback();
+  /** Microsoft's multi-tenant discovery: the tenant's document with the {tenantid} issuer template. */
+  async function multiTenantDiscovery(res: ServerResponse): Promise<void> {
+    const own = (await (await fetch(`${issuer}/.well-known/openid-configuration`)).json()) as Record<string, unknown>;
+    res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ ...own, issuer: `${origin}/{tenantid}/v2.0` }));
+  }
   handler = (req, res) => {
+    if (prefix !== '') {
+      if (/^\/(common|organizations)\/v2\.0\/\.well-known\/openid-configuration$/.test(req.url ?? '')) {
+        multiTenantDiscovery(res).catch(() => res.writeHead(500).end());
+        return;
+      }
+      // oidc-provider mounted at the issuer's path: it routes what follows it.
+      if (req.url?.startsWith(`${prefix}/`)) req.url = req.url.slice(prefix.length);
+    }
     const match = /^\/interaction\/([^/?]+)(?:\?.*)?$/.exec(req.url ?? '');
     if (!match?.[1]) {
       void callback(req, res);
@@ -426,7 +479,7 @@ export async function startUpstreamOidc(options: UpstreamOidcOptions = {}): Prom
       if (response.status >= 300 && response.status < 400 && location) {
         await response.body?.cancel();
         const next = new URL(location, url);
-        if (next.origin !== new URL(issuer).origin) return next.href;
+        if (next.origin !== origin) return next.href;
         url = next;
         method = 'GET';
         body = undefined;
@@ -445,6 +498,7 @@ export async function startUpstreamOidc(options: UpstreamOidcOptions = {}): Prom
 
   return {
     issuer,
+    origin,
     provider,
     registerClient,
     setAccount: (login, claims) => void accounts.set(login, { ...claims }),

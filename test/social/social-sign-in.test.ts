@@ -12,10 +12,11 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createUser } from '../../src/accounts/users.js';
-import { createSocialConnection, socialSettings, updateSocialConnection } from '../../src/social/connections.js';
+import { createSocialConnection, MICROSOFT_CONSUMERS_TENANT, socialSettings, updateSocialConnection } from '../../src/social/connections.js';
 import { Browser, csrfTokenIn } from '../accounts/browser.js';
 import { BACKEND } from '../helpers/db.js';
 import { pageText, pathOf, type SsoWorld, ssoOrganization, startSsoWorld } from '../helpers/sso-world.js';
+import { startUpstreamOidc, type UpstreamOidc } from '../helpers/upstream-oidc.js';
 
 let world: SsoWorld;
 let connectionId: number;
@@ -177,5 +178,99 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
     } finally {
       await updateSocialConnection(world.db, socialSettings(world.config), connectionId, { state: 'enabled' });
     }
+  });
+});
+
+describe(`social sign-in through Microsoft's multi-tenant endpoints (a provider on loopback like login.microsoftonline.com) on ${BACKEND}`, () => {
+  const WORK_TENANT = '72f988bf-86f1-41af-91ab-2d7cd011db47';
+  const OTHER_TENANT = '0b5e2f6a-1c2d-4e3f-8a9b-0c1d2e3f4a5b';
+  let work: UpstreamOidc;
+  let personal: UpstreamOidc;
+
+  beforeAll(async () => {
+    [work, personal] = await Promise.all([startUpstreamOidc({ tenant: WORK_TENANT }), startUpstreamOidc({ tenant: MICROSOFT_CONSUMERS_TENANT })]);
+  });
+  afterAll(async () => {
+    await Promise.all([work?.close(), personal?.close()]);
+  });
+
+  /** A Microsoft connection at `upstream`'s origin for `tenant`, its client registered there. */
+  async function microsoft(upstream: UpstreamOidc, tenant: string) {
+    const clientId = `orgauth-ms-${++n}`;
+    const view = await createSocialConnection(world.db, socialSettings(world.config), { provider: 'microsoft', issuer: upstream.origin, tenant, client_id: clientId, client_secret: 'microsoft-secret-0123456789', name: `Microsoft ${n}` });
+    upstream.registerClient({ client_id: clientId, client_secret: 'microsoft-secret-0123456789', redirect_uris: [view.redirect_uri] });
+    return view;
+  }
+
+  async function signInAt(upstream: UpstreamOidc, connection: { id: number }, account: string) {
+    const browser = new Browser(world.app);
+    const page = await browser.get('/login');
+    const leaving = await browser.post(`/social/${connection.id}/start`, { csrf_token: csrfTokenIn(page.body), return_to: '/dashboard' });
+    expect(leaving.statusCode, leaving.body).toBe(303);
+    return browser.get(pathOf(world, await upstream.signIn(new URL(String(leaving.headers.location)), account)));
+  }
+
+  it('common: a work account whose domain owner verified the address (xms_edov) signs up; iss is checked against the template with its own tid', async () => {
+    const connection = await microsoft(work, 'common');
+    expect(connection.issuer).toBe(work.origin);
+    const account = login();
+    const email = `${account}@contoso.example`;
+    work.setAccount(account, { sub: `ms-${account}`, tid: WORK_TENANT, xms_edov: true, email, name: 'Megan Bowen' });
+    const res = await signInAt(work, connection, account);
+    expect(res.statusCode, res.body).toBe(303);
+    expect(res.headers.location).toBe('/dashboard');
+    const user = await userByEmail(email);
+    expect(await identitiesOf(user!.id)).toEqual([{ connection_id: connection.id, subject: `ms-${account}`, email }]);
+  });
+
+  it('common: an address nobody verified (no xms_edov) is not used; a tid that is not its issuer’s tenant is refused', async () => {
+    const connection = await microsoft(work, 'common');
+    const account = login();
+    work.setAccount(account, { sub: `ms-${account}`, tid: WORK_TENANT, email: `${account}@unverified-tenant.example` });
+    const unverified = await signInAt(work, connection, account);
+    expect(unverified.statusCode).toBe(403);
+    expect(pageText(unverified.body)).toContain('has not verified your email address');
+    expect(await userByEmail(`${account}@unverified-tenant.example`)).toBeUndefined();
+
+    // The ID token says another tenant than the issuer it came from.
+    const forged = login();
+    work.setAccount(forged, { sub: `ms-${forged}`, tid: OTHER_TENANT, xms_edov: true, email: `${forged}@contoso.example` });
+    const refused = await signInAt(work, connection, forged);
+    expect(refused.statusCode).toBe(400);
+    expect(await userByEmail(`${forged}@contoso.example`)).toBeUndefined();
+  });
+
+  it('a multi-tenant provider that names itself in the response (RFC 9207): the tenant it names must be the ID token’s', async () => {
+    const named = await startUpstreamOidc({ tenant: WORK_TENANT, issInResponse: true });
+    try {
+      const connection = await microsoft(named, 'common');
+      const account = login();
+      named.setAccount(account, { sub: `ms-${account}`, tid: WORK_TENANT, xms_edov: true, email: `${account}@contoso.example` });
+      expect((await signInAt(named, connection, account)).statusCode).toBe(303);
+      const forged = login();
+      named.setAccount(forged, { sub: `ms-${forged}`, tid: OTHER_TENANT, xms_edov: true, email: `${forged}@contoso.example` });
+      expect((await signInAt(named, connection, forged)).statusCode).toBe(400);
+      expect(await userByEmail(`${forged}@contoso.example`)).toBeUndefined();
+    } finally {
+      await named.close();
+    }
+  });
+
+  it('organizations refuses a personal account; common takes it, its address verified by Microsoft; one tenant id takes only its own', async () => {
+    const account = login();
+    const email = `${account}@outlook.example`;
+    personal.setAccount(account, { sub: `msa-${account}`, tid: MICROSOFT_CONSUMERS_TENANT, email });
+    expect((await signInAt(personal, await microsoft(personal, 'organizations'), account)).statusCode).toBe(400);
+    expect(await userByEmail(email)).toBeUndefined();
+    const common = await signInAt(personal, await microsoft(personal, 'common'), account);
+    expect(common.statusCode, common.body).toBe(303);
+    expect(await userByEmail(email)).toBeDefined();
+
+    const member = login();
+    work.setAccount(member, { sub: `ms-${member}`, tid: WORK_TENANT, xms_edov: true, email: `${member}@contoso.example` });
+    expect((await signInAt(work, await microsoft(work, WORK_TENANT), member)).statusCode).toBe(303);
+    // The same account at a connection for another tenant: its discovery is that tenant's, which this provider is not.
+    const elsewhere = await signInAt(work, await microsoft(work, OTHER_TENANT), member).catch((err: Error) => err);
+    expect(elsewhere instanceof Error ? 502 : elsewhere.statusCode).not.toBe(303);
   });
 });
