@@ -11,7 +11,8 @@
  *   sign-in; a disabled connection, another browser's state, or a replayed callback sign nobody in.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createUser } from '../../src/accounts/users.js';
+import { hashPassword } from '../../src/accounts/passwords.js';
+import { createUser, setPassword } from '../../src/accounts/users.js';
 import { createSocialConnection, MICROSOFT_CONSUMERS_TENANT, socialSettings, updateSocialConnection } from '../../src/social/connections.js';
 import { Browser, csrfTokenIn } from '../accounts/browser.js';
 import { BACKEND } from '../helpers/db.js';
@@ -121,6 +122,35 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
     expect(direct.statusCode).toBe(303);
     expect(direct.headers.location).toBe('/dashboard');
     expect((await sessionsOf(owner.id)).some((s) => s.social_connection_id === connectionId)).toBe(true);
+  });
+
+  it('the Account page lists the connected account and removes it only while another way to sign in remains', async () => {
+    const account = login();
+    const email = `${account}@gmail.example`;
+    world.upstream.setAccount(account, { sub: `google-${account}`, email, email_verified: true });
+    const browser = new Browser(world.app);
+    expect((await signInWithGoogle(browser, account, '/dashboard/account')).statusCode).toBe(303);
+    const user = (await userByEmail(email))!;
+    const [identity] = await world.db.selectFrom('social_identities').select('id').where('user_id', '=', user.id).execute();
+    const page = await browser.get('/dashboard/account');
+    expect(page.statusCode).toBe(200);
+    expect(pageText(page.body)).toContain(`Connected accounts`);
+    expect(page.body).toContain(`action="/dashboard/account/social/${identity!.id}/remove"`);
+    const remove = () => browser.post(`/dashboard/account/social/${identity!.id}/remove`, { csrf_token: csrfTokenIn(page.body) });
+    // The only way this account signs in: kept.
+    const refused = await remove();
+    expect(refused.statusCode).toBe(409);
+    expect(pageText(refused.body)).toContain('This is your only way to sign in');
+    expect((await identitiesOf(user.id)).length).toBe(1);
+    // With a password, it goes, and the owner is told.
+    await setPassword(world.db, user.id, await hashPassword('a password of my own 1'));
+    const removed = await remove();
+    expect(removed.statusCode).toBe(200);
+    expect(await identitiesOf(user.id)).toEqual([]);
+    const mail = await world.db.selectFrom('mail_outbox').select('subject').where('recipient', '=', email).execute();
+    expect(mail.map((m) => m.subject)).toContain('Google sign-in removed from your account');
+    // Another user's identity by its number: not found.
+    expect((await browser.post('/dashboard/account/social/2147483647/remove', { csrf_token: csrfTokenIn(page.body) })).statusCode).toBe(404);
   });
 
   it('an unverified address at the provider makes no account and matches none', async () => {

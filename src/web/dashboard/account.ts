@@ -13,6 +13,7 @@ import { renderPage } from '../render.js';
 import type { DashboardDeps } from './applications.js';
 import { CSRF_FAILED, type DashboardContext, dashboardContext, readForm } from './context.js';
 import { twoStepSection, type TwoStepView } from './two-step-section.js';
+import { listSocialIdentities, unlinkSocialIdentity } from '../../social/identities.js';
 
 /** What one rendering of the Account page adds to what it always shows. */
 export interface AccountView extends TwoStepView {
@@ -51,6 +52,7 @@ export function accountPageRenderer(deps: DashboardDeps): AccountPageRenderer {
       pendingEmail: pending?.email ?? '',
       newEmail: view.newEmail ?? '',
       twoStep: await twoStepSection(db, deps, ctx, view),
+      socialIdentities: await listSocialIdentities(db, ctx.session.userId),
     };
   };
   return async (reply, status, ctx, view = {}) => renderPage(reply, status, 'dashboard/account', await page(ctx, view));
@@ -143,6 +145,23 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
       return reply.redirect('/login', 303);
     }
     return renderAccount(reply, 200, ctx, { message: 'That session was signed out.' });
+  });
+
+  // A connected account at a provider (social sign-in), removed while another way to sign in remains.
+  app.post<{ Params: { id: string } }>('/dashboard/account/social/:id/remove', async (req, reply) => {
+    const { params } = readForm(req.body);
+    const ctx = dashboardContext(req);
+    if (!csrfTokenMatches(config, { session: ctx.session.sessionId }, params.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
+    const id = /^[1-9][0-9]{0,9}$/.test(req.params.id) && Number(req.params.id) <= 2 ** 31 - 1 ? Number(req.params.id) : undefined;
+    if (id === undefined) throw new NotFoundError('no such connected account');
+    try {
+      await unlinkSocialIdentity(db, mailDeps, { id: ctx.session.userId, email: ctx.session.email, name: ctx.session.name }, id);
+    } catch (err) {
+      const message = refusal(err);
+      if (message === undefined) throw err;
+      return renderAccount(reply, 409, ctx, { errors: [message] });
+    }
+    return renderAccount(reply, 200, ctx, { message: 'That account can no longer sign you in.' });
   });
 
   app.post('/dashboard/account/sessions/others', async (req, reply) => {
