@@ -482,6 +482,38 @@ describe(`orgauth CLI on ${BACKEND}`, { timeout: 120_000 }, () => {
     expect((await jsonError('resource', 'show', '--uri', 'https://mcp.example.com/mcp')).error).toBe('not_found');
   });
 
+  it('social create, list, show, update and delete manage sign-in through providers (issue 45); the secret is never shown', async () => {
+    const google = await json('social', 'create', '--provider', 'google', '--client-id', 'g-client', '--client-secret', 'g-secret-0123456789');
+    expect(google).toEqual({
+      id: expect.any(Number), provider: 'google', name: 'Google', state: 'enabled', client_id: 'g-client', issuer: 'https://accounts.google.com', allowed_domains: [],
+      redirect_uri: expect.stringMatching(new RegExp(`/social/${google.id}/callback$`)), created_at: expect.any(String), updated_at: expect.any(String),
+    });
+    const ms = await json('social', 'create', '--provider', 'microsoft', '--client-id', 'm', '--client-secret', 's', '--tenant', 'Organizations', '--allowed-domains', 'Contoso.com fabrikam.com');
+    expect(ms).toMatchObject({ issuer: 'https://login.microsoftonline.com', tenant: 'organizations', allowed_domains: ['contoso.com', 'fabrikam.com'] });
+    const gh = await json('social', 'create', '--provider', 'github', '--client-id', 'Iv1.abc', '--client-secret', 's', '--base-url', 'https://github.example.com/');
+    expect(gh).toMatchObject({ provider: 'github', name: 'GitHub', base_url: 'https://github.example.com' });
+    expect(gh.issuer).toBeUndefined();
+    const oidc = await json('social', 'create', '--provider', 'oidc', '--client-id', 'c', '--client-secret', 's', '--issuer', 'https://id.example.org', '--name', 'Example ID');
+    expect(oidc).toMatchObject({ provider: 'oidc', name: 'Example ID', issuer: 'https://id.example.org' });
+    const listed = JSON.stringify(await json('social', 'list'));
+    expect(listed).not.toContain('g-secret');
+    expect(((await json('social', 'list')).data as { id: number }[]).map((c) => c.id)).toEqual([google.id, ms.id, gh.id, oidc.id]);
+    expect(await json('social', 'update', '--id', String(google.id), '--state', 'disabled')).toMatchObject({ state: 'disabled' });
+    expect(await json('social', 'show', '--id', String(google.id))).toMatchObject({ state: 'disabled' });
+    expect((await json('social', 'update', '--id', String(ms.id), '--allowed-domains', '')).allowed_domains).toEqual([]);
+    // What a provider does not have, an unknown provider, a missing issuer, a URL with credentials: refused.
+    expect((await jsonError('social', 'create', '--provider', 'github', '--client-id', 'c', '--client-secret', 's', '--issuer', 'https://x.example')).error_description).toMatch(/GitHub has no issuer/);
+    expect((await jsonError('social', 'create', '--provider', 'google', '--client-id', 'c', '--client-secret', 's', '--tenant', 'common')).error_description).toMatch(/only Microsoft has a tenant/);
+    expect((await jsonError('social', 'create', '--provider', 'facebook', '--client-id', 'c', '--client-secret', 's')).error).toBe('invalid_request');
+    expect((await jsonError('social', 'create', '--provider', 'oidc', '--client-id', 'c', '--client-secret', 's')).error_description).toMatch(/needs its issuer/);
+    expect((await jsonError('social', 'create', '--provider', 'oidc', '--client-id', 'c', '--client-secret', 's', '--issuer', 'https://user:pw@id.example.org')).error_description).toMatch(/without credentials/);
+    expect((await jsonError('social', 'create', '--provider', 'microsoft', '--client-id', 'c', '--client-secret', 's', '--tenant', 'contoso')).error_description).toMatch(/tenant id/);
+    expect((await jsonError('social', 'create', '--provider', 'google', '--client-id', 'c')).error).toBe('usage');
+    for (const c of [google, ms, gh, oidc]) expect(await json('social', 'delete', '--id', String(c.id))).toEqual({ id: c.id, deleted: true });
+    expect((await jsonError('social', 'show', '--id', String(google.id))).error).toBe('not_found');
+    expect((await jsonError('social', 'show', '--id', 'x')).error).toBe('usage');
+  });
+
   it('client list shows the clients that registered themselves, and client delete removes one (never a developer’s application)', async () => {
     await withDb((db) =>
       db
@@ -523,7 +555,7 @@ describe(`orgauth CLI on ${BACKEND}`, { timeout: 120_000 }, () => {
     for (const command of [
       'migrate', 'user create', 'user list', 'org create', 'org list', 'member add', 'member list', 'member set-role', 'member remove',
       'app create', 'app list', 'app show', 'app rotate-secret', 'app disable', 'app delete', 'token create', 'grant list', 'grant revoke',
-      'keys rotate', 'keys list', 'resource create', 'resource list', 'resource show', 'resource update', 'resource delete', 'client list', 'client delete', 'cleanup', 'seed-demo',
+      'keys rotate', 'keys list', 'resource create', 'resource list', 'resource show', 'resource update', 'resource delete', 'social create', 'social list', 'social update', 'social delete', 'client list', 'client delete', 'cleanup', 'seed-demo',
     ]) {
       expect(help.stdout).toContain(command);
     }
