@@ -10,7 +10,11 @@
  * - an unverified address makes and matches nothing; an SSO-required domain goes to its company's
  *   sign-in; a disabled connection, another browser's state, or a replayed callback sign nobody in.
  */
+import { createHash, randomBytes } from 'node:crypto';
+import { decodeJwt } from 'jose';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createOrganization } from '../../src/accounts/organizations.js';
+import { createApplication } from '../../src/oauth/models/applications.js';
 import { hashPassword } from '../../src/accounts/passwords.js';
 import { createUser, setPassword } from '../../src/accounts/users.js';
 import { createSocialConnection, MICROSOFT_CONSUMERS_TENANT, socialSettings, updateSocialConnection } from '../../src/social/connections.js';
@@ -18,6 +22,7 @@ import { Browser, csrfTokenIn } from '../accounts/browser.js';
 import { BACKEND } from '../helpers/db.js';
 import { pageText, pathOf, type SsoWorld, ssoOrganization, startSsoWorld } from '../helpers/sso-world.js';
 import { startUpstreamOidc, type UpstreamOidc } from '../helpers/upstream-oidc.js';
+import { hiddenIn } from '../helpers/instances.js';
 
 let world: SsoWorld;
 let connectionId: number;
@@ -83,6 +88,41 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
     expect(again.statusCode, again.body).toBe(303);
     expect((await world.db.selectFrom('users').select('id').where('email', '=', email).execute()).length).toBe(1);
     expect((await sessionsOf(user!.id)).length).toBe(2);
+  });
+
+  it('from an application’s authorization request: the sign-in page, Google, back to the consent page; the ID token says amr fed', async () => {
+    const developer = await createUser(world.db, { email: `dev-${login()}@example.com`, password: 'developer password 1' });
+    const devOrg = await createOrganization(world.db, { name: 'Developer', ownerUserId: developer.id });
+    const app = await createApplication(world.db, { organizationId: devOrg.id, type: 'public', name: 'Third Party', redirectUris: ['https://app.example.com/cb'], scopes: 'contacts.read' });
+    const verifier = randomBytes(32).toString('base64url');
+    const authorize = `/oauth/authorize?${new URLSearchParams({
+      response_type: 'code', client_id: app.client_id, redirect_uri: 'https://app.example.com/cb', scope: 'openid contacts.read', state: 'state-0123456789abcdef', nonce: 'nonce-0123456789abcdef',
+      code_challenge: createHash('sha256').update(verifier).digest('base64url'), code_challenge_method: 'S256',
+    }).toString()}`;
+    const browser = new Browser(world.app);
+    const toLogin = await browser.get(authorize);
+    expect(toLogin.statusCode).toBe(303);
+    const returnTo = new URL(String(toLogin.headers.location), world.issuer).searchParams.get('return_to')!;
+    expect(returnTo.startsWith(authorize)).toBe(true);
+    const account = login();
+    world.upstream.setAccount(account, { sub: `google-${account}`, email: `${account}@gmail.example`, email_verified: true, name: 'Alan Kay' });
+    const back = await signInWithGoogle(browser, account, returnTo);
+    expect(back.statusCode, back.body).toBe(303);
+    expect(back.headers.location).toBe(returnTo);
+    const consent = await browser.get(returnTo);
+    expect(consent.statusCode, consent.body).toBe(200);
+    const user = (await userByEmail(`${account}@gmail.example`))!;
+    const [own] = await world.db.selectFrom('memberships').select('organization_id').where('user_id', '=', user.id).execute();
+    const approved = await browser.post('/oauth/authorize', { ...hiddenIn(consent.body), organization_id: String(own!.organization_id), decision: 'approve' });
+    expect(approved.statusCode, approved.body).toBe(303);
+    const code = new URL(String(approved.headers.location)).searchParams.get('code')!;
+    const token = await world.app.inject({
+      method: 'POST', url: '/oauth/token', headers: { 'content-type': 'application/x-www-form-urlencoded' },
+      payload: new URLSearchParams({ grant_type: 'authorization_code', code, redirect_uri: 'https://app.example.com/cb', code_verifier: verifier, client_id: app.client_id, client_secret: app.client_secret }).toString(),
+    });
+    expect(token.statusCode, token.body).toBe(200);
+    const idToken = decodeJwt(token.json<{ id_token: string }>().id_token);
+    expect(idToken).toMatchObject({ sub: String(user.id), amr: ['fed'], nonce: 'nonce-0123456789abcdef' });
   });
 
   it('an existing account is never linked by email alone: "prove it’s you", its password, then the link, and the owner is mailed', async () => {
