@@ -17,12 +17,16 @@ import { createOrganization } from '../../src/accounts/organizations.js';
 import { createApplication } from '../../src/oauth/models/applications.js';
 import { hashPassword } from '../../src/accounts/passwords.js';
 import { createUser, setPassword } from '../../src/accounts/users.js';
-import { createSocialConnection, MICROSOFT_CONSUMERS_TENANT, socialSettings, updateSocialConnection } from '../../src/social/connections.js';
+import { createOutboundFetch } from '../../src/lib/outbound.js';
+import { createSocialConnection, findSocialConnection, MICROSOFT_CONSUMERS_TENANT, socialSettings, updateSocialConnection } from '../../src/social/connections.js';
+import { SocialProviders } from '../../src/social/providers.js';
+import { UpstreamOidc as UpstreamOidcClient } from '../../src/sso/oidc-upstream.js';
 import { Browser, csrfTokenIn } from '../accounts/browser.js';
 import { BACKEND } from '../helpers/db.js';
 import { pageText, pathOf, type SsoWorld, ssoOrganization, startSsoWorld } from '../helpers/sso-world.js';
 import { startUpstreamOidc, type UpstreamOidc } from '../helpers/upstream-oidc.js';
 import { hiddenIn } from '../helpers/instances.js';
+import { type GitHubServer, type GitHubUser, startGitHubServer } from '../helpers/github-server.js';
 
 let world: SsoWorld;
 let connectionId: number;
@@ -342,5 +346,111 @@ describe(`social sign-in through Microsoft's multi-tenant endpoints (a provider 
     // The same account at a connection for another tenant: its discovery is that tenant's, which this provider is not.
     const elsewhere = await signInAt(work, await microsoft(work, OTHER_TENANT), member).catch((err: Error) => err);
     expect(elsewhere instanceof Error ? 502 : elsewhere.statusCode).not.toBe(303);
+  });
+});
+
+describe(`social sign-in through GitHub (a GitHub Enterprise-compatible server on loopback) on ${BACKEND}`, () => {
+  let github: GitHubServer;
+  let connection: { id: number; redirect_uri: string };
+
+  beforeAll(async () => {
+    github = await startGitHubServer();
+    connection = await createSocialConnection(world.db, socialSettings(world.config), { provider: 'github', base_url: github.baseUrl, client_id: 'Iv1.orgauth', client_secret: 'github-secret-0123456789' });
+    github.register({ clientId: 'Iv1.orgauth', clientSecret: 'github-secret-0123456789', callbackUrl: connection.redirect_uri });
+  });
+  afterAll(async () => {
+    await github?.close();
+  });
+
+  /** Continue with GitHub as `user`: returns orgauth's answer to GitHub's redirect back. */
+  async function signInAs(user: GitHubUser, browser = new Browser(world.app)) {
+    github.signInAs(user);
+    const page = await browser.get('/login');
+    expect(pageText(page.body)).toContain('Continue with GitHub');
+    const leaving = await browser.post(`/social/${connection.id}/start`, { csrf_token: csrfTokenIn(page.body), return_to: '/dashboard' });
+    expect(leaving.statusCode, leaving.body).toBe(303);
+    const authorize = await fetch(String(leaving.headers.location), { redirect: 'manual' });
+    expect(authorize.status).toBe(302);
+    return browser.get(pathOf(world, String(authorize.headers.get('location'))));
+  }
+
+  let ids = 1000;
+  const githubUser = (emails: GitHubUser['emails']): GitHubUser => ({ id: ++ids, login: `octo${ids}`, name: `Octo ${ids}`, emails });
+
+  it('signs up with the primary verified address (not a secondary one), the numeric id as the subject; a second sign-in reuses it', async () => {
+    const stamp = login();
+    const user = githubUser([
+      { email: `${stamp}-secondary@users.example`, primary: false, verified: true },
+      { email: `${stamp}@users.example`, primary: true, verified: true },
+      { email: `${stamp}-unverified@users.example`, primary: false, verified: false },
+    ]);
+    const res = await signInAs(user);
+    expect(res.statusCode, res.body).toBe(303);
+    expect(res.headers.location).toBe('/dashboard');
+    const created = (await userByEmail(`${stamp}@users.example`))!;
+    expect(await identitiesOf(created.id)).toEqual([{ connection_id: connection.id, subject: String(user.id), email: `${stamp}@users.example` }]);
+    expect(await userByEmail(`${stamp}-secondary@users.example`)).toBeUndefined();
+    // What orgauth asked GitHub: the web flow with PKCE and the two REST calls, with the token.
+    const asked = github.authorizeRequests.at(-1)!;
+    expect(asked).toMatchObject({ client_id: 'Iv1.orgauth', redirect_uri: connection.redirect_uri, scope: 'read:user user:email', code_challenge_method: 'S256' });
+    expect(github.requests.filter((r) => r.path.startsWith('/api/v3/')).slice(-2).map((r) => [r.path, r.authorization?.startsWith('Bearer gho_')])).toEqual([['/api/v3/user', true], ['/api/v3/user/emails', true]]);
+    // The login changed at GitHub, the id did not: the same account.
+    const again = await signInAs({ ...user, login: `renamed-${user.login}` });
+    expect(again.statusCode).toBe(303);
+    expect((await identitiesOf(created.id)).length).toBe(1);
+  });
+
+  it('refuses an account whose addresses are all unverified, and never matches an existing account by a secondary address', async () => {
+    const stamp = login();
+    const unverified = await signInAs(githubUser([{ email: `${stamp}@users.example`, primary: true, verified: false }, { email: `${stamp}-2@users.example`, primary: false, verified: false }]));
+    expect(unverified.statusCode).toBe(403);
+    expect(pageText(unverified.body)).toContain('has not verified your email address');
+    expect(await userByEmail(`${stamp}@users.example`)).toBeUndefined();
+
+    const victim = await createUser(world.db, { email: `${stamp}-victim@users.example`, password: 'victim password 123' });
+    const res = await signInAs(githubUser([{ email: `${stamp}-attacker@users.example`, primary: true, verified: true }, { email: `${stamp}-victim@users.example`, primary: false, verified: true }]));
+    expect(res.statusCode).toBe(303);
+    expect(await identitiesOf(victim.id)).toEqual([]);
+    expect((await userByEmail(`${stamp}-attacker@users.example`))).toBeDefined();
+  });
+
+  it('an address in an SSO-required domain is sent to its company sign-in; GitHub’s refusal, a huge answer and a replayed code sign nobody in', async () => {
+    const stamp = login();
+    const domain = `gh-sso-${n}-${process.pid}.example`;
+    await ssoOrganization(world, { domain, ssoRequired: true });
+    const routed = await signInAs(githubUser([{ email: `${stamp}@${domain}`, primary: true, verified: true }]));
+    expect(routed.statusCode).toBe(303);
+    expect(new URL(String(routed.headers.location), world.issuer).searchParams.get('login_hint')).toBe(`${stamp}@${domain}`);
+
+    github.denyNext();
+    const denied = await signInAs(githubUser([{ email: `${stamp}-denied@users.example`, primary: true, verified: true }]));
+    expect(denied.statusCode).toBe(400);
+
+    github.huge(300 * 1024);
+    const huge = await signInAs(githubUser([{ email: `${stamp}-huge@users.example`, primary: true, verified: true }]));
+    expect(huge.statusCode).toBe(400);
+    expect(await userByEmail(`${stamp}-huge@users.example`)).toBeUndefined();
+
+    // The same callback twice: the second finds its sign-in used.
+    const browser = new Browser(world.app);
+    github.signInAs(githubUser([{ email: `${stamp}-replay@users.example`, primary: true, verified: true }]));
+    const page = await browser.get('/login');
+    const leaving = await browser.post(`/social/${connection.id}/start`, { csrf_token: csrfTokenIn(page.body), return_to: '/dashboard' });
+    const back = pathOf(world, String((await fetch(String(leaving.headers.location), { redirect: 'manual' })).headers.get('location')));
+    expect((await browser.get(back)).statusCode).toBe(303);
+    expect((await browser.get(back)).statusCode).toBe(400);
+  });
+
+  it('a slow provider runs into the outbound client’s deadline: a refusal, not a hung sign-in', async () => {
+    const row = (await findSocialConnection(world.db, connection.id))!;
+    const providers = new SocialProviders({
+      issuer: world.issuer, secretKey: world.config.secretKey, allowHttp: true,
+      fetch: createOutboundFetch({ allowHttp: true, allowedNetworks: ['127.0.0.0/8'], timeoutMs: 300, maxBytes: 1024 * 1024 }),
+    });
+    const checks = UpstreamOidcClient.newChecks();
+    github.signInAs(githubUser([{ email: `${login()}@users.example`, primary: true, verified: true }]));
+    const authorize = await fetch(await providers.authorizationUrl(row, checks), { redirect: 'manual' });
+    github.slow(2000, 'user');
+    await expect(providers.finish(row, new URL(String(authorize.headers.get('location'))), checks)).rejects.toThrow(/timed out/);
   });
 });
