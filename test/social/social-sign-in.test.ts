@@ -12,6 +12,7 @@
  */
 import { createHash, randomBytes } from 'node:crypto';
 import { decodeJwt } from 'jose';
+import { generate } from 'otplib';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createOrganization } from '../../src/accounts/organizations.js';
 import { createApplication } from '../../src/oauth/models/applications.js';
@@ -20,10 +21,11 @@ import { createUser, setPassword } from '../../src/accounts/users.js';
 import { createOutboundFetch } from '../../src/lib/outbound.js';
 import { createSocialConnection, findSocialConnection, MICROSOFT_CONSUMERS_TENANT, socialSettings, updateSocialConnection } from '../../src/social/connections.js';
 import { SocialProviders } from '../../src/social/providers.js';
+import { linkSocialAfterProof } from '../../src/social/identities.js';
 import { UpstreamOidc as UpstreamOidcClient } from '../../src/sso/oidc-upstream.js';
 import { Browser, csrfTokenIn } from '../accounts/browser.js';
 import { BACKEND } from '../helpers/db.js';
-import { pageText, pathOf, type SsoWorld, ssoOrganization, startSsoWorld } from '../helpers/sso-world.js';
+import { pageText, pathOf, type SsoWorld, ssoOrganization, startSsoWorld, unescapeHtml } from '../helpers/sso-world.js';
 import { startUpstreamOidc, type UpstreamOidc } from '../helpers/upstream-oidc.js';
 import { hiddenIn } from '../helpers/instances.js';
 import { type GitHubServer, type GitHubUser, startGitHubServer } from '../helpers/github-server.js';
@@ -195,6 +197,66 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
     expect(mail.map((m) => m.subject)).toContain('Google sign-in removed from your account');
     // Another user's identity by its number: not found.
     expect((await browser.post('/dashboard/account/social/2147483647/remove', { csrf_token: csrfTokenIn(page.body) })).statusCode).toBe(404);
+  });
+
+  it('one factor: an account with an authenticator app takes its second step after Google, and only then has a session (fed and otp)', async () => {
+    const account = login();
+    const email = `${account}@gmail.example`;
+    world.upstream.setAccount(account, { sub: `google-${account}`, email, email_verified: true });
+    const browser = new Browser(world.app);
+    expect((await signInWithGoogle(browser, account, '/dashboard/account')).statusCode).toBe(303);
+    const user = (await userByEmail(email))!;
+    const page = await browser.get('/dashboard/account');
+    const started = await browser.post('/dashboard/account/totp', { csrf_token: csrfTokenIn(page.body) });
+    const secret = new URL(unescapeHtml(/data-totp-uri>([^<]+)</.exec(started.body)?.[1] ?? '')).searchParams.get('secret')!;
+    expect((await browser.post('/dashboard/account/totp/confirm', { csrf_token: csrfTokenIn(started.body), code: await generate({ secret }) })).statusCode).toBe(200);
+    await world.db.deleteFrom('sessions').where('user_id', '=', user.id).execute();
+
+    const second = new Browser(world.app);
+    const back = await signInWithGoogle(second, account);
+    expect(back.statusCode).toBe(303);
+    expect(back.headers.location).toBe('/login/second-step');
+    expect(await sessionsOf(user.id)).toEqual([]);
+    const step = await second.get('/login/second-step');
+    const done = await second.post('/login/second-step', { csrf_token: csrfTokenIn(step.body), code: await generate({ secret, epoch: Math.floor(Date.now() / 1000) + 30 }) });
+    expect(done.statusCode, done.body).toBe(303);
+    const [session] = await sessionsOf(user.id);
+    expect(session?.amr).toEqual(expect.arrayContaining(['fed', 'otp']));
+  });
+
+  it('a second account cannot take an identity another account holds: the subject decides, whatever the address says now', async () => {
+    const account = login();
+    world.upstream.setAccount(account, { sub: `google-${account}`, email: `${account}@gmail.example`, email_verified: true });
+    expect((await signInWithGoogle(new Browser(world.app), account)).statusCode).toBe(303);
+    const holder = (await userByEmail(`${account}@gmail.example`))!;
+    // The address at the provider changes to another account's here: the link still names the holder.
+    const other = await createUser(world.db, { email: `${account}-other@gmail.example`, password: 'other password 123' });
+    world.upstream.setAccount(account, { sub: `google-${account}`, email: `${account}-other@gmail.example`, email_verified: true });
+    expect((await signInWithGoogle(new Browser(world.app), account)).headers.location).toBe('/dashboard');
+    expect((await sessionsOf(other.id)).length).toBe(0);
+    expect((await sessionsOf(holder.id)).length).toBe(2);
+    // Two proofs parked for one subject, and the other finishes second: refused, nothing linked to it.
+    const taken = await linkSocialAfterProof(world.db, { issuer: world.issuer, mail: { queue: async () => {}, wake: () => {} } }, { connectionId, subject: `google-${account}`, email: `${account}-other@gmail.example`, emailVerified: true, name: undefined }, other.id);
+    expect(taken).toEqual({ kind: 'refused', reason: 'identity_taken' });
+    expect(await identitiesOf(other.id)).toEqual([]);
+  });
+
+  it('state, nonce and issuer are the sign-in’s own: an unknown state, a response naming another issuer (RFC 9207) sign nobody in', async () => {
+    const account = login();
+    world.upstream.setAccount(account, { sub: `google-${account}`, email: `${account}@gmail.example`, email_verified: true });
+    const browser = new Browser(world.app);
+    const out = await continueWithGoogle(browser);
+    const back = new URL(await world.upstream.signIn(new URL(String(out.headers.location)), account));
+    expect(back.searchParams.get('iss')).toBe(world.upstream.issuer);
+    const forged = new URL(back);
+    forged.searchParams.set('iss', 'https://evil.example');
+    expect((await browser.get(pathOf(world, forged))).statusCode).toBe(400);
+    // That used the sign-in up: the genuine callback finds nothing now.
+    expect((await browser.get(pathOf(world, back))).statusCode).toBe(400);
+    const unknown = new URL(back);
+    unknown.searchParams.set('state', 'x'.repeat(43));
+    expect((await browser.get(pathOf(world, unknown))).statusCode).toBe(400);
+    expect(await userByEmail(`${account}@gmail.example`)).toBeUndefined();
   });
 
   it('an unverified address at the provider makes no account and matches none', async () => {
