@@ -67,6 +67,16 @@ async function signInWithGoogle(browser: Browser, account: string, returnTo = '/
   return browser.get(pathOf(world, await world.upstream.signIn(authorize, account)));
 }
 
+/** A new person signed up with Google, on the Account page: their provider account, address, browser and user. */
+async function signedUpWithGoogle() {
+  const account = login();
+  const email = `${account}@gmail.example`;
+  world.upstream.setAccount(account, { sub: `google-${account}`, email, email_verified: true });
+  const browser = new Browser(world.app);
+  expect((await signInWithGoogle(browser, account, '/dashboard/account')).statusCode).toBe(303);
+  return { account, email, browser, user: (await userByEmail(email))! };
+}
+
 const sessionsOf = (userId: number) => world.db.selectFrom('sessions').select(['amr', 'social_connection_id']).where('user_id', '=', userId).execute();
 const identitiesOf = (userId: number) => world.db.selectFrom('social_identities').select(['connection_id', 'subject', 'email']).where('user_id', '=', userId).execute();
 const userByEmail = (email: string) => world.db.selectFrom('users').select(['id', 'email_verified_at', 'password_hash']).where('email', '=', email).executeTakeFirst();
@@ -171,12 +181,7 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
   });
 
   it('the Account page lists the connected account and removes it only while another way to sign in remains', async () => {
-    const account = login();
-    const email = `${account}@gmail.example`;
-    world.upstream.setAccount(account, { sub: `google-${account}`, email, email_verified: true });
-    const browser = new Browser(world.app);
-    expect((await signInWithGoogle(browser, account, '/dashboard/account')).statusCode).toBe(303);
-    const user = (await userByEmail(email))!;
+    const { account, email, browser, user } = await signedUpWithGoogle();
     const [identity] = await world.db.selectFrom('social_identities').select('id').where('user_id', '=', user.id).execute();
     const page = await browser.get('/dashboard/account');
     expect(page.statusCode).toBe(200);
@@ -200,12 +205,7 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
   });
 
   it('one factor: an account with an authenticator app takes its second step after Google, and only then has a session (fed and otp)', async () => {
-    const account = login();
-    const email = `${account}@gmail.example`;
-    world.upstream.setAccount(account, { sub: `google-${account}`, email, email_verified: true });
-    const browser = new Browser(world.app);
-    expect((await signInWithGoogle(browser, account, '/dashboard/account')).statusCode).toBe(303);
-    const user = (await userByEmail(email))!;
+    const { account, email, browser, user } = await signedUpWithGoogle();
     const page = await browser.get('/dashboard/account');
     const started = await browser.post('/dashboard/account/totp', { csrf_token: csrfTokenIn(page.body) });
     const secret = new URL(unescapeHtml(/data-totp-uri>([^<]+)</.exec(started.body)?.[1] ?? '')).searchParams.get('secret')!;
