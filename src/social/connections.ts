@@ -10,7 +10,7 @@
  */
 import { z } from 'zod';
 import type { Config } from '../config.js';
-import type { DB } from '../db/connect.js';
+import { type DB, inTransaction } from '../db/connect.js';
 import type { SocialConnectionsTable, SocialConnectionState, SocialProvider } from '../db/schema.js';
 import type { Selectable, Updateable } from 'kysely';
 import { InvalidRequestError, NotFoundError } from '../errors.js';
@@ -223,16 +223,16 @@ export async function updateSocialConnection(db: DB, settings: SocialSettings, i
   if (parsed.base_url !== undefined) set.base_url = parsed.base_url;
   if (parsed.allowed_domains !== undefined) set.allowed_domains = parsed.allowed_domains;
   if (Object.keys(set).length === 0) return socialConnectionView(settings.issuer, current);
-  const row = await db
-    .updateTable('social_connections')
-    .set({ ...set, updated_at: new Date() })
-    .where('id', '=', id)
-    .returningAll()
-    .executeTakeFirstOrThrow();
+  const row = await inTransaction(db, async (trx) => {
+    const updated = await trx.updateTable('social_connections').set({ ...set, updated_at: new Date() }).where('id', '=', id).returningAll().executeTakeFirstOrThrow();
+    // Disabled, it signs nobody in, and the sessions it made end (as an SSO connection's do).
+    if (parsed.state === 'disabled' && current.state !== 'disabled') await trx.deleteFrom('sessions').where('social_connection_id', '=', id).execute();
+    return updated;
+  });
   return socialConnectionView(settings.issuer, row);
 }
 
-/** Deletes the connection: its identities, its sign-ins in flight and the sessions made through it go with it. */
+/** Deletes the connection: its identities, its sign-ins in flight and the sessions made through it go with it (foreign keys). */
 export async function deleteSocialConnection(db: DB, id: number): Promise<void> {
   const deleted = await db.deleteFrom('social_connections').where('id', '=', id).returning('id').executeTakeFirst();
   if (!deleted) throw new NotFoundError('no such social connection');

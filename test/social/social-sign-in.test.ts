@@ -286,7 +286,7 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
     expect(await userByEmail(`${account}@${domain}`)).toBeUndefined();
   });
 
-  it('a connection disabled mid-flow, another browser’s callback and a replayed one sign nobody in; a disabled connection has no button', async () => {
+  it('a connection disabled mid-flow signs nobody in and ends the sessions it made; another browser’s callback and a replayed one sign nobody in; a disabled connection has no button', async () => {
     const account = login();
     world.upstream.setAccount(account, { sub: `google-${account}`, email: `${account}@gmail.example`, email_verified: true });
     // Another browser brings the callback: the sign-in is bound to the one that started it.
@@ -299,11 +299,16 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
     expect((await starter.get(callback)).statusCode).toBe(303);
     expect((await starter.get(callback)).statusCode).toBe(400);
 
+    const signedIn = new Browser(world.app);
+    expect((await signInWithGoogle(signedIn, account)).statusCode).toBe(303);
+    expect((await signedIn.get('/dashboard')).statusCode).toBe(200);
     const browser = new Browser(world.app);
     const out = await continueWithGoogle(browser);
     const back = pathOf(world, await world.upstream.signIn(new URL(String(out.headers.location)), account));
     await updateSocialConnection(world.db, socialSettings(world.config), connectionId, { state: 'disabled' });
     try {
+      // The sessions it made end with it.
+      expect((await signedIn.get('/dashboard')).statusCode).toBe(303);
       const refused = await browser.get(back);
       expect(refused.statusCode).toBe(403);
       expect(browser.cookies.size).toBeGreaterThan(0);
