@@ -16,8 +16,8 @@ import { type Kysely, sql } from 'kysely';
  *   one user.
  * - sso_sign_ins carries social sign-ins in flight too (state, nonce, PKCE verifier; a link
  *   waiting for its account's proof): connection_id or social_connection_id, exactly one.
- * - sessions.social_connection_id: a session made through a social connection ends when the
- *   connection is deleted.
+ * - sessions.social_connection_id: a session made through a social connection lasts while the
+ *   connection is enabled; pending_sign_ins.social_connection_id carries it through a second step.
  */
 export async function up(db: Kysely<any>): Promise<void> {
   await db.schema
@@ -62,9 +62,11 @@ export async function up(db: Kysely<any>): Promise<void> {
     add constraint sso_sign_ins_one_connection check ((connection_id is null) <> (social_connection_id is null))`.execute(db);
   await sql`alter table sessions add column social_connection_id integer references social_connections(id) on delete cascade`.execute(db);
   await sql`create index sessions_social_connection on sessions (social_connection_id) where social_connection_id is not null`.execute(db);
+  await sql`alter table pending_sign_ins add column social_connection_id integer references social_connections(id) on delete cascade`.execute(db);
 }
 
 export async function down(db: Kysely<any>): Promise<void> {
+  await sql`alter table pending_sign_ins drop column social_connection_id`.execute(db);
   await sql`alter table sessions drop column social_connection_id`.execute(db);
   await sql`delete from sso_sign_ins where connection_id is null`.execute(db);
   await sql`alter table sso_sign_ins drop constraint sso_sign_ins_one_connection, drop column social_connection_id, alter column connection_id set not null`.execute(db);

@@ -24,10 +24,17 @@ export interface PendingSignIn {
   /** The factors already given (RFC 8176 values): ['pwd'] after the password. */
   amr: string[];
   returnTo: string;
+  /** The social connection the first step was made through, if it was. */
+  socialConnectionId: number | null;
 }
 
 /** Starts a pending sign-in and sets its cookie; returns its id_hash (to give it a challenge). */
-export async function startPendingSignIn(db: DB, config: Config, reply: FastifyReply, input: { userId: number | null; amr: readonly string[]; returnTo: string }): Promise<string> {
+export async function startPendingSignIn(
+  db: DB,
+  config: Config,
+  reply: FastifyReply,
+  input: { userId: number | null; amr: readonly string[]; returnTo: string; socialConnectionId?: number },
+): Promise<string> {
   const id = generateSecret(32);
   const idHash = sha256Hex(id);
   await db
@@ -36,6 +43,7 @@ export async function startPendingSignIn(db: DB, config: Config, reply: FastifyR
       id_hash: idHash,
       user_id: input.userId,
       amr: [...input.amr],
+      social_connection_id: input.socialConnectionId ?? null,
       return_to: input.returnTo,
       expires_at: new Date(Date.now() + PENDING_SIGN_IN_TTL_SECONDS * 1000),
     })
@@ -58,11 +66,11 @@ export async function findPendingSignIn(db: DB, config: Config, req: FastifyRequ
   if (id === undefined) return undefined;
   const row = await db
     .selectFrom('pending_sign_ins')
-    .select(['id_hash', 'user_id', 'amr', 'return_to'])
+    .select(['id_hash', 'user_id', 'amr', 'return_to', 'social_connection_id'])
     .where('id_hash', '=', sha256Hex(id))
     .where('expires_at', '>', new Date())
     .executeTakeFirst();
-  return row ? { idHash: row.id_hash, userId: row.user_id, amr: row.amr, returnTo: row.return_to } : undefined;
+  return row ? { idHash: row.id_hash, userId: row.user_id, amr: row.amr, returnTo: row.return_to, socialConnectionId: row.social_connection_id } : undefined;
 }
 
 /** Gives the pending sign-in a new WebAuthn challenge (the last one given is the only one that counts). */

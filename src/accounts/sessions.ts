@@ -41,6 +41,8 @@ export interface SessionUser {
   /** The active SSO connection the session was signed in through, and its organization; null otherwise. */
   ssoConnectionId: number | null;
   ssoOrganizationId: number | null;
+  /** The social connection the session was signed in through (only while it is enabled: a disabled one's sessions are none); null otherwise. */
+  socialConnectionId: number | null;
 }
 
 /** The amr after a second step: what the first gave, the method, and `mfa` (RFC 8176). */
@@ -54,8 +56,16 @@ export function withSecondFactor(amr: readonly string[], method: readonly string
  * connection (so disabling the connection still ends it, and SS-4 still knows it) and its amr,
  * plus the method and `mfa`.
  */
-export function raisedSession(session: Pick<SessionUser, 'userId' | 'amr' | 'ssoConnectionId'>, method: readonly string[]): { userId: number; amr: string[]; ssoConnectionId?: number } {
-  return { userId: session.userId, amr: withSecondFactor(session.amr, method), ...(session.ssoConnectionId !== null ? { ssoConnectionId: session.ssoConnectionId } : {}) };
+export function raisedSession(
+  session: Pick<SessionUser, 'userId' | 'amr' | 'ssoConnectionId' | 'socialConnectionId'>,
+  method: readonly string[],
+): { userId: number; amr: string[]; ssoConnectionId?: number; socialConnectionId?: number } {
+  return {
+    userId: session.userId,
+    amr: withSecondFactor(session.amr, method),
+    ...(session.ssoConnectionId !== null ? { ssoConnectionId: session.ssoConnectionId } : {}),
+    ...(session.socialConnectionId !== null ? { socialConnectionId: session.socialConnectionId } : {}),
+  };
 }
 
 /** RFC 8176 `mfa`: the session was signed in with two factors. */
@@ -142,9 +152,24 @@ export async function findSession(db: DB, sessionId: string | undefined): Promis
     .selectFrom('sessions')
     .innerJoin('users', 'users.id', 'sessions.user_id')
     .leftJoin('sso_connections', (join) => join.onRef('sso_connections.id', '=', 'sessions.sso_connection_id').on('sso_connections.state', '=', 'active'))
-    .select(['users.id as userId', 'users.email', 'users.name', 'users.email_verified_at', 'sessions.last_seen_at', 'sessions.created_at as authTime', 'sessions.amr', 'sso_connections.id as ssoConnectionId', 'sso_connections.organization_id as ssoOrganizationId'])
+    .leftJoin('social_connections', 'social_connections.id', 'sessions.social_connection_id')
+    .select([
+      'users.id as userId',
+      'users.email',
+      'users.name',
+      'users.email_verified_at',
+      'sessions.last_seen_at',
+      'sessions.created_at as authTime',
+      'sessions.amr',
+      'sso_connections.id as ssoConnectionId',
+      'sso_connections.organization_id as ssoOrganizationId',
+      'sessions.social_connection_id as socialConnectionId',
+    ])
     .where('sessions.id_hash', '=', idHash)
     .where('sessions.expires_at', '>', new Date())
+    // A session made through a social connection lasts while the connection is enabled: checked
+    // here too, so a sign-in that finished while the connection was being disabled ends with it.
+    .where((eb) => eb.or([eb('sessions.social_connection_id', 'is', null), eb('social_connections.state', '=', 'enabled')]))
     .executeTakeFirst();
   if (!row) return undefined;
   const { last_seen_at: lastSeen, email_verified_at: verifiedAt, ...user } = row;

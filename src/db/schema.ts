@@ -523,6 +523,8 @@ export interface PendingSignInsTable {
   return_to: string;
   /** The WebAuthn challenge this browser was given, until it is used. */
   challenge: string | null;
+  /** The social connection the first step was made through: the session after the second step keeps it. */
+  social_connection_id: ColumnType<number | null, number | null | undefined, number | null>;
   created_at: Generated<Date>;
   expires_at: Timestamp;
 }

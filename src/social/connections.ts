@@ -13,7 +13,7 @@ import type { Config } from '../config.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import type { SocialConnectionsTable, SocialConnectionState, SocialProvider } from '../db/schema.js';
 import type { Selectable, Updateable } from 'kysely';
-import { InvalidRequestError, NotFoundError } from '../errors.js';
+import { ConflictError, InvalidRequestError, NotFoundError } from '../errors.js';
 import { sealText } from '../lib/crypto.js';
 import { parseInput } from '../lib/validate.js';
 import { normalizeDomain } from '../sso/domains.js';
@@ -86,8 +86,11 @@ export function socialConnectionView(issuer: string, row: SocialConnectionRow): 
   };
 }
 
-/** A URL without a trailing slash (an issuer is compared as a string; GitHub's paths are appended). */
+/** A base URL that paths are appended to (Microsoft's tenant, GitHub's), without its trailing slash. */
 const withoutSlash = (v: string) => v.replace(/\/+$/, '');
+
+/** An issuer or base URL: no query either (OpenID Discovery §2; a path is appended to a base). */
+const baseField = (allowHttp: boolean) => urlField(allowHttp).refine((v) => new URL(v).search === '', 'must have no query');
 
 const tenantField = z
   .string()
@@ -118,9 +121,10 @@ function fieldsSchema(allowHttp: boolean) {
     state: z.enum(['enabled', 'disabled']),
     client_id: text(512),
     client_secret: z.string().min(1, 'must not be empty').max(1024, 'must be at most 1024 characters'),
-    issuer: urlField(allowHttp).transform(withoutSlash),
+    // As given: an OpenID issuer is compared as a string (a trailing slash is part of it).
+    issuer: baseField(allowHttp),
     tenant: tenantField,
-    base_url: urlField(allowHttp).transform(withoutSlash),
+    base_url: baseField(allowHttp).transform(withoutSlash),
     allowed_domains: domainsField,
   });
 }
@@ -183,7 +187,7 @@ export async function createSocialConnection(db: DB, settings: SocialSettings, i
       state: parsed.state ?? 'enabled',
       client_id: parsed.client_id,
       client_secret_sealed: sealText(settings.secretKey, SOCIAL_SECRET_PURPOSE, parsed.client_secret),
-      issuer: parsed.provider === 'github' ? null : (parsed.issuer ?? defaults.issuer ?? null),
+      issuer: parsed.provider === 'github' ? null : parsed.provider === 'microsoft' ? withoutSlash(parsed.issuer ?? defaults.issuer ?? '') : (parsed.issuer ?? defaults.issuer ?? null),
       tenant: parsed.provider === 'microsoft' ? (parsed.tenant ?? 'common') : null,
       base_url: parsed.provider === 'github' ? (parsed.base_url ?? defaults.baseUrl ?? null) : null,
       allowed_domains: parsed.allowed_domains ?? [],
@@ -218,12 +222,21 @@ export async function updateSocialConnection(db: DB, settings: SocialSettings, i
   if (parsed.state !== undefined) set.state = parsed.state;
   if (parsed.client_id !== undefined) set.client_id = parsed.client_id;
   if (parsed.client_secret !== undefined) set.client_secret_sealed = sealText(settings.secretKey, SOCIAL_SECRET_PURPOSE, parsed.client_secret);
-  if (parsed.issuer !== undefined) set.issuer = parsed.issuer;
+  if (parsed.issuer !== undefined) set.issuer = current.provider === 'microsoft' ? withoutSlash(parsed.issuer) : parsed.issuer;
   if (parsed.tenant !== undefined) set.tenant = parsed.tenant;
   if (parsed.base_url !== undefined) set.base_url = parsed.base_url;
   if (parsed.allowed_domains !== undefined) set.allowed_domains = parsed.allowed_domains;
   if (Object.keys(set).length === 0) return socialConnectionView(settings.issuer, current);
   const row = await inTransaction(db, async (trx) => {
+    // Identities are subjects of the provider the connection points at: pointed elsewhere, the
+    // same subject would be someone else's there (GitHub's ids are counters on every server), and
+    // Microsoft's subjects are per application. So while people sign in through it, it keeps
+    // where it points; a new connection (or deleting this one) is the way to change that.
+    const moves = (['issuer', 'tenant', 'base_url'] as const).some((f) => set[f] !== undefined && set[f] !== current[f]) || (current.provider === 'microsoft' && set.client_id !== undefined && set.client_id !== current.client_id);
+    if (moves) {
+      const linked = await trx.selectFrom('social_identities').select('id').where('connection_id', '=', id).limit(1).executeTakeFirst();
+      if (linked) throw new ConflictError('people sign in through this connection: where it points (issuer, tenant, base URL, and a Microsoft application) cannot change under them; create a new connection instead');
+    }
     const updated = await trx.updateTable('social_connections').set({ ...set, updated_at: new Date() }).where('id', '=', id).returningAll().executeTakeFirstOrThrow();
     // Disabled, it signs nobody in, and the sessions it made end (as an SSO connection's do).
     if (parsed.state === 'disabled' && current.state !== 'disabled') await trx.deleteFrom('sessions').where('social_connection_id', '=', id).execute();

@@ -16,13 +16,15 @@
  * company's sign-in too.
  */
 import { sql } from 'kysely';
-import { recordAccountEvent } from '../audit/events.js';
+import { recordAccountEvent, recordAuditEvent } from '../audit/events.js';
 import { type DB, inTransaction } from '../db/connect.js';
 import { isUniqueViolation } from '../db/errors.js';
 import { changeSignInMethods, type FactorDeps } from '../accounts/second-factors.js';
 import { createOrganization } from '../accounts/organizations.js';
+import { admitSignUp } from '../accounts/sign-ups.js';
 import { findUserByEmail, insertUser } from '../accounts/users.js';
 import { ConflictError, NotFoundError } from '../errors.js';
+import { sha256Hex } from '../lib/crypto.js';
 import { emailDomain, findSsoRoute } from '../sso/domains.js';
 import { canonicalEmail } from '../sso/identities.js';
 import type { SocialIdentity } from './providers.js';
@@ -34,6 +36,8 @@ export type SocialResolution =
   | { kind: 'needs_proof'; userId: number; email: string }
   /** The address's organization requires its own sign-in: the person is sent there. */
   | { kind: 'sso_required'; email: string }
+  /** A new account, but the address or the client made too many lately (DO-1, as sign-up): seconds to wait. */
+  | { kind: 'too_many'; wait: number }
   | { kind: 'refused'; reason: SocialRefusal };
 
 /** What the person is told for each refusal: enough to act on, nothing about other accounts. */
@@ -55,13 +59,19 @@ function lockConnection(trx: DB, connectionId: number) {
   return trx.selectFrom('social_connections').select(['id', 'state', 'allowed_domains', 'name']).where('id', '=', connectionId).forShare().executeTakeFirst();
 }
 
-/** Whether an organization requires its own sign-in of this address (SS-4). */
-async function ssoRequiredFor(db: DB, email: string): Promise<boolean> {
-  return (await findSsoRoute(db, email))?.ssoRequired === true;
+/**
+ * Whether an organization requires its own sign-in of this address (SS-4): if so, the person is
+ * sent there, and the organization's audit log says a social sign-in was (its rule at work).
+ */
+async function sentToSso(db: DB, identity: SocialIdentity, email: string): Promise<SocialResolution | undefined> {
+  const route = await findSsoRoute(db, email);
+  if (route?.ssoRequired !== true) return undefined;
+  await recordAuditEvent(db, { organizationId: route.organizationId, action: 'social.sent_to_sso', details: { social_connection_id: identity.connectionId, email: email.slice(0, 320) } });
+  return { kind: 'sso_required', email };
 }
 
 /** The account step of a social sign-in: finds the linked user, asks for proof, or makes the account. */
-export async function resolveSocialIdentity(db: DB, identity: SocialIdentity): Promise<SocialResolution> {
+export async function resolveSocialIdentity(db: DB, identity: SocialIdentity, client: { ip: string }): Promise<SocialResolution> {
   return inTransaction(db, async (trx) => {
     const connection = await lockConnection(trx, identity.connectionId);
     if (!connection || connection.state !== 'enabled') return { kind: 'refused', reason: 'connection_inactive' } as const;
@@ -73,7 +83,8 @@ export async function resolveSocialIdentity(db: DB, identity: SocialIdentity): P
       .where('social_identities.subject', '=', identity.subject)
       .executeTakeFirst();
     if (link) {
-      if (await ssoRequiredFor(trx, link.email)) return { kind: 'sso_required', email: link.email } as const;
+      const routed = await sentToSso(trx, identity, link.email);
+      if (routed) return routed;
       await trx.updateTable('social_identities').set({ last_used_at: sql<Date>`now()`, email: identity.email?.slice(0, 320) ?? null }).where('id', '=', link.id).execute();
       return { kind: 'signed_in', userId: link.user_id, created: false } as const;
     }
@@ -85,7 +96,8 @@ export async function resolveSocialIdentity(db: DB, identity: SocialIdentity): P
     if (email === undefined) return { kind: 'refused', reason: 'email_unusable' } as const;
     const domain = emailDomain(email);
     if (connection.allowed_domains.length > 0 && (domain === undefined || !connection.allowed_domains.includes(domain))) return { kind: 'refused', reason: 'domain_not_allowed' } as const;
-    if (await ssoRequiredFor(trx, email)) return { kind: 'sso_required', email } as const;
+    const routed = await sentToSso(trx, identity, email);
+    if (routed) return routed;
 
     const found = await findUserByEmail(trx, email);
     if (found) {
@@ -93,6 +105,9 @@ export async function resolveSocialIdentity(db: DB, identity: SocialIdentity): P
       return { kind: 'needs_proof', userId: found.id, email: found.email } as const;
     }
 
+    // An account is made: the sign-up limits hold here as on the sign-up page (DO-1).
+    const wait = await admitSignUp(trx, { email, ip: client.ip });
+    if (wait > 0) return { kind: 'too_many', wait } as const;
     const name = identity.name?.trim().slice(0, 200) ?? '';
     const user = await insertUser(trx, { email, name, passwordHash: null, emailVerified: true });
     await createOrganization(trx, { name: organizationNameFor(name, email), ownerUserId: user.id });
@@ -126,7 +141,9 @@ export async function linkSocialAfterProof(db: DB, deps: Pick<FactorDeps, 'issue
       if (!isUniqueViolation(err)) throw err;
       await sql`rollback to savepoint social_link`.execute(trx);
       const taken = await trx.selectFrom('social_identities').select('user_id').where('connection_id', '=', identity.connectionId).where('subject', '=', identity.subject).executeTakeFirst();
-      return { kind: 'refused', reason: taken && taken.user_id !== userId ? 'identity_taken' : 'linked_to_another_subject' } as const;
+      const reason = taken && taken.user_id !== userId ? 'identity_taken' : 'linked_to_another_subject';
+      await recordAccountEvent(trx, { userId, action: 'social.link_refused', details: { connection_id: identity.connectionId, provider: connection.name, reason } });
+      return { kind: 'refused', reason } as const;
     }
     await note({
       action: 'social.identity_linked',
@@ -152,9 +169,17 @@ export async function listSocialIdentities(db: DB, userId: number): Promise<{ id
 
 /**
  * Removes one of the user's social identities, as long as another way to sign in remains: a
- * password, a passkey, another social identity or an SSO identity. Mailed and noted on the account.
+ * password, a passkey, another social identity or an SSO identity; the sessions made through it
+ * (but the one asking) end. Mailed and noted on the account.
  */
-export async function unlinkSocialIdentity(db: DB, deps: Pick<FactorDeps, 'issuer' | 'mail'>, user: { id: number; email: string; name: string }, identityId: number): Promise<void> {
+export async function unlinkSocialIdentity(
+  db: DB,
+  deps: Pick<FactorDeps, 'issuer' | 'mail'>,
+  user: { id: number; email: string; name: string },
+  identityId: number,
+  /** The session asking, which stays; the user's other sessions made through the identity's connection end. */
+  currentSessionId: string,
+): Promise<void> {
   await changeSignInMethods(db, deps, user, async (trx, note) => {
     const identity = await trx
       .selectFrom('social_identities')
@@ -171,6 +196,8 @@ export async function unlinkSocialIdentity(db: DB, deps: Pick<FactorDeps, 'issue
         or exists (select 1 from sso_identities where user_id = ${user.id})) as others`.execute(trx);
     if (rows[0]?.others !== true) throw new ConflictError('This is your only way to sign in: set a password or add a passkey first.');
     await trx.deleteFrom('social_identities').where('id', '=', identityId).execute();
+    // Whoever signed in through it (the mail about a link says: remove it if it was not you) is signed out.
+    await trx.deleteFrom('sessions').where('user_id', '=', user.id).where('social_connection_id', '=', identity.connection_id).where('id_hash', '!=', sha256Hex(currentSessionId)).execute();
     await note({
       action: 'social.identity_unlinked',
       subject: `${identity.name} sign-in removed from your account`,

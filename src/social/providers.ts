@@ -4,7 +4,7 @@
  *
  * - Google and any OpenID provider: openid-client (sso/oidc-upstream.ts), authorization code with
  *   PKCE, state and nonce; claims from the ID token or UserInfo.
- * - Microsoft: the same at `issuer`/`tenant`/v2.0. For a multi-tenant endpoint (common,
+ * - Microsoft: the same at `issuer`/`tenant`/v2.0, the address from the ID token only. For a multi-tenant endpoint (common,
  *   organizations) each ID token's iss is checked against the discovery document's {tenantid}
  *   template filled with the token's own tid; `organizations` refuses personal accounts,
  *   `consumers` and a tenant id accept only theirs. Microsoft sends no email_verified: an address
@@ -85,7 +85,7 @@ export class SocialProviders {
   async finish(row: SocialConnectionRow, callbackUrl: URL, checks: OidcChecks): Promise<SocialIdentity> {
     if (row.provider === 'github') return this.github(row, callbackUrl, checks);
     const { identity, claims } = await this.oidc.finishWithClaims(this.relyingParty(row), callbackUrl, checks);
-    let emailVerified = identity.emailVerified;
+    let { email, emailVerified } = identity;
     if (row.provider === 'microsoft') {
       const tid = typeof claims.tid === 'string' ? claims.tid : undefined;
       const tenant = row.tenant ?? 'common';
@@ -93,9 +93,12 @@ export class SocialProviders {
       if (tenant === 'organizations' && tid === MICROSOFT_CONSUMERS_TENANT) throw new UpstreamOidcError('a personal Microsoft account at a connection for work and school accounts');
       if (!MICROSOFT_MULTI_TENANTS.has(tenant) && tid !== tenant) throw new UpstreamOidcError('the ID token is of another tenant than the connection\'s');
       if (tenant === 'consumers' && tid !== MICROSOFT_CONSUMERS_TENANT) throw new UpstreamOidcError('a work or school account at a connection for personal accounts');
-      emailVerified = claims.email_verified === true || claims.xms_edov === true || claims.xms_edov === 1 || tid === MICROSOFT_CONSUMERS_TENANT;
+      // The address and what vouches for it from one place, the ID token (Microsoft sends no
+      // email_verified, so UserInfo's address would otherwise be vouched for by the ID token's claims).
+      email = typeof claims.email === 'string' && claims.email !== '' ? claims.email : undefined;
+      emailVerified = email !== undefined && (claims.email_verified === true || claims.xms_edov === true || claims.xms_edov === 1 || tid === MICROSOFT_CONSUMERS_TENANT);
     }
-    return { connectionId: row.id, subject: identity.subject, email: identity.email, emailVerified, name: identity.name };
+    return { connectionId: row.id, subject: identity.subject, email, emailVerified, name: identity.name };
   }
 
   private async github(row: SocialConnectionRow, callbackUrl: URL, checks: OidcChecks): Promise<SocialIdentity> {
@@ -154,5 +157,6 @@ export class SocialProviders {
 
 /** GitHub's REST API beside its web flow: api.github.com for github.com, /api/v3 on a GitHub Enterprise Server. */
 export function githubApi(baseUrl: string): string {
-  return baseUrl === 'https://github.com' ? 'https://api.github.com' : `${baseUrl}/api/v3`;
+  const base = new URL(baseUrl);
+  return base.host === 'github.com' && base.pathname === '/' ? 'https://api.github.com' : `${baseUrl}/api/v3`;
 }

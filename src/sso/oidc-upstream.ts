@@ -249,10 +249,14 @@ export class UpstreamOidc {
       if (tokens.claims()?.tid !== tid) throw new UpstreamOidcError('the ID token\'s tid is not the tenant its issuer names');
       return tokens;
     }
+    if (metadata.token_endpoint === undefined || !URL.canParse(metadata.token_endpoint)) throw new UpstreamOidcError('discovery failed: no token endpoint');
+    const tokenEndpoint = new URL(metadata.token_endpoint).href;
+    const isTokenEndpoint = (url: string | URL) => URL.canParse(String(url)) && new URL(String(url)).href === tokenEndpoint;
     let captured: { status: number; headers: Headers; body: string } | undefined;
+    // The code grant makes one request, to the token endpoint: it is made once, here.
     const capture: OutboundFetch = async (url, init) => {
+      if (!isTokenEndpoint(url) || captured !== undefined) throw new UpstreamOidcError('the code grant asked for something other than the token endpoint, once');
       const response = await this.settings.fetch(url, init);
-      if (String(url) !== metadata.token_endpoint) return response;
       captured = { status: response.status, headers: response.headers, body: await response.text() };
       // Stop here: the configuration's issuer is the template, which no ID token matches.
       return new Response(JSON.stringify({ error: 'orgauth_tenant_pending' }), { status: 400, headers: { 'content-type': 'application/json' } });
@@ -265,10 +269,12 @@ export class UpstreamOidc {
     if (captured === undefined) throw new UpstreamOidcError('the provider\'s token endpoint was not reached');
     const tid = tenantOf(captured.body);
     if (tid === undefined) throw new UpstreamOidcError('the ID token has no tid that is a tenant id');
-    const replay: OutboundFetch = async (url, init) => {
-      if (String(url) !== metadata.token_endpoint || captured === undefined) return this.settings.fetch(url, init);
-      const { status, headers, body } = captured;
-      captured = undefined;
+    let answer: typeof captured | undefined = captured;
+    // The answer, given back once; the code is never sent to the provider a second time.
+    const replay: OutboundFetch = async (url) => {
+      if (!isTokenEndpoint(url) || answer === undefined) throw new UpstreamOidcError('the code grant asked for something other than the token endpoint, once');
+      const { status, headers, body } = answer;
+      answer = undefined;
       return new Response(body, { status, headers });
     };
     return grant(this.configured(forTenant(tid), rp, replay));

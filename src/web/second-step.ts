@@ -73,9 +73,13 @@ export async function finishSecondStep(db: DB, config: Config, req: FastifyReque
     if (json) throw new ConflictError(SIGN_IN_FINISHED);
     return reply.redirect('/login', 303);
   }
-  // A pending sign-in is a password's (no SSO: an identity provider's sign-in never waits here); a
-  // session raising itself stays the sign-in it was, its connection included (SS-4).
-  const raised = subject.kind === 'session' ? raisedSession(subject.session, method) : { userId: subject.user.id, amr: withSecondFactor(subject.amr, method) };
+  // A pending sign-in is a password's or a social connection's (no SSO: an organization's identity
+  // provider's sign-in never waits here), and the session keeps that connection; a session raising
+  // itself stays the sign-in it was, its connections included (SS-4).
+  const raised =
+    subject.kind === 'session'
+      ? raisedSession(subject.session, method)
+      : { userId: subject.user.id, amr: withSecondFactor(subject.amr, method), ...(subject.pending.socialConnectionId !== null ? { socialConnectionId: subject.pending.socialConnectionId } : {}) };
   return beginSession(db, config, req, reply, { ...raised, returnTo: subject.returnTo, json });
 }
 

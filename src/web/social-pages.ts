@@ -15,6 +15,7 @@ import { checkPreSessionCsrf, csrfToken, CSRF_FAILED, csrfTokenMatches, currentU
 import { startPendingSignIn } from '../accounts/pending-sign-ins.js';
 import { factorSummary, hasSecondFactor } from '../accounts/second-factors.js';
 import { createOutboundFetch } from '../lib/outbound.js';
+import { clientAddress } from '../lib/client-address.js';
 import { FailureThrottle } from '../lib/throttle.js';
 import type { MailOutbox } from '../mail/outbox.js';
 import { TooManyAttemptsError } from '../oauth/errors.js';
@@ -52,13 +53,13 @@ export async function socialPages(app: FastifyInstance, deps: { db: DB; config: 
 
   /** The account step, once the provider vouched for `identity`. */
   async function finishSignIn(req: FastifyRequest, reply: FastifyReply, identity: SocialIdentity, returnTo: string, resolution?: SocialResolution) {
-    const resolved = resolution ?? (await resolveSocialIdentity(db, identity));
+    const resolved = resolution ?? (await resolveSocialIdentity(db, identity, { ip: clientAddress(req) }));
     switch (resolved.kind) {
       case 'signed_in': {
         req.log.info({ user_id: resolved.userId, social_connection_id: identity.connectionId, created: resolved.created }, 'signed in through a social connection');
         // One factor: an account with a second one takes its second step (MF-2), as after a password.
         if (hasSecondFactor(await factorSummary(db, resolved.userId))) {
-          await startPendingSignIn(db, config, reply, { userId: resolved.userId, amr: SOCIAL_AMR, returnTo });
+          await startPendingSignIn(db, config, reply, { userId: resolved.userId, amr: SOCIAL_AMR, returnTo, socialConnectionId: identity.connectionId });
           return reply.redirect(SECOND_STEP_PATH, 303);
         }
         return beginSession(db, config, req, reply, { userId: resolved.userId, amr: SOCIAL_AMR, returnTo, socialConnectionId: identity.connectionId });
@@ -67,6 +68,8 @@ export async function socialPages(app: FastifyInstance, deps: { db: DB; config: 
         const handle = await parkForProof(db, { identity, userId: resolved.userId, browser: browserHash(ensureLinkBinding(req, reply, config)), returnTo, source: 'social' });
         return reply.redirect(`/social/link?${new URLSearchParams({ handle }).toString()}`, 303);
       }
+      case 'too_many':
+        throw new TooManyAttemptsError(resolved.wait, 'Too many accounts made from here or for this address. Please wait and try again later.');
       case 'sso_required':
         req.log.info({ social_connection_id: identity.connectionId }, 'social sign-in sent to its organization’s SSO');
         return reply.redirect(ssoSignInPath(resolved.email, returnTo), 303);

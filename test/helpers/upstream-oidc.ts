@@ -316,7 +316,8 @@ export async function startUpstreamOidc(options: UpstreamOidcOptions = {}): Prom
       auth_time: null,
       iss: null,
       sid: null,
-      openid: ['sub', 'amr', ...(options.tenant === undefined ? [] : ['tid', 'xms_edov'])],
+      // As Microsoft's v2.0 ID tokens: the tenant, and the address (with the email scope) in the ID token itself.
+      openid: ['sub', 'amr', ...(options.tenant === undefined ? [] : ['tid', 'xms_edov', 'email'])],
       email: ['email', 'email_verified'],
       profile: ['name'],
     },

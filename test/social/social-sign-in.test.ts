@@ -25,7 +25,7 @@ import { linkSocialAfterProof } from '../../src/social/identities.js';
 import { UpstreamOidc as UpstreamOidcClient } from '../../src/sso/oidc-upstream.js';
 import { Browser, csrfTokenIn } from '../accounts/browser.js';
 import { BACKEND } from '../helpers/db.js';
-import { pageText, pathOf, type SsoWorld, ssoOrganization, startSsoWorld, unescapeHtml } from '../helpers/sso-world.js';
+import { auditEvents, pageText, pathOf, type SsoWorld, ssoOrganization, startSsoWorld, unescapeHtml } from '../helpers/sso-world.js';
 import { startUpstreamOidc, type UpstreamOidc } from '../helpers/upstream-oidc.js';
 import { hiddenIn } from '../helpers/instances.js';
 import { type GitHubServer, type GitHubUser, startGitHubServer } from '../helpers/github-server.js';
@@ -35,6 +35,9 @@ let connectionId: number;
 let n = 0;
 
 const login = () => `social-${++n}-${process.pid}`;
+let clients = 0;
+/** A browser from an address of its own: sign-ups are limited per client address (DO-1), and each test signs up a few. */
+const browserAt = (ip = `10.45.${Math.floor(++clients / 250)}.${(clients % 250) + 1}`) => new Browser(world.app, ip);
 
 beforeAll(async () => {
   world = await startSsoWorld();
@@ -72,7 +75,7 @@ async function signedUpWithGoogle() {
   const account = login();
   const email = `${account}@gmail.example`;
   world.upstream.setAccount(account, { sub: `google-${account}`, email, email_verified: true });
-  const browser = new Browser(world.app);
+  const browser = browserAt();
   expect((await signInWithGoogle(browser, account, '/dashboard/account')).statusCode).toBe(303);
   return { account, email, browser, user: (await userByEmail(email))! };
 }
@@ -86,7 +89,7 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
     const account = login();
     const email = `${account}@gmail.example`;
     world.upstream.setAccount(account, { sub: `google-${account}`, email, email_verified: true, name: 'Grace Hopper' });
-    const browser = new Browser(world.app);
+    const browser = browserAt();
     const back = await signInWithGoogle(browser, account, '/dashboard');
     expect(back.statusCode, back.body).toBe(303);
     expect(back.headers.location).toBe('/dashboard');
@@ -100,7 +103,7 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
     expect((await browser.get('/dashboard')).statusCode).toBe(200);
 
     // Again, from another browser: the same account, no second one.
-    const again = await signInWithGoogle(new Browser(world.app), account);
+    const again = await signInWithGoogle(browserAt(), account);
     expect(again.statusCode, again.body).toBe(303);
     expect((await world.db.selectFrom('users').select('id').where('email', '=', email).execute()).length).toBe(1);
     expect((await sessionsOf(user!.id)).length).toBe(2);
@@ -115,7 +118,7 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
       response_type: 'code', client_id: app.client_id, redirect_uri: 'https://app.example.com/cb', scope: 'openid contacts.read', state: 'state-0123456789abcdef', nonce: 'nonce-0123456789abcdef',
       code_challenge: createHash('sha256').update(verifier).digest('base64url'), code_challenge_method: 'S256',
     }).toString()}`;
-    const browser = new Browser(world.app);
+    const browser = browserAt();
     const toLogin = await browser.get(authorize);
     expect(toLogin.statusCode).toBe(303);
     const returnTo = new URL(String(toLogin.headers.location), world.issuer).searchParams.get('return_to')!;
@@ -146,7 +149,7 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
     const email = `${account}@existing.example`;
     const owner = await createUser(world.db, { email, password: 'existing password 123', name: 'Ada' });
     world.upstream.setAccount(account, { sub: `google-${account}`, email, email_verified: true });
-    const browser = new Browser(world.app);
+    const browser = browserAt();
     const back = await signInWithGoogle(browser, account, '/account');
     expect(back.statusCode, back.body).toBe(303);
     const linkPath = String(back.headers.location);
@@ -174,7 +177,7 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
     expect(mail.map((m) => m.subject)).toContain('Google sign-in connected to your account');
 
     // From now on Google signs the owner in directly.
-    const direct = await signInWithGoogle(new Browser(world.app), account);
+    const direct = await signInWithGoogle(browserAt(), account);
     expect(direct.statusCode).toBe(303);
     expect(direct.headers.location).toBe('/dashboard');
     expect((await sessionsOf(owner.id)).some((s) => s.social_connection_id === connectionId)).toBe(true);
@@ -193,11 +196,16 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
     expect(refused.statusCode).toBe(409);
     expect(pageText(refused.body)).toContain('This is your only way to sign in');
     expect((await identitiesOf(user.id)).length).toBe(1);
-    // With a password, it goes, and the owner is told.
+    // With a password, it goes, and the owner is told; the other sessions made through it end, this one stays.
     await setPassword(world.db, user.id, await hashPassword('a password of my own 1'));
+    const elsewhere = browserAt();
+    expect((await signInWithGoogle(elsewhere, account)).statusCode).toBe(303);
+    expect((await elsewhere.get('/dashboard')).statusCode).toBe(200);
     const removed = await remove();
     expect(removed.statusCode).toBe(200);
     expect(await identitiesOf(user.id)).toEqual([]);
+    expect((await elsewhere.get('/dashboard')).statusCode).toBe(303);
+    expect((await browser.get('/dashboard/account')).statusCode).toBe(200);
     const mail = await world.db.selectFrom('mail_outbox').select('subject').where('recipient', '=', email).execute();
     expect(mail.map((m) => m.subject)).toContain('Google sign-in removed from your account');
     // Another user's identity by its number: not found.
@@ -212,7 +220,7 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
     expect((await browser.post('/dashboard/account/totp/confirm', { csrf_token: csrfTokenIn(started.body), code: await generate({ secret }) })).statusCode).toBe(200);
     await world.db.deleteFrom('sessions').where('user_id', '=', user.id).execute();
 
-    const second = new Browser(world.app);
+    const second = browserAt();
     const back = await signInWithGoogle(second, account);
     expect(back.statusCode).toBe(303);
     expect(back.headers.location).toBe('/login/second-step');
@@ -222,17 +230,19 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
     expect(done.statusCode, done.body).toBe(303);
     const [session] = await sessionsOf(user.id);
     expect(session?.amr).toEqual(expect.arrayContaining(['fed', 'otp']));
+    // The session after the second step is still the connection's: disabling it ends this one too.
+    expect(session?.social_connection_id).toBe(connectionId);
   });
 
   it('a second account cannot take an identity another account holds: the subject decides, whatever the address says now', async () => {
     const account = login();
     world.upstream.setAccount(account, { sub: `google-${account}`, email: `${account}@gmail.example`, email_verified: true });
-    expect((await signInWithGoogle(new Browser(world.app), account)).statusCode).toBe(303);
+    expect((await signInWithGoogle(browserAt(), account)).statusCode).toBe(303);
     const holder = (await userByEmail(`${account}@gmail.example`))!;
     // The address at the provider changes to another account's here: the link still names the holder.
     const other = await createUser(world.db, { email: `${account}-other@gmail.example`, password: 'other password 123' });
     world.upstream.setAccount(account, { sub: `google-${account}`, email: `${account}-other@gmail.example`, email_verified: true });
-    expect((await signInWithGoogle(new Browser(world.app), account)).headers.location).toBe('/dashboard');
+    expect((await signInWithGoogle(browserAt(), account)).headers.location).toBe('/dashboard');
     expect((await sessionsOf(other.id)).length).toBe(0);
     expect((await sessionsOf(holder.id)).length).toBe(2);
     // Two proofs parked for one subject, and the other finishes second: refused, nothing linked to it.
@@ -241,10 +251,10 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
     expect(await identitiesOf(other.id)).toEqual([]);
   });
 
-  it('state, nonce and issuer are the sign-in’s own: an unknown state, a response naming another issuer (RFC 9207) sign nobody in', async () => {
+  it('the state and the issuer are the sign-in’s own: an unknown state, a response naming another issuer (RFC 9207) sign nobody in', async () => {
     const account = login();
     world.upstream.setAccount(account, { sub: `google-${account}`, email: `${account}@gmail.example`, email_verified: true });
-    const browser = new Browser(world.app);
+    const browser = browserAt();
     const out = await continueWithGoogle(browser);
     const back = new URL(await world.upstream.signIn(new URL(String(out.headers.location)), account));
     expect(back.searchParams.get('iss')).toBe(world.upstream.issuer);
@@ -259,50 +269,83 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
     expect(await userByEmail(`${account}@gmail.example`)).toBeUndefined();
   });
 
+  it('sign-up’s limits hold for accounts made through a provider (DO-1): the eleventh new account from one address in an hour waits', async () => {
+    const ip = '10.46.0.1';
+    for (let i = 0; i < 10; i++) {
+      const account = login();
+      world.upstream.setAccount(account, { sub: `google-${account}`, email: `${account}@gmail.example`, email_verified: true });
+      expect((await signInWithGoogle(browserAt(ip), account)).statusCode).toBe(303);
+    }
+    const account = login();
+    world.upstream.setAccount(account, { sub: `google-${account}`, email: `${account}@gmail.example`, email_verified: true });
+    const refused = await signInWithGoogle(browserAt(ip), account);
+    expect(refused.statusCode).toBe(429);
+    expect(await userByEmail(`${account}@gmail.example`)).toBeUndefined();
+    // Signing in (not up) is not limited by it.
+    const known = login();
+    world.upstream.setAccount(known, { sub: `google-${known}`, email: `${known}@gmail.example`, email_verified: true });
+    expect((await signInWithGoogle(browserAt(), known)).statusCode).toBe(303);
+    expect((await signInWithGoogle(browserAt(ip), known)).statusCode).toBe(303);
+  });
+
+  it('where a connection points cannot change while people sign in through it (another provider’s subjects would be theirs)', async () => {
+    const account = login();
+    world.upstream.setAccount(account, { sub: `google-${account}`, email: `${account}@gmail.example`, email_verified: true });
+    expect((await signInWithGoogle(browserAt(), account)).statusCode).toBe(303);
+    await expect(updateSocialConnection(world.db, socialSettings(world.config), connectionId, { issuer: 'https://other-provider.example' })).rejects.toThrow(/cannot change under them/);
+    // Its secret and name may change; an unused connection may point anywhere.
+    expect(await updateSocialConnection(world.db, socialSettings(world.config), connectionId, { client_secret: 'google-secret-0123456789', name: 'Google' })).toMatchObject({ issuer: world.upstream.issuer });
+    const unused = await createSocialConnection(world.db, socialSettings(world.config), { provider: 'oidc', issuer: 'https://one.example', client_id: 'c', client_secret: 's', state: 'disabled' });
+    expect(await updateSocialConnection(world.db, socialSettings(world.config), unused.id, { issuer: 'https://two.example' })).toMatchObject({ issuer: 'https://two.example' });
+    await world.db.deleteFrom('social_connections').where('id', '=', unused.id).execute();
+  });
+
   it('an unverified address at the provider makes no account and matches none', async () => {
     const account = login();
     const email = `${account}@unverified.example`;
     const existing = await createUser(world.db, { email: `${account}-victim@unverified.example`, password: 'victim password 123' });
     world.upstream.setAccount(account, { sub: `google-${account}`, email, email_verified: false });
-    const res = await signInWithGoogle(new Browser(world.app), account);
+    const res = await signInWithGoogle(browserAt(), account);
     expect(res.statusCode).toBe(403);
     expect(pageText(res.body)).toContain('has not verified your email address');
     expect(await userByEmail(email)).toBeUndefined();
     // Claiming an existing account's address, unverified: the account is not touched.
     world.upstream.setAccount(`${account}-2`, { sub: `google-${account}-2`, email: `${account}-victim@unverified.example`, email_verified: false });
-    expect((await signInWithGoogle(new Browser(world.app), `${account}-2`)).statusCode).toBe(403);
+    expect((await signInWithGoogle(browserAt(), `${account}-2`)).statusCode).toBe(403);
     expect(await identitiesOf(existing.id)).toEqual([]);
   });
 
   it('an address of a domain whose organization requires SSO is sent to its company sign-in', async () => {
     const account = login();
     const domain = `sso-${n}-${process.pid}.example`;
-    await ssoOrganization(world, { domain, ssoRequired: true });
+    const org = await ssoOrganization(world, { domain, ssoRequired: true });
     world.upstream.setAccount(account, { sub: `google-${account}`, email: `${account}@${domain}`, email_verified: true });
-    const res = await signInWithGoogle(new Browser(world.app), account);
+    const res = await signInWithGoogle(browserAt(), account);
     expect(res.statusCode).toBe(303);
     expect(String(res.headers.location)).toMatch(/^\/login\?/);
     expect(new URL(String(res.headers.location), world.issuer).searchParams.get('login_hint')).toBe(`${account}@${domain}`);
     expect(await userByEmail(`${account}@${domain}`)).toBeUndefined();
+    // The organization's audit log shows its rule at work.
+    expect((await auditEvents(world, org.organizationId, 'social.sent_to_sso')).map((e) => e.details)).toEqual([{ social_connection_id: connectionId, email: `${account}@${domain}` }]);
   });
 
   it('a connection disabled mid-flow signs nobody in and ends the sessions it made; another browser’s callback and a replayed one sign nobody in; a disabled connection has no button', async () => {
     const account = login();
     world.upstream.setAccount(account, { sub: `google-${account}`, email: `${account}@gmail.example`, email_verified: true });
     // Another browser brings the callback: the sign-in is bound to the one that started it.
-    const starter = new Browser(world.app);
+    const starter = browserAt();
     const leaving = await continueWithGoogle(starter);
     const callback = pathOf(world, await world.upstream.signIn(new URL(String(leaving.headers.location)), account));
-    const thief = await new Browser(world.app).get(callback);
+    const thief = await browserAt().get(callback);
     expect(thief.statusCode).toBe(400);
     // The starter still finishes (the thief did not use it up), once only.
     expect((await starter.get(callback)).statusCode).toBe(303);
     expect((await starter.get(callback)).statusCode).toBe(400);
 
-    const signedIn = new Browser(world.app);
+    const signedIn = browserAt();
     expect((await signInWithGoogle(signedIn, account)).statusCode).toBe(303);
     expect((await signedIn.get('/dashboard')).statusCode).toBe(200);
-    const browser = new Browser(world.app);
+    const browser = browserAt();
     const out = await continueWithGoogle(browser);
     const back = pathOf(world, await world.upstream.signIn(new URL(String(out.headers.location)), account));
     await updateSocialConnection(world.db, socialSettings(world.config), connectionId, { state: 'disabled' });
@@ -344,7 +387,7 @@ describe(`social sign-in through Microsoft's multi-tenant endpoints (a provider 
   }
 
   async function signInAt(upstream: UpstreamOidc, connection: { id: number }, account: string) {
-    const browser = new Browser(world.app);
+    const browser = browserAt();
     const page = await browser.get('/login');
     const leaving = await browser.post(`/social/${connection.id}/start`, { csrf_token: csrfTokenIn(page.body), return_to: '/dashboard' });
     expect(leaving.statusCode, leaving.body).toBe(303);
@@ -430,7 +473,7 @@ describe(`social sign-in through GitHub (a GitHub Enterprise-compatible server o
   });
 
   /** Continue with GitHub as `user`: returns orgauth's answer to GitHub's redirect back. */
-  async function signInAs(user: GitHubUser, browser = new Browser(world.app)) {
+  async function signInAs(user: GitHubUser, browser = browserAt()) {
     github.signInAs(user);
     const page = await browser.get('/login');
     expect(pageText(page.body)).toContain('Continue with GitHub');
@@ -499,7 +542,7 @@ describe(`social sign-in through GitHub (a GitHub Enterprise-compatible server o
     expect(await userByEmail(`${stamp}-huge@users.example`)).toBeUndefined();
 
     // The same callback twice: the second finds its sign-in used.
-    const browser = new Browser(world.app);
+    const browser = browserAt();
     github.signInAs(githubUser([{ email: `${stamp}-replay@users.example`, primary: true, verified: true }]));
     const page = await browser.get('/login');
     const leaving = await browser.post(`/social/${connection.id}/start`, { csrf_token: csrfTokenIn(page.body), return_to: '/dashboard' });

@@ -14,6 +14,9 @@ import type { DashboardDeps } from './applications.js';
 import { CSRF_FAILED, type DashboardContext, dashboardContext, readForm } from './context.js';
 import { twoStepSection, type TwoStepView } from './two-step-section.js';
 import { listSocialIdentities, unlinkSocialIdentity } from '../../social/identities.js';
+import { stepUpPath } from '../second-step.js';
+import { type FactorChangeGuard, WRONG_PASSWORD } from './factor-guard.js';
+import { ACCOUNT_PATH } from './two-step.js';
 
 /** What one rendering of the Account page adds to what it always shows. */
 export interface AccountView extends TwoStepView {
@@ -58,8 +61,8 @@ export function accountPageRenderer(deps: DashboardDeps): AccountPageRenderer {
   return async (reply, status, ctx, view = {}) => renderPage(reply, status, 'dashboard/account', await page(ctx, view));
 }
 
-export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): Promise<void> {
-  const { db, config } = deps;
+export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps & { factorGuard: FactorChangeGuard }): Promise<void> {
+  const { db, config, factorGuard } = deps;
   const mailDeps = { mail: deps.mail, issuer: config.issuer };
   const renderAccount = accountPageRenderer(deps);
 
@@ -152,10 +155,14 @@ export async function accountRoutes(app: FastifyInstance, deps: DashboardDeps): 
     const { params } = readForm(req.body);
     const ctx = dashboardContext(req);
     if (!csrfTokenMatches(config, { session: ctx.session.sessionId }, params.csrf_token)) throw new ForbiddenError(CSRF_FAILED);
+    // A way to sign in is changed as a factor is (factor-guard.ts): not from a stale or one-step session.
+    const check = await factorGuard.check(ctx.session, params.current_password);
+    if (check === 'second_step') return reply.redirect(stepUpPath(ACCOUNT_PATH), 303);
+    if (check === 'wrong_password') return renderAccount(reply, 400, ctx, { errors: [WRONG_PASSWORD] });
     const id = /^[1-9][0-9]{0,9}$/.test(req.params.id) && Number(req.params.id) <= 2 ** 31 - 1 ? Number(req.params.id) : undefined;
     if (id === undefined) throw new NotFoundError('no such connected account');
     try {
-      await unlinkSocialIdentity(db, mailDeps, { id: ctx.session.userId, email: ctx.session.email, name: ctx.session.name }, id);
+      await unlinkSocialIdentity(db, mailDeps, { id: ctx.session.userId, email: ctx.session.email, name: ctx.session.name }, id, ctx.session.sessionId);
     } catch (err) {
       const message = refusal(err);
       if (message === undefined) throw err;

@@ -58,8 +58,8 @@ export async function dashboardPages(app: FastifyInstance, deps: DashboardDeps):
   await setupLinkRoutes(app, deps);
   await directoryRoutes(app, deps);
   await webhookRoutes(app, deps);
-  await accountRoutes(app, deps);
   const factorGuard = new FactorChangeGuard(deps.db);
+  await accountRoutes(app, { ...deps, factorGuard });
   await twoStepRoutes(app, { ...deps, factorGuard });
   await passkeyRoutes(app, { ...deps, factorGuard });
 }
