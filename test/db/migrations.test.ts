@@ -56,7 +56,7 @@ const EXPECTED_COLUMNS: Record<string, string[]> = {
   totp_factors: ['user_id', 'secret_sealed', 'confirmed_at', 'last_step', 'started_session_hash', 'created_at'],
   recovery_codes: ['id', 'user_id', 'code_hash', 'used_at', 'created_at'],
   passkeys: ['id', 'user_id', 'credential_id', 'public_key', 'sign_count', 'transports', 'backed_up', 'name', 'created_at', 'last_used_at'],
-  pending_sign_ins: ['id_hash', 'user_id', 'amr', 'return_to', 'challenge', 'created_at', 'expires_at'],
+  pending_sign_ins: ['id_hash', 'user_id', 'amr', 'return_to', 'challenge', 'created_at', 'expires_at', 'social_connection_id'],
   second_step_failures: ['id', 'user_id', 'failed_at'],
   account_events: ['id', 'user_id', 'action', 'details', 'created_at'],
   sso_connections: [
