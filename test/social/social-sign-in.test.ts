@@ -251,7 +251,7 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
     expect(await identitiesOf(other.id)).toEqual([]);
   });
 
-  it('the state and the issuer are the sign-in’s own: an unknown state, a response naming another issuer (RFC 9207) sign nobody in', async () => {
+  it('the state, nonce and issuer are the sign-in’s own: an unknown state, a response naming another issuer (RFC 9207), an ID token with another nonce sign nobody in', async () => {
     const account = login();
     world.upstream.setAccount(account, { sub: `google-${account}`, email: `${account}@gmail.example`, email_verified: true });
     const browser = browserAt();
@@ -266,6 +266,12 @@ describe(`social sign-in through an OpenID provider on ${BACKEND}`, () => {
     const unknown = new URL(back);
     unknown.searchParams.set('state', 'x'.repeat(43));
     expect((await browser.get(pathOf(world, unknown))).statusCode).toBe(400);
+    // The authorization request's nonce changed on the way (the state and PKCE untouched): the ID
+    // token carries that nonce, not the sign-in's, and is refused.
+    const again = browserAt();
+    const leaving = new URL(String((await continueWithGoogle(again)).headers.location));
+    leaving.searchParams.set('nonce', 'nonce-chosen-by-someone-else');
+    expect((await again.get(pathOf(world, await world.upstream.signIn(leaving, account)))).statusCode).toBe(400);
     expect(await userByEmail(`${account}@gmail.example`)).toBeUndefined();
   });
 
