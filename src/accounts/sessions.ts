@@ -115,7 +115,7 @@ export interface NewSession {
   currentOrganizationId?: number | null;
   /** The SSO connection the user signed in through: the session ends when it is disabled. */
   ssoConnectionId?: number | null;
-  /** The social connection the user signed in through: the session ends when it is deleted. */
+  /** The social connection the user signed in through: the session lasts while it is enabled. */
   socialConnectionId?: number | null;
 }
 

@@ -111,7 +111,7 @@ export class UpstreamOidc {
     const id = `${rp.kind}:${rp.connectionId}`;
     const cached = this.cache.get(id);
     if (cached && cached.key === key && Date.now() - cached.at < DISCOVERY_TTL_MS) return cached.configuration;
-    const configuration = rp.tenantTemplate ? this.tenantDiscovery(rp) : client.discovery(new URL(rp.discoveryUrl), rp.clientId, this.secret(rp), undefined, this.options(rp.discoveryUrl));
+    const configuration = rp.tenantTemplate ? this.tenantDiscovery(rp) : client.discovery(new URL(rp.discoveryUrl), rp.clientId, this.secret(rp), undefined, this.options(rp));
     // A failed discovery is not kept: the next sign-in tries again.
     configuration.catch(() => {
       if (this.cache.get(id)?.configuration === configuration) this.cache.delete(id);
@@ -125,9 +125,14 @@ export class UpstreamOidc {
     return openText(this.settings.secretKey, rp.secretPurpose, rp.clientSecretSealed);
   }
 
-  private options(url: string) {
-    const insecure = this.settings.allowHttp && new URL(url).protocol === 'http:';
-    return { [client.customFetch]: this.settings.fetch, ...(insecure ? { execute: [client.allowInsecureRequests] } : {}), timeout: 5 };
+  /** Plain http to this provider: only where the configuration allows it (development, tests). */
+  private insecure(rp: OidcRelyingParty): boolean {
+    return this.settings.allowHttp && new URL(rp.discoveryUrl).protocol === 'http:';
+  }
+
+  /** Discovery's options: the guarded outbound client, a 5 s deadline, plain http where allowed. */
+  private options(rp: OidcRelyingParty) {
+    return { [client.customFetch]: this.settings.fetch, ...(this.insecure(rp) ? { execute: [client.allowInsecureRequests] } : {}), timeout: 5 };
   }
 
   /** A configuration made here (not by discovery), set up as options() sets up discovery's, with `fetch`. */
@@ -135,7 +140,7 @@ export class UpstreamOidc {
     const configuration = new client.Configuration(metadata, rp.clientId, this.secret(rp));
     configuration[client.customFetch] = fetch;
     configuration.timeout = 5;
-    if (this.settings.allowHttp && new URL(rp.discoveryUrl).protocol === 'http:') client.allowInsecureRequests(configuration);
+    if (this.insecure(rp)) client.allowInsecureRequests(configuration);
     return configuration;
   }
 

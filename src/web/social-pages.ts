@@ -11,7 +11,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Config } from '../config.js';
 import type { DB } from '../db/connect.js';
-import { checkPreSessionCsrf, csrfToken, CSRF_FAILED, csrfTokenMatches, currentUser, ensurePreSession, safeReturnTo } from '../accounts/sessions.js';
+import { checkPreSessionCsrf, CSRF_FAILED, csrfTokenMatches, currentUser, ensurePreSession, safeReturnTo } from '../accounts/sessions.js';
 import { startPendingSignIn } from '../accounts/pending-sign-ins.js';
 import { factorSummary, hasSecondFactor } from '../accounts/second-factors.js';
 import { createOutboundFetch } from '../lib/outbound.js';
@@ -28,13 +28,9 @@ import { browserHash, parkForProof, peekParkedSignIn, SIGN_IN_TTL_SECONDS, start
 import { beginSession } from './begin-session.js';
 import { ForbiddenError, renderPage } from './render.js';
 import { SECOND_STEP_PATH } from './second-step.js';
-import { connectionIdOf, currentBrowser, currentLinkBrowser, ensureLinkBinding, provedSince, queryString } from './sso-pages.js';
+import { connectionIdOf, currentBrowser, currentLinkBrowser, ensureLinkBinding, EXPIRED, NEW_SIGN_INS_PER_IP, provedSince, queryString, renderLinkPage, START_AGAIN } from './sso-pages.js';
 import { ssoSignInPath } from './sign-in.js';
 
-const START_AGAIN = { href: '/login', label: 'Sign in again' };
-const EXPIRED = 'This sign-in has expired, was finished already, or was started in another browser. Start again here.';
-/** Sign-ins an address may start in SIGN_IN_TTL_SECONDS (each is a row written for an anonymous request). */
-const NEW_SIGN_INS_PER_IP = 1000;
 
 function failure(reply: FastifyReply, status: number, message: string) {
   return renderPage(reply, status, 'message', { title: 'Sign-in failed', message, link: START_AGAIN });
@@ -127,20 +123,17 @@ export async function socialPages(app: FastifyInstance, deps: { db: DB; config: 
     const parked = await peekParkedSignIn<SocialIdentity>(db, handle, { kind: 'proof', browser: currentLinkBrowser(req, config), source: 'social' });
     if (!parked || parked.userId === undefined) return failure(reply, 400, EXPIRED);
     const row = await findSocialConnection(db, parked.identity.connectionId);
-    const session = await currentUser(db, config, req);
     const account = await db.selectFrom('users').select('email').where('id', '=', parked.userId).executeTakeFirst();
-    const email = account?.email ?? '';
-    const here = `/social/link?${new URLSearchParams({ handle }).toString()}`;
-    const common = { title: `Connect your ${row?.name ?? ''} sign-in`, social: true, connectionName: row?.name ?? '', email };
-    if (!session || session.userId !== parked.userId || !provedSince(session, parked.createdAt)) {
-      return renderPage(reply, 200, 'sso-link', {
-        ...common,
-        signedInAsOther: session !== undefined && session.userId !== parked.userId,
-        signInHref: `/login?${new URLSearchParams({ return_to: here, login_hint: email, method: 'password', ...(session ? { prompt: 'login' } : {}) }).toString()}`,
-        signedInAlready: session !== undefined && session.userId === parked.userId,
-      });
-    }
-    return renderPage(reply, 200, 'sso-link', { ...common, confirm: true, handle, csrfToken: csrfToken(config, { session: session.sessionId }) });
+    return renderLinkPage(reply, config, {
+      path: '/social/link',
+      handle,
+      userId: parked.userId,
+      parkedAt: parked.createdAt,
+      email: account?.email ?? '',
+      connectionName: row?.name ?? '',
+      title: `Connect your ${row?.name ?? ''} sign-in`,
+      session: await currentUser(db, config, req),
+    });
   });
 
   app.post('/social/link', async (req, reply) => {

@@ -17,7 +17,7 @@ import type { DB } from '../db/connect.js';
 import { recordAuditEvent } from '../audit/events.js';
 import { createOutboundFetch } from '../lib/outbound.js';
 import { readParams } from '../oauth/helpers/params.js';
-import { checkPreSessionCsrf, cookieSecurity, csrfToken, CSRF_FAILED, csrfTokenMatches, currentUser, ensurePreSession, preSessionBinding, safeReturnTo } from '../accounts/sessions.js';
+import { checkPreSessionCsrf, cookieSecurity, csrfToken, CSRF_FAILED, csrfTokenMatches, currentUser, ensurePreSession, preSessionBinding, safeReturnTo, type SessionUser } from '../accounts/sessions.js';
 import { generateSecret } from '../lib/crypto.js';
 import { type ConnectionRow, findConnectionRow } from '../sso/connections.js';
 import { federatedAmr, linkAfterProof, REFUSAL_MESSAGES, type Resolution, resolveUpstreamIdentity, type UpstreamIdentity } from '../sso/identities.js';
@@ -29,14 +29,14 @@ import { browserHash, SIGN_IN_TTL_SECONDS, parkForProof, peekParkedSignIn, PROOF
 import { beginSession } from './begin-session.js';
 import { ForbiddenError, renderPage } from './render.js';
 
-const START_AGAIN = { href: '/login', label: 'Sign in again' };
+export const START_AGAIN = { href: '/login', label: 'Sign in again' };
 /** Unknown, used, expired, or another browser's: one answer, since a page must not tell them apart for someone else's link. */
-const EXPIRED = 'This sign-in has expired, was finished already, or was started in another browser. Start again here.';
+export const EXPIRED = 'This sign-in has expired, was finished already, or was started in another browser. Start again here.';
 /**
  * Sign-ins an address may start in SIGN_IN_TTL_SECONDS: each is a row written for an anonymous
  * request. Generous: a whole company may sign in from behind one address on a Monday morning.
  */
-const NEW_SIGN_INS_PER_IP = 1000;
+export const NEW_SIGN_INS_PER_IP = 1000;
 /** Refused SAML responses an address may post in SIGN_IN_TTL_SECONDS: each is an audit event of the organization's. */
 const REFUSED_RESPONSES_PER_IP = 100;
 
@@ -105,6 +105,30 @@ export function currentLinkBrowser(req: FastifyRequest, config: Config): string 
  */
 export function provedSince(session: { authTime: Date }, parkedAt: Date): boolean {
   return session.authTime.getTime() >= parkedAt.getTime() - 1000;
+}
+
+/**
+ * The page of a link waiting for its account's proof (sso-link.eta, /sso/link and /social/link):
+ * "sign in to the account" until the session is the account's and was signed in after the link
+ * was parked, then the form that confirms it.
+ */
+export function renderLinkPage(
+  reply: FastifyReply,
+  config: Config,
+  view: { path: '/sso/link' | '/social/link'; handle: string; userId: number; parkedAt: Date; email: string; connectionName: string; title: string; session: SessionUser | undefined },
+) {
+  const { session } = view;
+  const common = { title: view.title, social: view.path === '/social/link', connectionName: view.connectionName, email: view.email };
+  if (!session || session.userId !== view.userId || !provedSince(session, view.parkedAt)) {
+    const here = `${view.path}?${new URLSearchParams({ handle: view.handle }).toString()}`;
+    return renderPage(reply, 200, 'sso-link', {
+      ...common,
+      signedInAsOther: session !== undefined,
+      signInHref: `/login?${new URLSearchParams({ return_to: here, login_hint: view.email, method: 'password', ...(session ? { prompt: 'login' } : {}) }).toString()}`,
+      signedInAlready: session !== undefined && session.userId === view.userId,
+    });
+  }
+  return renderPage(reply, 200, 'sso-link', { ...common, confirm: true, handle: view.handle, csrfToken: csrfToken(config, { session: session.sessionId }) });
 }
 
 function failure(reply: FastifyReply, status: number, message: string) {
@@ -252,20 +276,16 @@ export async function ssoPages(app: FastifyInstance, deps: { db: DB; config: Con
     const parked = await peekParkedSignIn(db, handle, { kind: 'proof', browser: currentLinkBrowser(req, config) });
     if (!parked || parked.userId === undefined) return failure(reply, 400, EXPIRED);
     const row = await findConnectionRow(db, parked.identity.connectionId);
-    const session = await currentUser(db, config, req);
-    const email = parked.identity.email ?? '';
-    const here = `/sso/link?${new URLSearchParams({ handle }).toString()}`;
-    if (!session || session.userId !== parked.userId || !provedSince(session, parked.createdAt)) {
-      return renderPage(reply, 200, 'sso-link', {
-        title: 'Connect your company sign-in',
-        connectionName: row?.name ?? '',
-        email,
-        signedInAsOther: session !== undefined,
-        signInHref: `/login?${new URLSearchParams({ return_to: here, login_hint: email, method: 'password', ...(session ? { prompt: 'login' } : {}) }).toString()}`,
-        signedInAlready: session !== undefined && session.userId === parked.userId,
-      });
-    }
-    return renderPage(reply, 200, 'sso-link', { title: 'Connect your company sign-in', connectionName: row?.name ?? '', email, confirm: true, handle, csrfToken: csrfToken(config, { session: session.sessionId }) });
+    return renderLinkPage(reply, config, {
+      path: '/sso/link',
+      handle,
+      userId: parked.userId,
+      parkedAt: parked.createdAt,
+      email: parked.identity.email ?? '',
+      connectionName: row?.name ?? '',
+      title: 'Connect your company sign-in',
+      session: await currentUser(db, config, req),
+    });
   });
 
   app.post('/sso/link', async (req, reply) => {
