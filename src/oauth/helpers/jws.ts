@@ -1,21 +1,27 @@
 /**
- * One JWS signature check (RFC 7515 §5.2 step 8) for the JWTs clients sign: DPoP proofs
- * (helpers/dpop.ts) and client assertions (helpers/client-assertion.ts). The caller has checked
- * the header (the algorithm is one it allows, the key fits it); this only checks the bytes.
+ * The JWS signature work (RFC 7515 §5.1 step 5, §5.2 step 8), off the event loop: checks of the
+ * JWTs clients sign (DPoP proofs in helpers/dpop.ts, client assertions in
+ * helpers/client-assertion.ts), and the signatures of the tokens this server issues
+ * (models/key-store.ts `signJws`). Callers have done everything else (a check's header: the
+ * algorithm is one it allows, the key fits it); this only signs or checks the bytes.
  *
- * Where the check runs: on one thread of its own (a worker), off the event loop, the checks that
- * arrive during one turn of the loop sent to it together and answered together. Measured on the
- * bench's API row (DPoP against bearer, a 2-core machine shared with PostgreSQL and the load):
+ * Where it runs: on one thread of its own (a worker), the signatures and checks that arrive
+ * during one turn of the loop sent to it together, and each answered as soon as it is done (an
+ * answer held for the rest of its batch left the loop idle meanwhile: 35% of the time under the
+ * independent harness, 27% answering each). Checks, measured on the bench's API row (DPoP
+ * against bearer, a 2-core machine shared with PostgreSQL and the load):
  * - on the event loop, node:crypto's synchronous verify (ES256 ~48 µs): 0.754 of bearer;
  * - node:crypto's callback form, one libuv thread-pool job per check: 0.783;
  * - this worker: 0.813–0.821 (medians of six rounds each, interleaved in one run).
- * The verification costs the same CPU wherever it runs; a job per check costs a wake-up of a
- * pool thread and of the loop each, which the loop pays in time it could serve requests with,
- * where a batch pays them once. node:crypto still does the arithmetic (three times faster than
- * jose through WebCrypto here). Should the worker fail, the checks it held, and the next ones
- * until a new worker starts, go to the thread pool.
+ * Signatures: docs/performance.md (issue 46). The arithmetic costs the same CPU wherever it
+ * runs; a job on the thread pool costs a wake-up of a pool thread each, which the loop pays in
+ * time it could serve requests with (node:crypto's callback sign took a fifth of the loop's time
+ * under the independent harness), where a batch pays one; and libuv's four pool threads on two
+ * cores contend with the loop, where the worker is one. node:crypto still does the arithmetic (three times faster than
+ * jose through WebCrypto here). Should the worker fail, the jobs it held, and the next ones until
+ * a new worker starts, go to the thread pool.
  */
-import { constants, type KeyObject, verify, type VerifyKeyObjectInput } from 'node:crypto';
+import { constants, type KeyObject, sign, type SignKeyObjectInput, verify } from 'node:crypto';
 import { Worker } from 'node:worker_threads';
 
 /** The asymmetric JWS algorithms (RFC 7518 §3.1, RFC 8037 §3.1) a client may sign with. */
@@ -24,8 +30,10 @@ export type JwsAlg = 'ES256' | 'ES384' | 'ES512' | 'PS256' | 'PS384' | 'PS512' |
 const DIGESTS = { '256': 'sha256', '384': 'sha384', '512': 'sha512' } as const;
 const DIGEST_BYTES = { sha256: 32, sha384: 48, sha512: 64 } as const;
 
+const ALGS: readonly JwsAlg[] = ['ES256', 'ES384', 'ES512', 'PS256', 'PS384', 'PS512', 'RS256', 'RS384', 'RS512', 'EdDSA'];
+
 /** node:crypto's digest and options for `alg` (everything but the key). */
-type Params = [digest: string | null, options: Omit<VerifyKeyObjectInput, 'key'>];
+type Params = [digest: string | null, options: Omit<SignKeyObjectInput, 'key'>];
 
 /**
  * ECDSA signatures are the JWS form, R‖S (RFC 7518 §3.4); RSASSA-PSS uses MGF1 with the same
@@ -39,8 +47,12 @@ function paramsOf(alg: JwsAlg): Params {
   return [digest, { padding: constants.RSA_PKCS1_PADDING }];
 }
 
-interface Job {
-  params: Params;
+/** Each algorithm's, computed once (the worker gets the same table when it starts). */
+const PARAMS = Object.fromEntries(ALGS.map((alg) => [alg, paramsOf(alg)])) as Record<JwsAlg, Params>;
+
+/** A check of `signature` over `input`: resolves whether it verifies. */
+interface Check {
+  alg: JwsAlg;
   input: Buffer;
   signature: Buffer;
   key: KeyObject;
@@ -48,30 +60,55 @@ interface Job {
   reject(err: Error): void;
 }
 
-/** The check on the thread pool (node:crypto's callback form). */
+/** A signature over `input` (the ASCII `header.payload`): resolves its base64url. */
+interface Signing {
+  alg: JwsAlg;
+  input: string;
+  signature?: undefined;
+  key: KeyObject;
+  resolve(signature: string): void;
+  reject(err: Error): void;
+}
+
+type Job = Check | Signing;
+
+/** The job on the thread pool (node:crypto's callback form). */
 function onThreadPool(job: Job): void {
-  const [digest, options] = job.params;
-  verify(digest, job.input, { ...options, key: job.key }, job.signature, (err, valid) => (err ? job.reject(err) : job.resolve(valid)));
+  const [digest, options] = PARAMS[job.alg];
+  if (job.signature === undefined) {
+    const { resolve, reject } = job;
+    sign(digest, Buffer.from(job.input), { ...options, key: job.key }, (err, signature) => (err ? reject(err) : resolve(signature.toString('base64url'))));
+  } else {
+    const { resolve, reject } = job;
+    verify(digest, job.input, { ...options, key: job.key }, job.signature, (err, valid) => (err ? reject(err) : resolve(valid)));
+  }
 }
 
 /**
- * The worker: each message a batch of [digest, options, input, key, signature], each answer one
- * byte per check (1 valid, 2 invalid, 0 the key unusable). KeyObjects cross threads by handle.
+ * The worker, given PARAMS as its workerData: each message a batch, `keys` (each KeyObject once:
+ * they cross threads by handle, and a batch of signatures shares one) and `jobs`, each [alg,
+ * input, key's index, signature]; a job without a signature is a signing. One answer per job,
+ * in order: for a check 1 valid, 2 invalid, for a signing its base64url, and 0 when the key
+ * cannot be used.
  */
 const WORKER_SOURCE = `'use strict';
-const { parentPort } = require('node:worker_threads');
-const { verify } = require('node:crypto');
-parentPort.on('message', (batch) => {
-  const results = new Uint8Array(batch.length);
-  for (let i = 0; i < batch.length; i++) {
-    const [digest, options, input, key, signature] = batch[i];
+const { parentPort, workerData: params } = require('node:worker_threads');
+const { sign, verify } = require('node:crypto');
+parentPort.on('message', ({ keys, jobs }) => {
+  for (let i = 0; i < jobs.length; i++) {
+    const [alg, input, keyIndex, signature] = jobs[i];
+    const [digest, options] = params[alg];
+    const key = keys[keyIndex];
+    let result;
     try {
-      results[i] = verify(digest, input, { ...options, key }, signature) ? 1 : 2;
+      result = signature === undefined
+        ? sign(digest, Buffer.from(input), { ...options, key }).toString('base64url')
+        : verify(digest, input, { ...options, key }, signature) ? 1 : 2;
     } catch {
-      results[i] = 0;
+      result = 0;
     }
+    parentPort.postMessage(result);
   }
-  parentPort.postMessage(results);
 });
 `;
 
@@ -82,23 +119,24 @@ parentPort.on('message', (batch) => {
  */
 const WORKER_LIMITS = { maxYoungGenerationSizeMb: 1, maxOldGenerationSizeMb: 16, codeRangeSizeMb: 8, stackSizeMb: 1 };
 
-/** Checks per message to the worker. */
+/** Jobs per message to the worker. */
 const MAX_BATCH = 256;
 
-class Verifier {
+class JwsWorker {
   private worker: Worker | undefined;
-  /** Checks asked for during this turn of the loop, sent together at its end. */
+  /** Jobs asked for during this turn of the loop, sent together at its end. */
   private queued: Job[] = [];
-  /** Batches sent, answered in order. */
+  /** Batches sent, each job answered in order: `answered` of the first are. */
   private sent: Job[][] = [];
+  private answered = 0;
 
-  check(job: Job): void {
+  run(job: Job): void {
     this.queued.push(job);
     if (this.queued.length === 1) setImmediate(() => this.send());
   }
 
   private send(): void {
-    // At most MAX_BATCH checks a message (a proof is at most 8 KiB): the worker's heap stays small.
+    // At most MAX_BATCH jobs a message (a proof is at most 8 KiB): the worker's heap stays small.
     const batch = this.queued.splice(0, MAX_BATCH);
     if (this.queued.length > 0) setImmediate(() => this.send());
     const worker = this.worker ?? this.start();
@@ -109,30 +147,41 @@ class Verifier {
     // Held only while it owes answers: an idle worker keeps no process alive.
     if (this.sent.length === 0) worker.ref();
     this.sent.push(batch);
-    worker.postMessage(batch.map((job) => [...job.params, job.input, job.key, job.signature]));
+    const keys = new Map<KeyObject, number>();
+    const jobs = batch.map((job) => {
+      let keyIndex = keys.get(job.key);
+      if (keyIndex === undefined) keys.set(job.key, (keyIndex = keys.size));
+      return [job.alg, job.input, keyIndex, job.signature];
+    });
+    worker.postMessage({ keys: [...keys.keys()], jobs });
   }
 
   private start(): Worker | undefined {
     let worker: Worker;
     try {
-      worker = new Worker(WORKER_SOURCE, { eval: true, name: 'orgauth-jws', resourceLimits: WORKER_LIMITS });
+      worker = new Worker(WORKER_SOURCE, { eval: true, name: 'orgauth-jws', resourceLimits: WORKER_LIMITS, workerData: PARAMS });
     } catch {
       return undefined;
     }
     worker.unref();
-    worker.on('message', (results: Uint8Array) => {
-      const batch = this.sent.shift() ?? [];
-      if (this.sent.length === 0) worker.unref();
-      for (const [i, job] of batch.entries()) {
-        if (results[i] === 0) job.reject(new Error('the key cannot verify this signature'));
-        else job.resolve(results[i] === 1);
+    worker.on('message', (result: string | number) => {
+      const batch = this.sent[0]!;
+      const job = batch[this.answered++]!;
+      if (this.answered === batch.length) {
+        this.sent.shift();
+        this.answered = 0;
+        if (this.sent.length === 0) worker.unref();
       }
+      if (result === 0) job.reject(new Error(`the key cannot ${job.signature === undefined ? 'sign' : 'verify'} with this algorithm`));
+      else if (job.signature === undefined) job.resolve(result as string);
+      else job.resolve(result === 1);
     });
     const failed = () => {
       if (this.worker !== worker) return;
       this.worker = undefined;
-      const owed = this.sent.flat();
+      const owed = this.sent.flat().slice(this.answered);
       this.sent = [];
+      this.answered = 0;
       for (const job of owed) onThreadPool(job);
     };
     worker.on('error', failed);
@@ -142,7 +191,7 @@ class Verifier {
   }
 }
 
-const verifier = new Verifier();
+const jwsWorker = new JwsWorker();
 
 /**
  * Whether `signature` over `signingInput` (the ASCII of `header.payload`) verifies with `key`
@@ -150,5 +199,10 @@ const verifier = new Verifier();
  * resolves to false.
  */
 export function verifyJwsSignature(alg: JwsAlg, signingInput: Buffer, signature: Buffer, key: KeyObject): Promise<boolean> {
-  return new Promise<boolean>((resolve, reject) => verifier.check({ params: paramsOf(alg), input: signingInput, signature, key, resolve, reject }));
+  return new Promise<boolean>((resolve, reject) => jwsWorker.run({ alg, input: signingInput, signature, key, resolve, reject }));
+}
+
+/** The base64url signature of `signingInput` (the ASCII of `header.payload`) by the private `key` under `alg`. */
+export function signJwsInput(alg: JwsAlg, signingInput: string, key: KeyObject): Promise<string> {
+  return new Promise<string>((resolve, reject) => jwsWorker.run({ alg, input: signingInput, key, resolve, reject }));
 }

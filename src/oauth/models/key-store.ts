@@ -4,12 +4,13 @@
  * (RFC 8725 §3.10); an unknown kid triggers at most one reload per second, so a key rotated on
  * another instance is picked up while a flood of made-up kids costs one query a second.
  */
-import { KeyObject, sign as cryptoSign } from 'node:crypto';
+import { KeyObject } from 'node:crypto';
 import { type CryptoKey, importJWK, type JWK } from 'jose';
 import type { SigningAlg } from '../../config.js';
 import type { DB } from '../../db/connect.js';
 import type { SigningKey } from '../../db/schema.js';
 import { ensureActiveKey, importPrivateKey } from './signing-keys.js';
+import { signJwsInput } from '../helpers/jws.js';
 
 const RELOAD_INTERVAL_MS = 1000;
 const ACTIVE_CHECK_MS = 500;
@@ -28,21 +29,13 @@ export interface SigningKeyMaterial {
 
 /**
  * A compact JWS (RFC 7515 §7.1) of `payload` under `header` (one of the key's), signed with
- * node:crypto: jose through WebCrypto costs about 210 µs per ES256 signature here, node:crypto
- * about 65 µs. ES256 signatures are the raw r||s form (ieee-p1363) JWS requires; EdDSA takes no
- * digest. With a callback node:crypto signs on libuv's thread pool: the event loop goes on
- * serving requests meanwhile, and a second core can sign.
+ * node:crypto (jose through WebCrypto costs about 210 µs per ES256 signature here, node:crypto
+ * about 65 µs) on the JWS worker thread (helpers/jws.ts): the event loop goes on serving requests
+ * meanwhile, and a second core signs.
  */
 export async function signJws(signingKey: SigningKeyMaterial, header: string, payload: object): Promise<string> {
-  const { alg, keyObject } = signingKey;
   const signingInput = `${header}.${Buffer.from(JSON.stringify(payload)).toString('base64url')}`;
-  const data = Buffer.from(signingInput);
-  const signature = await new Promise<Buffer>((resolve, reject) => {
-    const done = (err: Error | null, sig: Buffer) => (err ? reject(err) : resolve(sig));
-    if (alg === 'EdDSA') cryptoSign(null, data, keyObject, done);
-    else cryptoSign('sha256', data, alg === 'ES256' ? { key: keyObject, dsaEncoding: 'ieee-p1363' } : keyObject, done);
-  });
-  return `${signingInput}.${signature.toString('base64url')}`;
+  return `${signingInput}.${await signJwsInput(signingKey.alg, signingInput, signingKey.keyObject)}`;
 }
 
 interface VerificationKey {
