@@ -69,23 +69,27 @@ const COLOURS: Record<Frame['kind'], string> = { bundle: '#e8743b', dependency: 
 const escape = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;');
 
 function render(root: Frame, title: string): string {
-  const rects: string[] = [];
-  let depth = 0;
-  const visit = (frame: Frame, x: number, level: number) => {
-    const width = (frame.time / root.time) * WIDTH;
-    depth = Math.max(depth, level);
-    rects.push(`<g><title>${escape(frame.name)}: ${((100 * frame.time) / root.time).toFixed(1)}%</title><rect x="${x.toFixed(2)}" y="${level}" width="${Math.max(0.5, width - 0.5).toFixed(2)}" height="${ROW - 1}" fill="${COLOURS[frame.kind]}"/>${width > 40 ? `<text x="${(x + 3).toFixed(2)}" y="${level}" dy="12">${escape(frame.name.slice(0, Math.floor(width / 6.5)))}</text>` : ''}</g>`);
+  // Laid out first (x and level of each frame drawn), then drawn bottom up once the depth is known.
+  const laid: { frame: Frame; x: number; level: number; width: number }[] = [];
+  const lay = (frame: Frame, x: number, level: number) => {
+    laid.push({ frame, x, level, width: (frame.time / root.time) * WIDTH });
     let cx = x;
     for (const child of [...frame.children.values()].sort((a, b) => b.time - a.time)) {
       if (child.time / root.time < MIN_SHARE) continue;
-      visit(child, cx, level + 1);
+      lay(child, cx, level + 1);
       cx += (child.time / root.time) * WIDTH;
     }
   };
-  visit(root, 0, 0);
+  lay(root, 0, 0);
+  const depth = Math.max(...laid.map((l) => l.level));
   const height = (depth + 1) * ROW + 56;
-  // Levels were counted from the root; drawn bottom up, the root at the bottom.
-  const body = rects.map((r) => r.replace(/ y="(\d+)"/g, (_, l: string) => ` y="${height - 20 - (Number(l) + 1) * ROW}"`)).join('\n');
+  const body = laid
+    .map(({ frame, x, level, width }) => {
+      const y = height - 20 - (level + 1) * ROW;
+      const text = width > 40 ? `<text x="${(x + 3).toFixed(2)}" y="${y + 12}">${escape(frame.name.slice(0, Math.floor(width / 6.5)))}</text>` : '';
+      return `<g><title>${escape(frame.name)}: ${((100 * frame.time) / root.time).toFixed(1)}%</title><rect x="${x.toFixed(2)}" y="${y}" width="${Math.max(0.5, width - 0.5).toFixed(2)}" height="${ROW - 1}" fill="${COLOURS[frame.kind]}"/>${text}</g>`;
+    })
+    .join('\n');
   return `<svg xmlns="http://www.w3.org/2000/svg" width="${WIDTH}" height="${height}" font-family="monospace" font-size="11" role="img" aria-label="${escape(title)}">
 <rect width="100%" height="100%" fill="#fff"/>
 <text x="4" y="14" font-size="13">${escape(title)}</text>

@@ -258,10 +258,18 @@ export class RevocationList implements RevokedGrantsMemory {
   /** The first load, into bulk loads of the two sets: appended as read, sorted once at the end. */
   private async load(): Promise<void> {
     const started = performance.now();
-    const { now } = (await sql<{ now: Date }>`select now() as now`.execute(this.db)).rows[0]!;
+    // The database's clock (revoked_at is set by it), and about how many grants are revoked, to
+    // size the set's arrays (more or fewer only cost a copy): the planner's count of the partial
+    // index on revoked grants (migration 0008), kept by (auto)vacuum and analyze, -1 before
+    // either ran. Counting them exactly read a million index entries before the load began
+    // (0.2–0.5 s of a start-up).
+    const { now, tuples } = (
+      await sql<{ now: Date; tuples: number }>`select now() as now,
+        coalesce((select reltuples::float8 from pg_class where relname = 'grants_revoked_at_id_idx' and relkind = 'i'), 0) as tuples`.execute(this.db)
+    ).rows[0]!;
     const oldest = now.getTime() - this.options.accessTokenTtl * 1000;
     const since = sql<Date>`${new Date(oldest)}::timestamptz`;
-    const grants = this.grants.startLoad(await this.revokedGrantsEstimate());
+    const grants = this.grants.startLoad(Math.max(0, Math.round(Number(tuples))));
     const tokens = this.tokens.startLoad();
     const members = this.members.startLoad();
     // The grants in LOAD_READERS slices of the time between the first and the last revocation
@@ -276,37 +284,22 @@ export class RevocationList implements RevokedGrantsMemory {
     const first = span?.first?.getTime();
     const last = span?.last?.getTime();
     const bounds = first === undefined || last === undefined ? [] : Array.from({ length: LOAD_READERS - 1 }, (_, i) => new Date(first + ((i + 1) * (last - first)) / LOAD_READERS));
-    const slices = [since, ...bounds.map((b) => sql<Date>`${b}::timestamptz`)].map((after, i) =>
-      this.readGrants(after, (id, revokedAtS) => grants.add(id, this.grantUntil(revokedAtS)), bounds[i]),
-    );
-    const [t, m, ...gs] = await Promise.all([
+    const reads = await Promise.all([
       this.readTokens(since, (jti, exp) => tokens.add(jti, exp + PRUNE_MARGIN_S)),
       this.readMembers(since, (key, removedAtS) => members.add(key, this.memberUntil(removedAtS))),
-      ...slices,
+      ...[since, ...bounds.map((b) => sql<Date>`${b}::timestamptz`)].map((after, i) =>
+        this.readGrants(after, (id, revokedAtS) => grants.add(id, this.grantUntil(revokedAtS)), bounds[i]),
+      ),
     ]);
-    const g: Read = { batches: gs.reduce((sum, r) => sum + r.batches, 0), newest: gs.reduce<Date | undefined>((newest, r) => later(newest, r.newest), undefined) };
     grants.finish();
     tokens.finish();
     members.finish();
-    // Nothing revoked yet: start from the database's clock when the load began, which revoked_at is set by.
-    this.newestSeen = later(later(g.newest, t.newest), m.newest) ?? now;
+    // Nothing revoked yet: start from the database's clock when the load began.
+    this.newestSeen = reads.reduce<Date | undefined>((newest, r) => later(newest, r.newest), undefined) ?? now;
     this.options.logger?.info(
-      { ...this.memory(), batches: g.batches + t.batches + m.batches, ms: Math.round(performance.now() - started) },
+      { ...this.memory(), batches: reads.reduce((sum, r) => sum + r.batches, 0), ms: Math.round(performance.now() - started) },
       'revocations loaded',
     );
-  }
-
-  /**
-   * About how many grants are revoked, for the first load's arrays (more or fewer only cost a
-   * copy): the planner's count of the partial index on revoked grants (migration 0008), kept by
-   * (auto)vacuum and analyze. Counting them exactly read a million index entries before the
-   * load began (0.2–0.5 s of a start-up). -1 (never vacuumed nor analyzed) or an error: none.
-   */
-  private async revokedGrantsEstimate(): Promise<number> {
-    const row = await sql<{ tuples: number }>`select reltuples::float8 as tuples from pg_class where relname = 'grants_revoked_at_id_idx' and relkind = 'i'`
-      .execute(this.db)
-      .then((r) => r.rows[0], () => undefined);
-    return Math.max(0, Math.round(Number(row?.tuples ?? 0)));
   }
 
   /** Revocations since the newest seen, less the overlap: usually none or a few, in one batch each. */
