@@ -6,7 +6,9 @@
  * process of its own, and the load generator (bench/load.ts: autocannon, 20 connections, POST
  * /oauth/token with a form body and HTTP Basic, keep-alive) in a third. 2 s of warm-up each, then
  * 3 rounds of 8 s alternating orgauth and the peer; the ratio is the median of the three rounds'
- * ratios of average requests a second, and any answer that is not 2xx fails the run.
+ * ratios of average requests a second, and any answer that is not 2xx fails the run. Beside
+ * them, in each round, the floor (bench/floor-server.ts: Fastify and the same signing thread,
+ * no token logic) against the same peer round: how far the machine lets any Node.js server go.
  *
  * Also the start-up rows: from spawn to `/healthz` answering, the same production process.
  */
@@ -17,11 +19,16 @@ export interface HarnessRound {
   orgauth: number;
   peer: number;
   ratio: number;
+  /** The floor (bench/floor-server.ts) in the same round, and its ratio to the peer. */
+  floor?: number;
+  floorRatio?: number;
 }
 
 export interface HarnessResult {
   rounds: HarnessRound[];
   ratio: number;
+  /** The median of the floor's per-round ratios to the peer, when it ran. */
+  floorRatio?: number;
   /** What failed the run: a non-2xx answer or a connection error, on which side. */
   failures: string[];
 }
@@ -59,7 +66,7 @@ export async function startProductionServer(root: string, env: { databaseUrl: st
 }
 
 interface Side {
-  name: 'orgauth' | 'peer';
+  name: 'orgauth' | 'peer' | 'floor';
   url: string;
   body: string;
   basic: string;
@@ -91,7 +98,7 @@ function load(root: string, side: Side, seconds: number): Promise<{ rps: number;
  */
 export async function independentHarness(
   root: string,
-  sides: { orgauth: { port: number; basic: string; organizationId: number }; peer: { port: number; basic: string } },
+  sides: { orgauth: { port: number; basic: string; organizationId: number }; peer: { port: number; basic: string }; floor?: { port: number; basic: string } },
   quick: boolean,
 ): Promise<HarnessResult> {
   const orgauth: Side = {
@@ -101,6 +108,8 @@ export async function independentHarness(
     basic: sides.orgauth.basic,
   };
   const peer: Side = { name: 'peer', url: `http://127.0.0.1:${sides.peer.port}/oauth/token`, body: 'grant_type=client_credentials&scope=contacts.read', basic: sides.peer.basic };
+  // The floor takes orgauth's body; it runs after the two measured sides, so their rounds alternate as before.
+  const floor: Side | undefined = sides.floor && { ...orgauth, name: 'floor', url: `http://127.0.0.1:${sides.floor.port}/oauth/token`, basic: sides.floor.basic };
   const failures: string[] = [];
   const measured = async (side: Side, seconds: number) => {
     const r = await load(root, side, seconds);
@@ -110,12 +119,19 @@ export async function independentHarness(
   const warmup = quick ? 0.5 : 2;
   await measured(orgauth, warmup);
   await measured(peer, warmup);
+  if (floor) await measured(floor, warmup);
   const rounds: HarnessRound[] = [];
   for (let i = 0; i < (quick ? 1 : 3); i++) {
     const a = await measured(orgauth, quick ? 1 : 8);
     const b = await measured(peer, quick ? 1 : 8);
-    rounds.push({ orgauth: a, peer: b, ratio: a / b });
+    const round: HarnessRound = { orgauth: a, peer: b, ratio: a / b };
+    if (floor) {
+      round.floor = await measured(floor, quick ? 1 : 8);
+      round.floorRatio = round.floor / b;
+    }
+    rounds.push(round);
   }
-  const ratios = rounds.map((r) => r.ratio).sort((x, y) => x - y);
-  return { rounds, ratio: ratios[Math.floor(ratios.length / 2)]!, failures };
+  const middle = (values: number[]) => [...values].sort((x, y) => x - y)[Math.floor(values.length / 2)]!;
+  const floorRatios = rounds.flatMap((r) => (r.floorRatio === undefined ? [] : [r.floorRatio]));
+  return { rounds, ratio: middle(rounds.map((r) => r.ratio)), ...(floorRatios.length ? { floorRatio: middle(floorRatios) } : {}), failures };
 }

@@ -562,6 +562,16 @@ function startPeer(port: number, keysJwks: object): Promise<ChildProcess> {
   return ready(child, 'peer ready');
 }
 
+/** The harness's floor (bench/floor-server.ts), compiled like the peer and run with the same node. */
+function startFloor(port: number, accepted: string): Promise<ChildProcess> {
+  const child = spawn(process.execPath, [path.join(ROOT, 'dist/bench/floor-server.js')], {
+    cwd: ROOT,
+    env: { PATH: process.env.PATH, NODE_ENV: 'production', FLOOR_PORT: String(port), FLOOR_BASIC: accepted },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  return ready(child, 'floor ready');
+}
+
 function ready(child: ChildProcess, line: string): Promise<ChildProcess> {
   return new Promise((resolve, reject) => {
     child.stdout?.on('data', (d: Buffer) => {
@@ -1292,6 +1302,20 @@ async function main(): Promise<void> {
           harnessPass ? 'pass' : 'FAIL',
         ]),
       );
+      if (h.floorRatio !== undefined) {
+        console.log(
+          line([
+            'its floor: Fastify, the same form parser and signing thread, no token logic (bench/floor-server.ts), vs the same peer rounds',
+            median(h.rounds.map((r) => r.floor ?? 0)).toFixed(0),
+            '', '',
+            'node-oidc-provider',
+            median(h.rounds.map((r) => r.peer)).toFixed(0),
+            `${h.floorRatio.toFixed(3)} (rounds ${h.rounds.map((r) => (r.floorRatio ?? 0).toFixed(2)).join(', ')})`,
+            'none: what the machine allows',
+            '',
+          ]),
+        );
+      }
     }
     if (skeptic?.startUp) {
       const { emptyMs, largeMs } = skeptic.startUp;
@@ -1363,13 +1387,24 @@ async function skepticRows(input: { runDb: string; largeDb: string; privateBasic
   // BENCH_CPU_PROF=1: this server writes its V8 CPU profile to bench/results/ too (the harness's load only).
   const nodeFlags = process.env.BENCH_CPU_PROF ? ['--cpu-prof', `--cpu-prof-dir=${path.join(ROOT, 'bench/results')}`] : [];
   const { child } = await startProductionServer(ROOT, { databaseUrl: dbUrl(input.runDb), secretKey: SECRET_KEY, port, nodeFlags });
+  const floorPort = await freePort();
+  const floorBasic = basic('floor', 'floor-secret');
   let harness: HarnessResult;
   try {
-    harness = await independentHarness(
-      ROOT,
-      { orgauth: { port, basic: input.privateBasic, organizationId: input.organizationId }, peer: { port: input.peerPort, basic: basic(PEER_CLIENT_ID, PEER_CLIENT_SECRET) } },
-      QUICK,
-    );
+    const floor = await startFloor(floorPort, floorBasic);
+    try {
+      harness = await independentHarness(
+        ROOT,
+        {
+          orgauth: { port, basic: input.privateBasic, organizationId: input.organizationId },
+          peer: { port: input.peerPort, basic: basic(PEER_CLIENT_ID, PEER_CLIENT_SECRET) },
+          floor: { port: floorPort, basic: floorBasic },
+        },
+        QUICK,
+      );
+    } finally {
+      floor.kill('SIGTERM');
+    }
   } finally {
     child.kill('SIGTERM');
   }

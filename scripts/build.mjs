@@ -2,8 +2,8 @@
 // the templates beside them, then bundles what a process starts from (bundle() below), unless
 // dist/ was built from exactly the files there are now.
 // `node scripts/build.mjs bench` then adds the bench's servers and load generator (bench/server.ts,
-// bench/peer-oidc-provider.ts, bench/load.ts) to dist/bench, each transpiled on its own (ts.transpileModule:
-// the code base is isolatedModules, and `tsc --noEmit` type-checks bench/ with everything else),
+// bench/peer-oidc-provider.ts, bench/load.ts, bench/floor-server.ts) to dist/bench, each
+// transpiled on its own (ts.transpileModule: the code base is isolatedModules, and `tsc --noEmit` type-checks bench/ with everything else),
 // rather than compiling src/ a second time for them (about 12 s); the first is then bundled as
 // the server is. npm ci's prepare, each `npm
 // test`'s pretest and the bench all ask for a build; only the first one of a checkout (or after a
@@ -18,7 +18,7 @@ import { copyTemplates } from './copy-templates.mjs';
 const ROOT = path.dirname(path.dirname(fileURLToPath(import.meta.url)));
 const DIST = path.join(ROOT, 'dist');
 
-const BENCH_SERVERS = ['bench/server.ts', 'bench/peer-oidc-provider.ts', 'bench/load.ts'];
+const BENCH_SERVERS = ['bench/server.ts', 'bench/peer-oidc-provider.ts', 'bench/load.ts', 'bench/floor-server.ts'];
 const PROJECTS = {
   build: { tsconfig: 'tsconfig.build.json', inputs: ['src', 'migrations'] },
   // Transpiled with tsconfig.json's options (one of SHARED_INPUTS).
