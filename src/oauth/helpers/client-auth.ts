@@ -39,6 +39,8 @@ export const clientAuthThrottle = (): FailureThrottle => new FailureThrottle(10,
 
 /** RFC 6749 §2.3.1: Basic user and password are application/x-www-form-urlencoded first. */
 function formDecode(value: string): string {
+  // Most credentials are URL-safe already (ours are): nothing to decode.
+  if (!/[%+]/.test(value)) return value;
   try {
     return decodeURIComponent(value.replace(/\+/g, ' '));
   } catch {
