@@ -53,7 +53,7 @@ import { ClientGrants } from '../src/oauth/models/client-grants.js';
 import { findPgBouncer, type PgBouncer, startPgBouncer } from '../test/helpers/pgbouncer.js';
 import { freePort } from '../test/helpers/process.js';
 import { SERVER_STATEMENT_TIMEOUT_MS } from '../src/db/pooler.js';
-import { type HarnessResult, independentHarness, startProductionServer } from './harness.js';
+import { type HarnessResult, independentHarness, median, startProductionServer } from './harness.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 const QUICK = process.argv.includes('--quick');
@@ -552,25 +552,26 @@ function startServer(database: string | { dataDir: string }, port: number): Prom
   return ready(child, 'bench server ready');
 }
 
-/** node-oidc-provider, compiled like the server and run with the same node. */
-function startPeer(port: number, keysJwks: object): Promise<ChildProcess> {
-  const child = spawn(process.execPath, [path.join(ROOT, 'dist/bench/peer-oidc-provider.js')], {
+/**
+ * One of the bench's own processes (dist/bench/`file`, compiled like the server and run with the
+ * same node, in production mode), once it prints `line`. `stderr`: shown, or not (the peer warns
+ * about the Node.js version on every start).
+ */
+function startBenchProcess(file: string, env: Record<string, string>, line: string, stderr: 'inherit' | 'ignore'): Promise<ChildProcess> {
+  const child = spawn(process.execPath, [path.join(ROOT, 'dist/bench', file)], {
     cwd: ROOT,
-    env: { PATH: process.env.PATH, NODE_ENV: 'production', PEER_PORT: String(port), PEER_CLIENT_ID, PEER_CLIENT_SECRET, PEER_KEYS_JWKS: JSON.stringify(keysJwks) },
-    stdio: ['ignore', 'pipe', 'ignore'],
+    env: { PATH: process.env.PATH, NODE_ENV: 'production', ...env },
+    stdio: ['ignore', 'pipe', stderr],
   });
-  return ready(child, 'peer ready');
+  return ready(child, line);
 }
 
-/** The harness's floor (bench/floor-server.ts), compiled like the peer and run with the same node. */
-function startFloor(port: number, accepted: string): Promise<ChildProcess> {
-  const child = spawn(process.execPath, [path.join(ROOT, 'dist/bench/floor-server.js')], {
-    cwd: ROOT,
-    env: { PATH: process.env.PATH, NODE_ENV: 'production', FLOOR_PORT: String(port), FLOOR_BASIC: accepted },
-    stdio: ['ignore', 'pipe', 'inherit'],
-  });
-  return ready(child, 'floor ready');
-}
+/** node-oidc-provider (bench/peer-oidc-provider.ts). */
+const startPeer = (port: number, keysJwks: object) =>
+  startBenchProcess('peer-oidc-provider.js', { PEER_PORT: String(port), PEER_CLIENT_ID, PEER_CLIENT_SECRET, PEER_KEYS_JWKS: JSON.stringify(keysJwks) }, 'peer ready', 'ignore');
+
+/** The harness's floor (bench/floor-server.ts). */
+const startFloor = (port: number, accepted: string) => startBenchProcess('floor-server.js', { FLOOR_PORT: String(port), FLOOR_BASIC: accepted }, 'floor ready', 'inherit');
 
 function ready(child: ChildProcess, line: string): Promise<ChildProcess> {
   return new Promise((resolve, reject) => {
@@ -671,7 +672,6 @@ async function measure(load: Load, seconds: number): Promise<Measured> {
   return { rps, p50: result.latency.p50, p99: result.latency.p99, non2xx: result.non2xx + result.errors + result.timeouts };
 }
 
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 interface ScenarioResult {
   scenario: string;

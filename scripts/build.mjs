@@ -3,9 +3,9 @@
 // dist/ was built from exactly the files there are now.
 // `node scripts/build.mjs bench` then adds the bench's servers and load generator (bench/server.ts,
 // bench/peer-oidc-provider.ts, bench/load.ts, bench/floor-server.ts) to dist/bench, each
-// transpiled on its own (ts.transpileModule: the code base is isolatedModules, and `tsc --noEmit` type-checks bench/ with everything else),
-// rather than compiling src/ a second time for them (about 12 s); the first is then bundled as
-// the server is. npm ci's prepare, each `npm
+// transpiled on its own (ts.transpileModule: the code base is isolatedModules, and `tsc --noEmit`
+// type-checks bench/ with everything else), rather than compiling src/ a second time for them
+// (about 12 s); the first is then bundled as the server is. npm ci's prepare, each `npm
 // test`'s pretest and the bench all ask for a build; only the first one of a checkout (or after a
 // change) compiles. The inputs' hash, not their times, decides: a checkout, a stash or a clock that moved back cannot leave dist/ stale.
 import { createHash } from 'node:crypto';
