@@ -32,6 +32,14 @@ describe('random secrets', () => {
     expect(secretMatches(`${secret}x`, digest)).toBe(false);
     expect(secretMatches(secret, 'not-hex')).toBe(false);
     expect(secretMatches('', digest)).toBe(false);
+    // Every character counts, the last as much as the first; hex compares as the bytes it names.
+    const other = (c: string) => (c === '0' ? '1' : '0');
+    expect(secretMatches(secret, `${digest.slice(0, -1)}${other(digest.at(-1)!)}`)).toBe(false);
+    expect(secretMatches(secret, `${other(digest[0]!)}${digest.slice(1)}`)).toBe(false);
+    expect(secretMatches(secret, digest.slice(0, -1))).toBe(false);
+    expect(secretMatches(secret, `${digest}0`)).toBe(false);
+    expect(secretMatches(secret, digest.toUpperCase())).toBe(true);
+    expect(secretMatches(secret, null)).toBe(false);
   });
 });
 
