@@ -93,14 +93,18 @@ export async function buildApp(config: Config, deps: AppDeps): Promise<FastifyIn
     },
   });
 
-  app.addHook('onRequest', async (req, reply) => {
+  // Hooks on every request take the callback form: an async hook costs a promise and a turn of
+  // the microtask queue each (issue 46).
+  app.addHook('onRequest', (req, reply, done) => {
     reply.header('x-request-id', req.id);
+    done();
   });
   const metrics = deps.metrics ?? new Metrics();
-  app.addHook('onResponse', async (req, reply) => {
+  app.addHook('onResponse', (req, reply, done) => {
     // The route pattern, not the path: ids and tokens in paths would make unbounded label sets.
     const route = req.routeOptions.url ?? 'unmatched';
     metrics.observeRequest(req.method, route, reply.statusCode, reply.elapsedTime / 1000);
+    done();
   });
 
   app.setErrorHandler((err: FastifyError | Error, req, reply) => {

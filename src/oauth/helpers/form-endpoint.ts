@@ -85,15 +85,24 @@ export async function registerFormEndpoint(
   });
 }
 
-/** URLSearchParams (from the form parser) → one value per name, or invalid_request for repeats. */
+/**
+ * URLSearchParams (from the form parser) → one value per name, or invalid_request for repeats:
+ * readParams' rules (a name once, text without NUL, an empty value absent) in one pass over the
+ * pairs, with no intermediate object.
+ */
 export function formParams(body: unknown): Params {
   if (!(body instanceof URLSearchParams)) return readParams(undefined);
-  const grouped: Record<string, string | string[]> = Object.create(null);
+  const params: Record<string, string | undefined> = Object.create(null);
+  let empty = false;
   for (const [name, value] of body) {
-    const seen = grouped[name];
-    grouped[name] = seen === undefined ? value : [...(Array.isArray(seen) ? seen : [seen]), value];
+    if (params[name] !== undefined) throw new InvalidRequestError(`parameter ${name.slice(0, 40)} was sent more than once`);
+    if (value.includes('\u0000')) throw new InvalidRequestError(`parameter ${name.slice(0, 40)} contains a NUL character`);
+    params[name] = value;
+    if (value === '') empty = true;
   }
-  return readParams(grouped);
+  // Empty values were held to see their repeats; like readParams, a name sent empty is absent.
+  if (empty) for (const name in params) if (params[name] === '') delete params[name];
+  return params;
 }
 
 /** The form parameters of a client-authenticated endpoint, and the client that sent them. */
@@ -102,8 +111,10 @@ export async function authenticatedForm(
   { applications, clientThrottle, assertions, jtis, config }: Pick<OAuthEndpointOptions, 'applications' | 'clientThrottle' | 'assertions' | 'jtis' | 'config'>,
 ): Promise<{ body: Params; client: AuthenticatedClient }> {
   const body = formParams(req.body);
-  // An assertion's audience: the issuer (FAPI 2.0), or this endpoint's URL (OpenID Connect Core §9).
-  const audiences = [config.issuer, `${config.issuer}${req.routeOptions.url ?? ''}`, `${config.issuer}/oauth/token`];
+  // An assertion's audience: the issuer (FAPI 2.0), or this endpoint's URL (OpenID Connect Core §9);
+  // only an assertion is checked against them (a secret's request builds none).
+  const asserted = body.client_assertion !== undefined || body.client_assertion_type !== undefined;
+  const audiences = asserted ? [config.issuer, `${config.issuer}${req.routeOptions.url ?? ''}`, `${config.issuer}/oauth/token`] : [];
   const client = await authenticateClient(
     applications.find,
     clientThrottle,

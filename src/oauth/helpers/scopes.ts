@@ -159,6 +159,8 @@ export function grantableScopes(requested: string | undefined, allowed: readonly
       words.length === 0 ? 'scope is empty' : `scope ${refused.map((s) => s.slice(0, 40)).join(' ')} is unknown or not allowed for this application`,
     );
   }
+  // In KNOWN_SCOPES' order, each once: one word (most requests) already is.
+  if (words.length === 1) return words as Scope[];
   return KNOWN_SCOPES.filter((s) => words.includes(s));
 }
 
