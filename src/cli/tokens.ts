@@ -26,7 +26,7 @@ export const tokenCommands: Record<string, Command> = {
       // The CLI runs beside the servers: it adds its one token to the Overview's counts itself.
       // Best effort: the token is issued, and printed whatever happens to these two.
       await addActivity(db, [{ organizationId: response.organization_id, metric: 'tokens_cli', day: utcDay(), count: 1 }]).catch(() => {});
-      await markClientUsed(db, application).catch(() => {});
+      await markClientUsed(db, application)?.catch(() => {});
       return {
         json: response,
         text: [

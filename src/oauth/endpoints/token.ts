@@ -25,7 +25,7 @@ export async function tokenEndpoint(app: FastifyInstance, options: OAuthEndpoint
   const { db, keys, revocations, config, clientGrants, metrics, resources } = options;
   await registerFormEndpoint(app, '/oauth/token', async (req, reply) => {
     // The proof first: a missing nonce is answered before anything else is looked at (RFC 9449 §8).
-    const dpopJkt = req.headers.dpop === undefined ? null : await endpointDpopJkt(options.dpop, config, req, '/oauth/token');
+    const dpopJkt = await endpointDpopJkt(options.dpop, config, req, '/oauth/token');
     const { body, client } = await authenticatedForm(req, options);
     const grant = GRANTS.get(requireParam(body, 'grant_type'));
     if (!grant) throw new UnsupportedGrantTypeError();
@@ -46,8 +46,8 @@ export async function tokenEndpoint(app: FastifyInstance, options: OAuthEndpoint
     metrics.tokensIssued.inc({ grant_type: grant.grantType });
     const counted = tokenMetric(grant.grantType);
     if (counted) app.activity.count(issued.organization_id, counted);
-    // A client that registered itself and got a token is in use: the reaper leaves it (once).
-    if (application.first_used_at === null) await markClientUsed(db, application);
+    // A client that registered itself and got a token is in use: the reaper leaves it.
+    await markClientUsed(db, application);
     return issued;
   });
 }

@@ -26,7 +26,7 @@ export interface ClientAssertions {
   verifier: ClientAssertionVerifier;
   jtis: SeenJtis;
   /** The issuer identifier and the endpoint's URL (RFC 7523 §3 point 3). */
-  audiences: readonly string[];
+  audiences: () => readonly string[];
 }
 
 export interface AuthenticatedClient {
@@ -93,7 +93,7 @@ async function authenticateWithAssertion(
   if (application.token_endpoint_auth_method !== 'private_key_jwt') return fail('the application does not authenticate with private_key_jwt');
   let verified;
   try {
-    verified = await assertions.verifier.verify(application, body.client_assertion, assertions.audiences, { issuerOnly: application.fapi2 });
+    verified = await assertions.verifier.verify(application, body.client_assertion, assertions.audiences(), { issuerOnly: application.fapi2 });
   } catch (err) {
     if (err instanceof InvalidClientError) return fail('invalid client assertion', err);
     throw err;

@@ -18,7 +18,7 @@ import { type AuthenticatedClient, authenticateClient } from './client-auth.js';
 import type { ClientAssertionVerifier } from './client-assertion.js';
 import type { DpopProofs } from '../models/dpop-proofs.js';
 import type { SeenJtis } from '../models/seen-jtis.js';
-import { type Params, readParams } from './params.js';
+import { type Params, readParamPairs, readParams } from './params.js';
 
 export const FORM = 'application/x-www-form-urlencoded';
 
@@ -85,24 +85,9 @@ export async function registerFormEndpoint(
   });
 }
 
-/**
- * URLSearchParams (from the form parser) → one value per name, or invalid_request for repeats:
- * readParams' rules (a name once, text without NUL, an empty value absent) in one pass over the
- * pairs, with no intermediate object.
- */
+/** URLSearchParams (from the form parser) → one value per name, or invalid_request for repeats. */
 export function formParams(body: unknown): Params {
-  if (!(body instanceof URLSearchParams)) return readParams(undefined);
-  const params: Record<string, string | undefined> = Object.create(null);
-  let empty = false;
-  for (const [name, value] of body) {
-    if (params[name] !== undefined) throw new InvalidRequestError(`parameter ${name.slice(0, 40)} was sent more than once`);
-    if (value.includes('\u0000')) throw new InvalidRequestError(`parameter ${name.slice(0, 40)} contains a NUL character`);
-    params[name] = value;
-    if (value === '') empty = true;
-  }
-  // Empty values were held to see their repeats; like readParams, a name sent empty is absent.
-  if (empty) for (const name in params) if (params[name] === '') delete params[name];
-  return params;
+  return body instanceof URLSearchParams ? readParamPairs(body) : readParams(undefined);
 }
 
 /** The form parameters of a client-authenticated endpoint, and the client that sent them. */
@@ -112,9 +97,8 @@ export async function authenticatedForm(
 ): Promise<{ body: Params; client: AuthenticatedClient }> {
   const body = formParams(req.body);
   // An assertion's audience: the issuer (FAPI 2.0), or this endpoint's URL (OpenID Connect Core §9);
-  // only an assertion is checked against them (a secret's request builds none).
-  const asserted = body.client_assertion !== undefined || body.client_assertion_type !== undefined;
-  const audiences = asserted ? [config.issuer, `${config.issuer}${req.routeOptions.url ?? ''}`, `${config.issuer}/oauth/token`] : [];
+  // built only when an assertion is checked.
+  const audiences = () => [config.issuer, `${config.issuer}${req.routeOptions.url ?? ''}`, `${config.issuer}/oauth/token`];
   const client = await authenticateClient(
     applications.find,
     clientThrottle,

@@ -99,7 +99,12 @@ export class DpopProofs {
  * thumbprint of its key, or null without one. A bad proof is 400 invalid_dpop_proof, a missing
  * or stale nonce 400 use_dpop_nonce with a fresh DPoP-Nonce (RFC 9449 §5, §8).
  */
-export async function endpointDpopJkt(dpop: DpopProofs, config: Pick<Config, 'issuer'>, req: FastifyRequest, path: string): Promise<string | null> {
+export function endpointDpopJkt(dpop: DpopProofs, config: Pick<Config, 'issuer'>, req: FastifyRequest, path: string): Promise<string | null> | null {
+  // No proof (most requests): answered without a promise, which the token endpoint's every request awaited (issue 46).
+  return req.headers.dpop === undefined ? null : checkedEndpointProof(dpop, config, req, path);
+}
+
+async function checkedEndpointProof(dpop: DpopProofs, config: Pick<Config, 'issuer'>, req: FastifyRequest, path: string): Promise<string | null> {
   try {
     const proof = dpopHeader(req.headers);
     if (proof === undefined) return null;

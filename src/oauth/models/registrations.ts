@@ -332,10 +332,17 @@ export async function deleteRegisteredClient(db: DB, application: Pick<Applicati
  * After tokens were issued (the token endpoint, Generate Token, `orgauth token create`); no query
  * for an application already marked.
  */
-export async function markClientUsed(db: DB, application: Pick<Application, 'id' | 'first_used_at'>): Promise<void> {
-  // Once: the update publishes the change (migration 0002), every instance's cache then holds first_used_at.
-  if (application.first_used_at !== null) return;
-  await db.updateTable('applications').set({ first_used_at: sql`now()` }).where('id', '=', application.id).where('first_used_at', 'is', null).execute();
+export function markClientUsed(db: DB, application: Pick<Application, 'id' | 'first_used_at'>): Promise<void> | undefined {
+  // Once: the update publishes the change (migration 0002), every instance's cache then holds
+  // first_used_at. Used already (every token request after the first): no promise to await.
+  if (application.first_used_at !== null) return undefined;
+  return db
+    .updateTable('applications')
+    .set({ first_used_at: sql`now()` })
+    .where('id', '=', application.id)
+    .where('first_used_at', 'is', null)
+    .execute()
+    .then(() => undefined);
 }
 
 /** RFC 7591 §3.2.1 / RFC 7592 §3: what the registration and configuration endpoints say about a client. No null values. */
