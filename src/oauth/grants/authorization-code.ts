@@ -1,5 +1,5 @@
 import { type RawBuilder, sql } from 'kysely';
-import { type DB, prepared } from '../../db/connect.js';
+import { type DB, preparedStatement } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
 import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { UnauthorizedClientError, InvalidGrantError, InvalidTargetError } from '../errors.js';
@@ -56,16 +56,30 @@ function expectedChallenge(verifier: string | undefined): string | null {
  * revokes) or narrows the new grant) and its scopes still allowed to the application. Returns undefined otherwise,
  * changing nothing. Of concurrent redemptions exactly one updates the code (R-1).
  */
-async function redeemCode(db: DB, application: Application, presented: Presented, refreshToken: string, ttlSeconds: number): Promise<Redeemed | undefined> {
-  const { rows } = await sql<Redeemed>`${prepared('redeem_code')}
+const REDEEM = preparedStatement<
+  {
+    codeHash: string;
+    applicationId: number;
+    redirectUri: string;
+    challenge: string | null;
+    anyResource: boolean;
+    resourceId: number | null;
+    dpopJkt: string | null;
+    refreshTokenHash: string;
+    ttlSeconds: number;
+  },
+  Redeemed
+>(
+  'redeem_code',
+  (v) => sql`
     with found as (
       select c.id, c.organization_id, c.user_id, c.scopes, c.identity_scopes, c.nonce, c.auth_time, c.sid, c.amr, c.resource_id
       from authorization_codes c
-      where c.code_hash = ${sha256Hex(presented.code)} and c.application_id = ${application.id}
-        and c.consumed_at is null and c.expires_at > now() and c.redirect_uri = ${presented.redirectUri}
-        and c.code_challenge is not distinct from ${expectedChallenge(presented.verifier)}::text
-        and (${presented.resource === undefined}::boolean or c.resource_id is not distinct from ${presented.resource?.id ?? null}::integer)
-        and (c.dpop_jkt is null or c.dpop_jkt = ${presented.dpopJkt}::text)
+      where c.code_hash = ${v.codeHash} and c.application_id = ${v.applicationId}
+        and c.consumed_at is null and c.expires_at > now() and c.redirect_uri = ${v.redirectUri}
+        and c.code_challenge is not distinct from ${v.challenge}::text
+        and (${v.anyResource}::boolean or c.resource_id is not distinct from ${v.resourceId}::integer)
+        and (c.dpop_jkt is null or c.dpop_jkt = ${v.dpopJkt}::text)
         -- The application as it is now, not as cached: disabled or narrowed since, it gains no grant.
         and exists (select 1 from applications a where a.id = c.application_id and not a.disabled and ${knownScopesOf(sql`c.scopes`)} <@ a.scopes)
         -- An organization that requires two-step sign-in (as it is now) takes only codes of a two-factor sign-in.
@@ -85,11 +99,26 @@ async function redeemCode(db: DB, application: Application, presented: Presented
       where c.id = found.id and c.consumed_at is null
       returning c.grant_id, c.organization_id, c.user_id, c.scopes, c.identity_scopes, c.nonce, c.auth_time, c.sid, c.amr, c.resource_id, c.sso_connection_id
     ),
-    ${grantWithRefreshTokenSql(application.id, refreshToken, ttlSeconds, presented.dpopJkt)}
+    ${grantWithRefreshTokenSql({ applicationId: v.applicationId, refreshTokenHash: v.refreshTokenHash, ttlSeconds: v.ttlSeconds, dpopJkt: v.dpopJkt })}
     select c.grant_id, c.resource_id, c.organization_id, o.name as organization_name, c.user_id, c.scopes, (select role_id from member) as role_id,
       c.identity_scopes, c.nonce, c.auth_time, c.sid, c.amr, u.email, u.name, u.email_verified_at is not null as email_verified
     from consumed c join organizations o on o.id = c.organization_id join users u on u.id = c.user_id
-    where exists (select 1 from refresh)`.execute(db);
+    where exists (select 1 from refresh)`,
+);
+
+/** REDEEM with a token request's values. */
+async function redeemCode(db: DB, application: Application, presented: Presented, refreshToken: string, ttlSeconds: number): Promise<Redeemed | undefined> {
+  const rows = await REDEEM(db, {
+    codeHash: sha256Hex(presented.code),
+    applicationId: application.id,
+    redirectUri: presented.redirectUri,
+    challenge: expectedChallenge(presented.verifier),
+    anyResource: presented.resource === undefined,
+    resourceId: presented.resource?.id ?? null,
+    dpopJkt: presented.dpopJkt,
+    refreshTokenHash: sha256Hex(refreshToken),
+    ttlSeconds,
+  });
   return rows[0];
 }
 

@@ -104,7 +104,7 @@ async function redeemApproved(
       -- No browser session on the device: no sid.
       returning d.grant_id, d.organization_id, d.user_id, d.granted_scopes as scopes, d.identity_scopes, d.auth_time, null::text as sid, d.amr, d.resource_id, d.sso_connection_id
     ),
-    ${grantWithRefreshTokenSql(application.id, refreshToken, ttlSeconds, dpopJkt)}
+    ${grantWithRefreshTokenSql({ applicationId: sql.val(application.id), refreshTokenHash: sql.val(sha256Hex(refreshToken)), ttlSeconds: sql.val(ttlSeconds), dpopJkt: sql.val(dpopJkt) })}
     select c.grant_id, c.organization_id, o.name as organization_name, c.user_id, c.scopes, (select role_id from member) as role_id,
       c.identity_scopes, c.auth_time, c.sid, c.amr, u.email, u.name, u.email_verified_at is not null as email_verified
     from consumed c join organizations o on o.id = c.organization_id join users u on u.id = c.user_id

@@ -1,5 +1,5 @@
 import { sql } from 'kysely';
-import { type DB, prepared } from '../../db/connect.js';
+import { type DB, preparedStatement } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
 import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { UnauthorizedClientError, InvalidGrantError, InvalidScopeError, InvalidTargetError } from '../errors.js';
@@ -36,6 +36,84 @@ interface Rotated extends GrantIdentity {
  * Of concurrent refreshes of one token exactly one updates it (R-2): the others re-check
  * `rotated_at is null` on the committed row and find nothing.
  */
+const ROTATE = preparedStatement<
+  {
+    tokenHash: string;
+    applicationId: number;
+    asked: string[] | null;
+    askedIdentity: string[] | null;
+    anyResource: boolean;
+    resourceId: number | null;
+    dpopJkt: string | null;
+    dpopSameKey: boolean;
+    rotate: boolean;
+    successorHash: string;
+    ttlSeconds: number;
+  },
+  Rotated
+>(
+  'rotate_refresh_token',
+  (v) => sql`
+    with t as (
+      select r.id, r.grant_id, r.organization_id, r.scopes, g.user_id, g.identity_scopes, g.auth_time, g.sid, g.amr, g.resource_id, m.role_id
+      from refresh_tokens r
+      join grants g on g.id = r.grant_id and g.organization_id = r.organization_id
+      -- "+ 0": the membership is found from the grant, never the grant from the membership. With
+      -- stale statistics the planner walked the user's live grants (grants_live_member_id_idx) to
+      -- find the one the token names: 370 req/s instead of 2,060 on the bench.
+      join memberships m on m.organization_id = r.organization_id and m.user_id = g.user_id + 0
+      where r.token_hash = ${v.tokenHash}
+        -- The user's role allows all of it now (a role that lost a permission is narrowing its
+        -- members' grants, and may not have reached this one yet).
+        and ${memberHoldsScopesSql(sql`r.scopes`, sql`m.role`, CUSTOM_PERMISSIONS)}
+        -- "+ 0": the grant is reached by its key from the token, never by the application's
+        -- grants. Planned with its values (unnamed statements, as behind PgBouncer) and stale
+        -- statistics (an application whose 200,000 grants came after the last ANALYZE looks
+        -- like it has one), the planner scanned all of them on every refresh: 505 req/s
+        -- instead of 1,403 on the bench's large database.
+        and g.application_id + 0 = ${v.applicationId} and g.user_id is not null
+        and r.rotated_at is null and r.revoked_at is null and r.expires_at > now() and g.revoked_at is null
+        and (${v.asked}::text[] is null or r.scopes @> ${v.asked}::text[])
+        and (${v.askedIdentity}::text[] is null or g.identity_scopes @> ${v.askedIdentity}::text[])
+        -- RFC 8707: a refresh names the grant's resource or none; it keeps the audience.
+        and (${v.anyResource}::boolean or g.resource_id is not distinct from ${v.resourceId}::integer)
+        -- An organization that requires two-step sign-in refreshes only grants of a two-factor sign-in.
+        and ('mfa' = any(g.amr) or not (select o.require_mfa from organizations o where o.id = r.organization_id))
+        -- SS-4: nor, where it requires its single sign-on of the user, a grant of a sign-in made another way.
+        and ${ssoAllowsSql(sql`r.organization_id`, sql`g.user_id`, sql`g.sso_connection_id`)}
+        -- Nor a grant from before the user's removal (they were added back since, and the job
+        -- revoking what the removal ended has not reached it yet).
+        and not exists (select 1 from removed_members rm where rm.organization_id = r.organization_id and rm.user_id = g.user_id and rm.removed_at >= g.created_at)
+        -- RFC 9449 §5: a DPoP grant is refreshed with a proof, and a public client's with the very key its tokens are bound to.
+        and (g.dpop_jkt is null or (${v.dpopJkt}::text is not null and (not ${v.dpopSameKey}::boolean or g.dpop_jkt = ${v.dpopJkt}::text)))
+    ),
+    live as (
+      -- The grant is bound to the key of this refresh's proof (a public client's was that key or
+      -- none; a confidential client may have moved to a new one), so introspection's cnf and the
+      -- next refresh follow it.
+      update grants set last_used_at = now(), dpop_jkt = coalesce(${v.dpopJkt}::text, grants.dpop_jkt) from t
+      where grants.id = t.grant_id and grants.revoked_at is null
+      returning grants.id
+    ),
+    retired as (
+      update refresh_tokens set rotated_at = now() from t, live
+      where refresh_tokens.id = t.id and live.id = t.grant_id and ${v.rotate}::boolean
+        and refresh_tokens.rotated_at is null and refresh_tokens.revoked_at is null
+      returning refresh_tokens.id
+    ),
+    successor as (
+      insert into refresh_tokens (token_hash, organization_id, grant_id, parent_id, scopes, expires_at)
+      select ${v.successorHash}, t.organization_id, t.grant_id, t.id, t.scopes, now() + make_interval(secs => ${v.ttlSeconds})
+      from t join retired on retired.id = t.id
+      returning id
+    )
+    select t.grant_id, t.resource_id, t.organization_id, o.name as organization_name, t.user_id, t.scopes, t.role_id,
+      t.identity_scopes, t.auth_time, t.sid, t.amr, u.email, u.name, u.email_verified_at is not null as email_verified
+    from t join organizations o on o.id = t.organization_id join users u on u.id = t.user_id
+    where exists (select 1 from successor) or (not ${v.rotate}::boolean and exists (select 1 from live))`,
+);
+
+/** ROTATE with a refresh request's values. */
 async function rotateRefreshToken(
   db: DB,
   input: {
@@ -50,66 +128,19 @@ async function rotateRefreshToken(
     rotate: boolean;
   },
 ): Promise<Rotated | undefined> {
-  const asked = input.asked === null ? null : [...input.asked.scopes];
-  const askedIdentity = input.asked === null ? null : [...input.asked.identity];
-  const { rows } = await sql<Rotated>`${prepared('rotate_refresh_token')}
-    with t as (
-      select r.id, r.grant_id, r.organization_id, r.scopes, g.user_id, g.identity_scopes, g.auth_time, g.sid, g.amr, g.resource_id, m.role_id
-      from refresh_tokens r
-      join grants g on g.id = r.grant_id and g.organization_id = r.organization_id
-      -- "+ 0": the membership is found from the grant, never the grant from the membership. With
-      -- stale statistics the planner walked the user's live grants (grants_live_member_id_idx) to
-      -- find the one the token names: 370 req/s instead of 2,060 on the bench.
-      join memberships m on m.organization_id = r.organization_id and m.user_id = g.user_id + 0
-      where r.token_hash = ${sha256Hex(input.presented)}
-        -- The user's role allows all of it now (a role that lost a permission is narrowing its
-        -- members' grants, and may not have reached this one yet).
-        and ${memberHoldsScopesSql(sql`r.scopes`, sql`m.role`, CUSTOM_PERMISSIONS)}
-        -- "+ 0": the grant is reached by its key from the token, never by the application's
-        -- grants. Planned with its values (unnamed statements, as behind PgBouncer) and stale
-        -- statistics (an application whose 200,000 grants came after the last ANALYZE looks
-        -- like it has one), the planner scanned all of them on every refresh: 505 req/s
-        -- instead of 1,403 on the bench's large database.
-        and g.application_id + 0 = ${input.applicationId} and g.user_id is not null
-        and r.rotated_at is null and r.revoked_at is null and r.expires_at > now() and g.revoked_at is null
-        and (${asked}::text[] is null or r.scopes @> ${asked}::text[])
-        and (${askedIdentity}::text[] is null or g.identity_scopes @> ${askedIdentity}::text[])
-        -- RFC 8707: a refresh names the grant's resource or none; it keeps the audience.
-        and (${input.resource === undefined}::boolean or g.resource_id is not distinct from ${input.resource?.id ?? null}::integer)
-        -- An organization that requires two-step sign-in refreshes only grants of a two-factor sign-in.
-        and ('mfa' = any(g.amr) or not (select o.require_mfa from organizations o where o.id = r.organization_id))
-        -- SS-4: nor, where it requires its single sign-on of the user, a grant of a sign-in made another way.
-        and ${ssoAllowsSql(sql`r.organization_id`, sql`g.user_id`, sql`g.sso_connection_id`)}
-        -- Nor a grant from before the user's removal (they were added back since, and the job
-        -- revoking what the removal ended has not reached it yet).
-        and not exists (select 1 from removed_members rm where rm.organization_id = r.organization_id and rm.user_id = g.user_id and rm.removed_at >= g.created_at)
-        -- RFC 9449 §5: a DPoP grant is refreshed with a proof, and a public client's with the very key its tokens are bound to.
-        and (g.dpop_jkt is null or (${input.dpop.jkt}::text is not null and (not ${input.dpop.sameKey}::boolean or g.dpop_jkt = ${input.dpop.jkt}::text)))
-    ),
-    live as (
-      -- The grant is bound to the key of this refresh's proof (a public client's was that key or
-      -- none; a confidential client may have moved to a new one), so introspection's cnf and the
-      -- next refresh follow it.
-      update grants set last_used_at = now(), dpop_jkt = coalesce(${input.dpop.jkt}::text, grants.dpop_jkt) from t
-      where grants.id = t.grant_id and grants.revoked_at is null
-      returning grants.id
-    ),
-    retired as (
-      update refresh_tokens set rotated_at = now() from t, live
-      where refresh_tokens.id = t.id and live.id = t.grant_id and ${input.rotate}::boolean
-        and refresh_tokens.rotated_at is null and refresh_tokens.revoked_at is null
-      returning refresh_tokens.id
-    ),
-    successor as (
-      insert into refresh_tokens (token_hash, organization_id, grant_id, parent_id, scopes, expires_at)
-      select ${sha256Hex(input.successor)}, t.organization_id, t.grant_id, t.id, t.scopes, now() + make_interval(secs => ${input.ttlSeconds})
-      from t join retired on retired.id = t.id
-      returning id
-    )
-    select t.grant_id, t.resource_id, t.organization_id, o.name as organization_name, t.user_id, t.scopes, t.role_id,
-      t.identity_scopes, t.auth_time, t.sid, t.amr, u.email, u.name, u.email_verified_at is not null as email_verified
-    from t join organizations o on o.id = t.organization_id join users u on u.id = t.user_id
-    where exists (select 1 from successor) or (not ${input.rotate}::boolean and exists (select 1 from live))`.execute(db);
+  const rows = await ROTATE(db, {
+    tokenHash: sha256Hex(input.presented),
+    applicationId: input.applicationId,
+    asked: input.asked === null ? null : input.asked.scopes,
+    askedIdentity: input.asked === null ? null : input.asked.identity,
+    anyResource: input.resource === undefined,
+    resourceId: input.resource?.id ?? null,
+    dpopJkt: input.dpop.jkt,
+    dpopSameKey: input.dpop.sameKey,
+    rotate: input.rotate,
+    successorHash: sha256Hex(input.successor),
+    ttlSeconds: input.ttlSeconds,
+  });
   return rows[0];
 }
 

@@ -3,13 +3,12 @@
  * application itself. Every token (access or refresh) names its grant; revoking the grant kills
  * them all, on every instance (see revocation-list.ts).
  */
-import { type RawBuilder, sql, type Transaction } from 'kysely';
+import { type Expression, type RawBuilder, sql, type Transaction } from 'kysely';
 import { KNOWN_SCOPES_SQL, knownScopesOf } from '../helpers/scopes.js';
 import { isDeclaredScope } from './resources.js';
 import type { DB } from '../../db/connect.js';
 import type { Database, RevocationReason } from '../../db/schema.js';
 import { inTransaction } from '../../db/connect.js';
-import { sha256Hex } from '../../lib/crypto.js';
 import { type Actor, recordAuditEvent } from '../../audit/events.js';
 
 /**
@@ -529,15 +528,21 @@ export async function findLiveGrant(db: DB, organizationId: number, grantId: num
  * auth_time, sid, amr, sso_connection_id, resource_id) the grant and its first refresh token, in the same statement,
  * so all or nothing (R-5). The caller's final select reads `consumed` where exists `refresh`.
  */
-export function grantWithRefreshTokenSql(applicationId: number, refreshToken: string, ttlSeconds: number, dpopJkt: string | null): RawBuilder<unknown> {
+export function grantWithRefreshTokenSql(v: {
+  applicationId: Expression<number>;
+  /** sha256Hex of the refresh token. */
+  refreshTokenHash: Expression<string>;
+  ttlSeconds: Expression<number>;
+  dpopJkt: Expression<string | null>;
+}): RawBuilder<unknown> {
   return sql`grant_row as (
       insert into grants (id, organization_id, application_id, user_id, scopes, identity_scopes, auth_time, sid, amr, sso_connection_id, resource_id, last_used_at, dpop_jkt) overriding system value
-      select grant_id, organization_id, ${applicationId}, user_id, scopes, identity_scopes, auth_time, sid, amr, sso_connection_id, resource_id, now(), ${dpopJkt}::text from consumed
+      select grant_id, organization_id, ${v.applicationId}, user_id, scopes, identity_scopes, auth_time, sid, amr, sso_connection_id, resource_id, now(), ${v.dpopJkt}::text from consumed
       returning id
     ),
     refresh as (
       insert into refresh_tokens (token_hash, organization_id, grant_id, scopes, expires_at)
-      select ${sha256Hex(refreshToken)}, c.organization_id, c.grant_id, c.scopes, now() + make_interval(secs => ${ttlSeconds})
+      select ${v.refreshTokenHash}, c.organization_id, c.grant_id, c.scopes, now() + make_interval(secs => ${v.ttlSeconds})
       from consumed c join grant_row g on g.id = c.grant_id
       returning id
     )`;
