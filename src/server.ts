@@ -52,7 +52,6 @@ process.on('SIGTERM', shutdown);
 process.on('SIGINT', shutdown);
 
 async function main(): Promise<void> {
-  limitHeapGrowth();
   const config = loadConfig();
   usePasswordHashing(config.passwordHashing);
   const logger = createLogger(config);
@@ -89,6 +88,7 @@ async function main(): Promise<void> {
     adminSocket = await serveAdminSocket(config.dataDir, (argv) => runCommandLine(argv, { db, config, applied: [] }), logger);
     if (adminSocket) logger.info({ socket: adminSocket.path }, 'orgauth commands from this machine run here (admin socket)');
   }
+  limitHeapGrowth();
   logger.info({ issuer: config.issuer, database: handle.kind }, 'orgauth is ready');
 }
 
