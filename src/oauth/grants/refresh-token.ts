@@ -1,5 +1,5 @@
 import { sql } from 'kysely';
-import { type DB, preparedStatement } from '../../db/connect.js';
+import { preparedStatement } from '../../db/connect.js';
 import type { Application } from '../../db/schema.js';
 import { generateSecret, sha256Hex } from '../../lib/crypto.js';
 import { UnauthorizedClientError, InvalidGrantError, InvalidScopeError, InvalidTargetError } from '../errors.js';
@@ -28,7 +28,7 @@ interface Rotated extends GrantIdentity {
 /**
  * Retires the presented refresh token and stores its successor, in one statement (one round
  * trip, atomic), when the token is this client's, live, unexpired, unused, its grant unrevoked
- * and `asked` within its scope. Returns undefined otherwise, changing nothing.
+ * and `asked` within its scope: its row, or none, changing nothing.
  *
  * Concurrency: the grant row is locked before the token row (`retired` joins `live`), the order
  * revokeGrant locks them in, so a refresh and a revocation queue instead of deadlocking; a grant
@@ -112,37 +112,6 @@ const ROTATE = preparedStatement<
     from t join organizations o on o.id = t.organization_id join users u on u.id = t.user_id
     where exists (select 1 from successor) or (not ${v.rotate}::boolean and exists (select 1 from live))`,
 );
-
-/** ROTATE with a refresh request's values. */
-async function rotateRefreshToken(
-  db: DB,
-  input: {
-    presented: string;
-    applicationId: number;
-    asked: Asked | null;
-    resource: TokenResource | undefined;
-    successor: string;
-    ttlSeconds: number;
-    dpop: { jkt: string | null; sameKey: boolean };
-    /** False for a FAPI 2.0 application: the token is kept (sender-constrained, not rotated; FAPI 2.0 §5.3.2.1). */
-    rotate: boolean;
-  },
-): Promise<Rotated | undefined> {
-  const rows = await ROTATE(db, {
-    tokenHash: sha256Hex(input.presented),
-    applicationId: input.applicationId,
-    asked: input.asked === null ? null : input.asked.scopes,
-    askedIdentity: input.asked === null ? null : input.asked.identity,
-    anyResource: input.resource === undefined,
-    resourceId: input.resource?.id ?? null,
-    dpopJkt: input.dpop.jkt,
-    dpopSameKey: input.dpop.sameKey,
-    rotate: input.rotate,
-    successorHash: sha256Hex(input.successor),
-    ttlSeconds: input.ttlSeconds,
-  });
-  return rows[0];
-}
 
 /**
  * Why a refresh token was not rotated, as the error to answer with. A retired token presented
@@ -238,7 +207,20 @@ export const refreshToken: GrantHandler = {
     const named = params.resource === undefined ? undefined : await ctx.resources.resolve(params.resource);
     const signingKey = await ctx.keys.signingKey();
     const successor = generateSecret(32);
-    const rotate = () => rotateRefreshToken(ctx.db, { presented, applicationId: application.id, asked, resource: named, successor, ttlSeconds: ctx.config.refreshTokenTtl, dpop, rotate: !keepToken });
+    const values = {
+      tokenHash: sha256Hex(presented),
+      applicationId: application.id,
+      asked: asked === null ? null : asked.scopes,
+      askedIdentity: asked === null ? null : asked.identity,
+      anyResource: named === undefined,
+      resourceId: named?.id ?? null,
+      dpopJkt: dpop.jkt,
+      dpopSameKey: dpop.sameKey,
+      rotate: !keepToken,
+      successorHash: sha256Hex(successor),
+      ttlSeconds: ctx.config.refreshTokenTtl,
+    };
+    const rotate = async (): Promise<Rotated | undefined> => (await ROTATE(ctx.db, values))[0];
     let rotated = await rotate();
     if (!rotated) {
       const refused = await refusal(ctx, application, presented, asked, named, dpop);

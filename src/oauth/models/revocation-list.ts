@@ -320,6 +320,8 @@ export class RevocationList implements RevokedGrantsMemory {
    * (int8send, timestamptz_send: big-endian int8s, the second in µs since 2000): a row object
    * per revoked grant cost about a microsecond of parsing and garbage each (most of a
    * million-row load, measured), reading two numbers off the bytes costs a few nanoseconds. The
+   * value is sent as base64, not bytea's hex text: a third fewer bytes, decoded faster (3.8
+   * against 6.1 ms a batch; the decoder skips its line breaks). The
    * pairs come in no promised order (the set sorts them anyway); the cursor is the greatest pair.
    */
   private async readGrants(since: RawBuilder<Date>, each: (id: number, revokedAtS: number) => void, upTo?: Date): Promise<Read> {
@@ -341,8 +343,6 @@ export class RevocationList implements RevokedGrantsMemory {
         .selectFrom(batch)
         .select(sql<string | null>`encode(string_agg(int8send(batch.id) || timestamptz_send(batch.revoked_at), ''::bytea), 'base64')`.as('encoded'))
         .executeTakeFirstOrThrow();
-      // Base64 (its line breaks skipped by the decoder), not bytea's hex text: a third fewer bytes
-      // to receive and decode as text, and Node decodes it faster (3.8 against 6.1 ms a batch).
       const packed = encoded === null ? null : Buffer.from(encoded, 'base64');
       read.batches++;
       const rows = packed ? packed.byteLength / 16 : 0;
