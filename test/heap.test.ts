@@ -3,6 +3,8 @@
  * load that keeps promoting short-lived objects, where V8's default lets it reach about four times.
  */
 import { spawnSync } from 'node:child_process';
+import { readdirSync, readFileSync } from 'node:fs';
+import path from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { ROOT } from './helpers/process.js';
 
@@ -52,5 +54,20 @@ describe('the server’s heap growth', () => {
 
   it('leaves V8 alone with a heap limit under 2 GB, where its own factor is already 2 or less', () => {
     expect(run('decide', ['--max-old-space-size=1024']).applied).toBe(false);
+  });
+});
+
+describe('the bundle’s sources in the heap', () => {
+  // V8 keeps a module's source for lazy compilation, one byte a character only when every
+  // character fits in one: a single '—' left in a bundled package's comment doubled the 2.5 MB
+  // that file holds (scripts/build.mjs, asciiComments).
+  it('writes every file a process starts from in ASCII', () => {
+    const folder = path.join(ROOT, 'dist/bundle');
+    const files = readdirSync(folder).filter((f) => f.endsWith('.js'));
+    expect(files).toContain('server.js');
+    for (const file of files) {
+      const text = readFileSync(path.join(folder, file), 'utf8');
+      expect({ file, outside: text.match(/[^\x00-\x7f]/)?.[0] }).toEqual({ file, outside: undefined });
+    }
   });
 });
