@@ -15,9 +15,9 @@
  * client_credentials grant measured in interleaved rounds against orgauth's with the same load
  * generator settings.
  *
- * The SCIM rows (issue 43, `scimRows`) come after the others but the disable row's, on PostgreSQL and on PGlite, each in a
- * database and on a server of their own: provisioning through POST /Users, and list pages of
- * filters at 100,000 users (`--only SCIM` runs them alone, without the templates).
+ * The SCIM rows (issue 43, `scimRows`) come last but for the disable row, on PostgreSQL and
+ * on PGlite, each in a database and on a server of their own: provisioning through POST
+ * /Users, and list pages of filters at 100,000 users (`--only SCIM` runs them alone, without the templates).
  */
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
 import { createHash, createPublicKey, generateKeyPairSync, type KeyObject, randomUUID, sign as cryptoSign } from 'node:crypto';

@@ -109,7 +109,7 @@ const NOT_BUNDLED = ['argon2', '@electric-sql/pglite', '@electric-sql/pglite/*',
  * whichever output file the module lands in.
  */
 async function bundle(entries, chunkFolder) {
-  const { build } = await import('esbuild');
+  const { build, transformSync } = await import('esbuild');
   const lazyPackagesAsIs = {
     name: 'lazy-packages-as-is',
     setup(b) {
@@ -150,20 +150,31 @@ async function bundle(entries, chunkFolder) {
   }
   for (const file of result.outputFiles) {
     mkdirSync(path.dirname(file.path), { recursive: true });
-    writeFileSync(file.path, file.path.endsWith('.js') ? asciiComments(file.text) : file.contents);
+    writeFileSync(file.path, file.path.endsWith('.js') ? asciiComments(file.text, transformSync, file.path) : file.contents);
   }
 }
 
 /**
- * The bundle with every character outside ASCII replaced by '?'. esbuild writes strings,
- * identifiers and regular expressions in ASCII (its default charset) but keeps some of the
- * bundled packages' comments as they are, and a single '—' in one of them made V8 hold that
- * file's whole source (2.5 MB, kept for lazy compilation) as a two-byte string: 10 MB of the
- * server's live heap for its two large files instead of 5. One '?' per UTF-16 unit keeps every
- * column, so the source maps stay exact.
+ * The bundle's text with every character outside ASCII in its comments replaced by '?'. esbuild
+ * writes strings, identifiers and regular expressions in ASCII (its default charset) but keeps
+ * some of the bundled packages' comments as they are, and a single '—' in one of them made V8
+ * hold that file's whole source (2.5 MB, kept for lazy compilation) as a two-byte string: 10 MB
+ * of the server's live heap for its two large files instead of 5. One '?' per UTF-16 unit keeps
+ * every column, so the source maps stay exact. A template literal's text cannot be escaped (a
+ * tag sees it raw), so the replacement is kept only when the code without its comments is the
+ * same before and after; otherwise the file is written as it is and the place is named.
  */
-function asciiComments(text) {
-  return text.replace(/[^\x00-\x7f]/g, '?');
+function asciiComments(text, transformSync, file) {
+  const ascii = text.replace(/[^\x00-\x7f]/g, '?');
+  if (ascii === text) return text;
+  const code = (source) => transformSync(source, { minifyWhitespace: true, legalComments: 'none', format: 'esm' }).code;
+  const before = code(text);
+  const after = code(ascii);
+  if (before === after) return ascii;
+  let at = 0;
+  while (before[at] === after[at]) at++;
+  console.warn(`build: ${path.relative(ROOT, file)} keeps a character outside ASCII in its code, not a comment (V8 holds the file in two bytes a character): ${JSON.stringify(before.slice(Math.max(0, at - 60), at + 20))}`);
+  return text;
 }
 
 /**

@@ -84,7 +84,7 @@ const ROTATE = preparedStatement<
         -- Nor a grant from before the user's removal (they were added back since, and the job
         -- revoking what the removal ended has not reached it yet).
         and not exists (select 1 from removed_members rm where rm.organization_id = r.organization_id and rm.user_id = g.user_id and rm.removed_at >= g.created_at)
-        -- RFC 9449 §5: a DPoP grant is refreshed with a proof, and a public client's with the very key its tokens are bound to.
+        -- RFC 9449 section 5: a DPoP grant is refreshed with a proof, and a public client's with the very key its tokens are bound to.
         and (g.dpop_jkt is null or (${v.dpopJkt}::text is not null and (not ${v.dpopSameKey}::boolean or g.dpop_jkt = ${v.dpopJkt}::text)))
     ),
     live as (
